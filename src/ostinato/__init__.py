@@ -1,0 +1,9 @@
+"""ostinato: export a PyTorch model once, compile it once, replay it with no per-op overhead."""
+__version__ = "0.1.0"
+
+from . import errors  # noqa: E402
+from .frontend import export  # noqa: E402
+from .program import Program  # noqa: E402
+from .runtime import Executable, Session, compile  # noqa: E402
+
+__all__ = ["__version__", "errors", "export", "compile", "Program", "Executable", "Session"]

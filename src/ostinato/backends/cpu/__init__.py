@@ -1,0 +1,3 @@
+from .backend import CPUBackend
+
+__all__ = ["CPUBackend"]

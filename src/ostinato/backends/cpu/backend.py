@@ -1,0 +1,35 @@
+"""CPU backend: every op runs with torch's CPU kernels; fused ops through their reference code."""
+from __future__ import annotations
+
+import torch
+
+from ...errors import BackendError
+from ...ir import Node, get_op
+from ..base import Backend, Launch
+
+
+def returns_sequence(op_name: str) -> bool:
+    """Whether an op's result is a tuple or list the Launch must unpack."""
+    target = get_op(op_name).target
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return getattr(target, "multi_output", False)
+    rets = schema.returns
+    return len(rets) != 1 or isinstance(rets[0].type, torch.ListType)
+
+
+class CPUBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, device: torch.device | None = None):
+        super().__init__(torch.device("cpu") if device is None else device)
+
+    def lower(self, node: Node) -> Launch:
+        op = get_op(node.op)
+        if op is None:
+            raise BackendError(f"the cpu backend has no kernel for {node.op} (node {node.name}, "
+                               f"{node.source}); export a model without it or add the op to ir/aten_ops.py")
+        kwargs = dict(node.kwargs)
+        if "device" in kwargs:          # creation ops recorded the export device; run on ours
+            kwargs["device"] = self.device
+        return Launch(op.target, node, node.args, kwargs, returns_sequence(node.op))

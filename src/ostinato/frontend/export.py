@@ -1,0 +1,149 @@
+"""``ostinato.export``: nn.Module → torch.export → core ATen → verified ostinato Program."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import time
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import __version__
+from ..errors import ExportError, OstinatoError
+from ..ir import SymDim, TensorMeta, verify
+from ..program import Program
+from .convert import convert
+
+log = logging.getLogger("ostinato")
+
+# Composite ops kept whole through decomposition: passes pattern-match them and backends run each as
+# one library call or fused kernel. Everything else decomposes to torch.export's core ATen set.
+KEEP_WHOLE = (
+    "scaled_dot_product_attention.default",
+    "linear.default",
+    "layer_norm.default",
+    "rms_norm.default",
+    "silu.default",
+    "hardswish.default",
+    "repeat_interleave.self_int",
+)
+
+
+def decomposition_table() -> dict:
+    table = torch.export.default_decompositions()
+    for name in KEEP_WHOLE:
+        base, overload = name.split(".")
+        op = getattr(getattr(torch.ops.aten, base), overload)
+        if op in table:
+            del table[op]
+    return table
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
+           dynamic_shapes: Any = None, *, strict: bool = False) -> Program:
+    """Trace ``model`` with torch.export and return an ostinato Program.
+
+    ``args``/``kwargs`` are example inputs; ``dynamic_shapes`` takes torch.export's ``Dim`` specs and
+    makes those sizes symbolic. ``strict`` is passed to torch.export (TorchDynamo tracing).
+    Raises ExportError when the model cannot be traced and UnsupportedOpError listing every op ostinato
+    lacks, with the model's source line of each.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ExportError(f"ostinato.export takes a torch.nn.Module, got {type(model).__name__}; "
+                          "wrap a function in an nn.Module whose forward calls it")
+    if not isinstance(args, tuple):
+        args = (args,)
+    kwargs = dict(kwargs or {})
+    name = type(model).__name__
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+            ep = ep.run_decompositions(decomposition_table())
+    except OstinatoError:
+        raise
+    except Exception as e:  # torch raises many types here; the user needs one with a hint
+        raise ExportError(
+            f"torch.export could not trace {name}: {type(e).__name__}: {_first_line(e)}\n"
+            "Fix: make forward() traceable (no data-dependent Python control flow, no unsupported "
+            "Python objects); for sizes that vary, pass dynamic_shapes with torch.export.Dim. "
+            "The original error is chained below (raise ... from).") from e
+    t_export = time.perf_counter() - t0
+    graph, weights, state_init, slots = convert(ep)
+    hints = _size_hints(graph, slots, args, kwargs)
+    if dynamic_shapes is not None:
+        _label_symbols(model, graph, slots, args, kwargs, dynamic_shapes)
+    verify(graph, check_shapes=True, hints=hints)
+    graph.assign_slots()
+    info = {
+        "model": name,
+        "ostinato": __version__,
+        "torch": torch.__version__,
+        "export_seconds": round(t_export, 4),
+        "total_seconds": round(time.perf_counter() - t0, 4),
+    }
+    log.info("exported %s: %d nodes in %.2fs", name, len(graph.nodes), info["total_seconds"])
+    return Program(graph, weights, state_init, ep.call_spec.in_spec, ep.call_spec.out_spec, slots,
+                   hints, info)
+
+
+def _size_hints(graph, slots, args, kwargs) -> dict[str, int]:
+    """Each size symbol's value in the example inputs (used to check shapes and in reports)."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    hints: dict[str, int] = {}
+    for slot, leaf in zip(slots, leaves):
+        if slot.kind == "constant":
+            continue
+        v = graph.inputs[slot.index]
+        if isinstance(v.meta, TensorMeta):
+            for d, size in zip(v.meta.shape, leaf.shape):
+                if isinstance(d, SymDim) and d.is_symbol:
+                    hints[d.symbols[0]] = int(size)
+        elif v.meta.expr is not None and v.meta.expr.is_symbol:
+            hints[v.meta.expr.symbols[0]] = int(leaf)
+    return hints
+
+
+def _label_symbols(model, graph, slots, args, kwargs, dynamic_shapes) -> None:
+    """Give each size symbol the name of the user's torch.export.Dim, for messages."""
+    specs: dict[int, Any] = {}
+
+    def walk(arg, spec):
+        if isinstance(arg, torch.Tensor):
+            specs[id(arg)] = spec
+        elif isinstance(arg, (list, tuple)) and isinstance(spec, (list, tuple)):
+            for a, s in zip(arg, spec):
+                walk(a, s)
+        elif isinstance(arg, dict) and isinstance(spec, dict):
+            for k, a in arg.items():
+                if k in spec:
+                    walk(a, spec[k])
+
+    if isinstance(dynamic_shapes, dict):
+        try:
+            bound = inspect.signature(model.forward).bind(*args, **kwargs).arguments
+        except TypeError:
+            return
+        walk(dict(bound), dynamic_shapes)
+    else:
+        walk(tuple(args), tuple(dynamic_shapes))
+    leaves = pytree.tree_leaves((args, kwargs))
+    for slot, leaf in zip(slots, leaves):
+        spec = specs.get(id(leaf))
+        if slot.kind != "tensor" or spec is None:
+            continue
+        per_dim = spec.items() if isinstance(spec, dict) else enumerate(spec)
+        meta = graph.inputs[slot.index].meta
+        for i, dim in per_dim:
+            d = meta.shape[i] if i < meta.rank else None
+            label = getattr(dim, "__name__", "")
+            if isinstance(d, SymDim) and d.is_symbol and label:
+                name = d.symbols[0]
+                graph.symbols[name] = dataclasses.replace(graph.symbols[name], label=label)

@@ -1,0 +1,84 @@
+"""The op registry: every op a Node may name, with what passes and backends need to know of it.
+
+ATen ops are named by their overload, ``aten.<op>`` for the default overload and ``aten.<op>.<overload>``
+otherwise; their implementation is torch's. Host scalar arithmetic on sizes is ``sym.<op>``. Fused ops
+(``ost.*``) carry a reference implementation in plain torch, the oracle for every backend.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    target: Callable
+    pure: bool = True          # no side effects: may be merged (CSE) or removed when unused (DCE)
+    random: bool = False       # draws random numbers: never merged, cannot be replayed bit-exactly
+    host_sync: bool = False    # reads tensor data on the host (.item(), data-dependent output shapes)
+    category: str = ""
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def register_op(opdef: OpDef) -> OpDef:
+    if opdef.name in _REGISTRY:
+        raise ValueError(f"op {opdef.name} registered twice")
+    _REGISTRY[opdef.name] = opdef
+    return opdef
+
+
+def get_op(name: str) -> OpDef | None:
+    return _REGISTRY.get(name)
+
+
+def registered_ops() -> dict[str, OpDef]:
+    return dict(_REGISTRY)
+
+
+def aten_name(overload: torch._ops.OpOverload) -> str:
+    """``torch.ops.aten.mm.default`` → ``aten.mm``; ``torch.ops.aten.add.Tensor`` → ``aten.add.Tensor``."""
+    ns = overload.namespace
+    base = overload._schema.name.split("::", 1)[1]
+    ov = overload._overloadname
+    return f"{ns}.{base}" if ov == "default" else f"{ns}.{base}.{ov}"
+
+
+def resolve_aten(name: str) -> torch._ops.OpOverload:
+    parts = name.split(".")
+    ns, base = parts[0], parts[1]
+    ov = parts[2] if len(parts) > 2 else "default"
+    return getattr(getattr(getattr(torch.ops, ns), base), ov)
+
+
+def register_aten(names: str, category: str, **flags) -> None:
+    for name in names.split():
+        register_op(OpDef(name, resolve_aten(name), category=category, **flags))
+
+
+# Host arithmetic on sizes (from dynamic shapes); FX names them by Python operator.
+SYM_OPS: dict[Callable, str] = {
+    operator.add: "sym.add", operator.sub: "sym.sub", operator.mul: "sym.mul",
+    operator.floordiv: "sym.floordiv", operator.truediv: "sym.truediv", operator.mod: "sym.mod",
+    operator.neg: "sym.neg", operator.pow: "sym.pow",
+    operator.eq: "sym.eq", operator.ne: "sym.ne", operator.lt: "sym.lt", operator.le: "sym.le",
+    operator.gt: "sym.gt", operator.ge: "sym.ge",
+    operator.and_: "sym.and", operator.or_: "sym.or",
+    math.ceil: "sym.ceil", math.floor: "sym.floor",
+    torch.sym_max: "sym.max", torch.sym_min: "sym.min", torch.sym_float: "sym.float",
+    torch.sym_int: "sym.int", torch.sym_not: "sym.not", torch.sym_sqrt: "sym.sqrt",
+}
+_SYM_IMPL = {
+    "sym.max": max, "sym.min": min, "sym.float": float, "sym.int": int,
+    "sym.not": operator.not_, "sym.sqrt": math.sqrt,
+}
+for _fn, _name in SYM_OPS.items():
+    register_op(OpDef(_name, _SYM_IMPL.get(_name, _fn), category="sym"))
+
+from . import aten_ops  # noqa: E402,F401  (registers the ATen op set)

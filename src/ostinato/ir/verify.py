@@ -1,0 +1,126 @@
+"""The IR verifier: structural rules, and (optionally) shapes and dtypes re-derived op by op."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from ..errors import GraphError
+from .graph import Graph, Node, Value, iter_values, map_values
+from .ops import get_op
+from .types import DTYPE_NAMES, SymDim, TensorMeta
+
+
+def _fail(node: Node | None, msg: str) -> GraphError:
+    where = f"node {node.name} ({node.op})" if node is not None else "graph"
+    src = f" [{node.source}]" if node is not None and node.source else ""
+    return GraphError(f"invalid IR at {where}{src}: {msg}")
+
+
+def _check_meta(g: Graph, v: Value, node: Node | None) -> None:
+    if not isinstance(v.meta, TensorMeta):
+        return
+    if v.meta.dtype not in DTYPE_NAMES:
+        raise _fail(node, f"value %{v.name} has unsupported dtype {v.meta.dtype}")
+    for d in v.meta.shape:
+        if isinstance(d, SymDim):
+            unknown = [s for s in d.symbols if s not in g.symbols]
+            if unknown:
+                raise _fail(node, f"value %{v.name} uses undeclared size symbol(s) {unknown}")
+        elif not isinstance(d, int) or d < 0:
+            raise _fail(node, f"value %{v.name} has invalid dim {d!r}")
+
+
+def verify(g: Graph, check_shapes: bool = False, hints: Mapping[str, int] | None = None) -> None:
+    """Raise GraphError unless every rule holds.
+
+    Rules: ops are registered; every Value is defined before use and defined once; metadata uses
+    known dtypes and declared symbols; outputs and mutations refer to defined Values, and a mutation
+    keeps its target's dtype and shape. With ``check_shapes``, every op is re-run on meta tensors at
+    the symbols' ``hints`` and must reproduce the recorded dtypes and shapes.
+    """
+    defined: set[int] = set()
+    for v in g.constants + g.inputs + g.state:
+        if v.id in defined:
+            raise _fail(None, f"value %{v.name} declared twice")
+        _check_meta(g, v, None)
+        defined.add(v.id)
+    for node in g.nodes:
+        if get_op(node.op) is None:
+            raise _fail(node, f"unknown op {node.op!r}")
+        for v in node.inputs:
+            if v.id not in defined:
+                raise _fail(node, f"reads %{v.name} before it is defined")
+        for o in node.outputs:
+            if o is None:
+                continue
+            if o.id in defined:
+                raise _fail(node, f"redefines %{o.name}")
+            if o.producer is not node:
+                raise _fail(node, f"output %{o.name} does not name this node as its producer")
+            _check_meta(g, o, node)
+            defined.add(o.id)
+    for o in g.output_values():
+        if o.id not in defined:
+            raise _fail(None, f"output %{o.name} is never defined")
+    for target, new in g.mutations:
+        if target.role not in ("state", "input"):
+            raise _fail(None, f"mutation target %{target.name} is a {target.role}, not state or an input")
+        if new.id not in defined:
+            raise _fail(None, f"mutation of %{target.name} reads undefined %{new.name}")
+        if str(target.meta) != str(new.meta):
+            raise _fail(None, f"mutation of %{target.name} ({target.meta}) by %{new.name} ({new.meta}) "
+                              "changes its dtype or shape")
+    if check_shapes:
+        _check_shapes(g, hints or {})
+
+
+def _check_shapes(g: Graph, hints: Mapping[str, int]) -> None:
+    missing = [s for s in g.symbols if s not in hints]
+    if missing:
+        raise _fail(None, f"no hint for symbol(s) {missing}; cannot check shapes")
+    env: dict[int, object] = {}
+
+    def meta_of(v: Value):
+        if isinstance(v.meta, TensorMeta):
+            return torch.empty(v.meta.concrete_shape(hints), dtype=v.meta.dtype, device="meta")
+        if v.meta.expr is not None:
+            return v.meta.expr.evaluate(hints)
+        return v.meta.kind(1)
+
+    for v in g.constants + g.inputs + g.state:
+        env[v.id] = meta_of(v)
+    for node in g.nodes:
+        op = get_op(node.op)
+        if node.op.startswith("sym.") or op.host_sync or any(
+                isinstance(o.meta, TensorMeta) and any(
+                    isinstance(d, SymDim) and any(s.startswith("u") for s in d.symbols) for d in o.meta.shape)
+                for o in node.outputs if o is not None):
+            # Host arithmetic and data-dependent shapes cannot be re-derived on meta tensors.
+            for o in node.outputs:
+                if o is not None:
+                    env[o.id] = meta_of(o)
+            continue
+        args = map_values(node.args, lambda v: env[v.id])
+        kwargs = map_values(node.kwargs, lambda v: env[v.id])
+        kwargs = {k: (torch.device("meta") if k == "device" else a) for k, a in kwargs.items()}
+        try:
+            res = op.target(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - reported as a graph error naming the node
+            raise _fail(node, f"op fails on meta tensors: {type(e).__name__}: {e}") from None
+        results = res if isinstance(res, (tuple, list)) else (res,)
+        for o, r in zip(node.outputs, results):
+            if o is None:
+                continue
+            if isinstance(o.meta, TensorMeta):
+                want = o.meta.concrete_shape(hints)
+                if not isinstance(r, torch.Tensor) or tuple(r.shape) != want or r.dtype != o.meta.dtype:
+                    got = f"{r.dtype}{list(r.shape)}" if isinstance(r, torch.Tensor) else repr(r)
+                    raise _fail(node, f"output %{o.name} recorded as {o.meta} (= {list(want)} here) "
+                                      f"but the op gives {got}")
+                env[o.id] = r
+            else:
+                env[o.id] = meta_of(o)
+
+
+__all__ = ["verify", "iter_values"]

@@ -1,0 +1,4 @@
+"""Programs and (with the program file) their serialized form."""
+from .program import InputSlot, Program
+
+__all__ = ["InputSlot", "Program"]

@@ -1,0 +1,49 @@
+"""Program: an exported, verified IR graph with its weights, initial state and calling convention."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..ir import Graph
+
+
+@dataclass(frozen=True)
+class InputSlot:
+    """One leaf of the flattened (args, kwargs): a graph input, or a constant baked in at export."""
+
+    name: str
+    kind: str                 # "tensor" | "scalar" | "constant"
+    index: int = -1           # position in graph.inputs for tensor and scalar slots
+    value: Any = None         # the exported value for constant slots
+
+
+@dataclass
+class Program:
+    graph: Graph
+    weights: dict[str, torch.Tensor]          # constants by name (Value.name); shared, never copied
+    state_init: dict[str, torch.Tensor]       # initial value of each state buffer, by name
+    in_spec: pytree.TreeSpec
+    out_spec: pytree.TreeSpec
+    inputs: list[InputSlot]
+    hints: dict[str, int] = field(default_factory=dict)   # example size of each symbol
+    info: dict[str, Any] = field(default_factory=dict)    # model name, versions, export time
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.graph.nodes)
+
+    def op_counts(self) -> dict[str, int]:
+        return self.graph.op_counts()
+
+    def __str__(self) -> str:
+        model = self.info.get("model", "model")
+        nbytes = sum(t.numel() * t.element_size() for t in self.weights.values())
+        head = (f"ostinato.Program {model}: {self.num_nodes} nodes, {len(self.weights)} weights "
+                f"({nbytes / 2**20:.2f} MiB), {len(self.state_init)} state buffers")
+        return head + "\n" + str(self.graph)
+
+    def __repr__(self) -> str:
+        return f"<ostinato.Program {self.info.get('model', '')} nodes={self.num_nodes}>"

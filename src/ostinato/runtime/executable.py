@@ -1,0 +1,79 @@
+"""Executable: a Program lowered for one device, callable like the eager module."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..backends import Backend, Launch, get_backend
+from ..ir import Value
+from ..program import Program
+from .inputs import InputChecker
+from .session import Session
+
+log = logging.getLogger("ostinato")
+
+
+class Executable:
+    """Run with ``exe(*args, **kwargs)``; state lives in ``exe.session`` (or sessions you create)."""
+
+    def __init__(self, program: Program, backend: Backend):
+        self.program = program
+        self.backend = backend
+        self.device = backend.device
+        g = program.graph
+        self.num_slots = g.assign_slots()
+        t0 = time.perf_counter()
+        self.launches: list[Launch] = [backend.lower(n) for n in g.nodes]
+        self.lower_seconds = time.perf_counter() - t0
+        self._checker = InputChecker(program, self.device)
+        # Environment template: constants placed once, shared by every call and session.
+        self._template: list[Any] = [None] * self.num_slots
+        for v in g.constants:
+            self._template[v.slot] = backend.place(program.weights[v.name])
+        self._state_slots = [(v.slot, v.name) for v in g.state]
+        self._input_slots = [(pos, g.inputs[s.index].slot) for pos, s in enumerate(program.inputs)
+                             if s.kind != "constant"]
+        self._outputs = [(True, o.slot) if isinstance(o, Value) else (False, o) for o in g.outputs]
+        self._mutations = [(t.role, t.slot, t.name, new.slot) for t, new in g.mutations]
+        self._input_pos_by_slot = {slot: pos for pos, slot in self._input_slots}
+        self.session = self.new_session()
+
+    def new_session(self) -> Session:
+        """A fresh session: state buffers copied from the program's initial values onto the device."""
+        return Session(self, {name: self.backend.place(t).clone() for name, t in self.program.state_init.items()})
+
+    def __call__(self, *args, **kwargs):
+        return self.run(self.session, args, kwargs)
+
+    def run(self, session: Session, args: tuple, kwargs: dict | None = None):
+        leaves = self._checker.flatten(args, kwargs or {})
+        self._checker.check(leaves)
+        env = list(self._template)
+        for pos, slot in self._input_slots:
+            env[slot] = leaves[pos]
+        state = session.state
+        for slot, name in self._state_slots:
+            env[slot] = state[name]
+        for launch in self.launches:
+            launch(env)
+        for role, target_slot, name, new_slot in self._mutations:
+            new = env[new_slot]
+            if role == "state":
+                state[name].copy_(new)
+            else:
+                leaves[self._input_pos_by_slot[target_slot]].copy_(new)
+        outs = [env[x] if is_slot else x for is_slot, x in self._outputs]
+        return pytree.tree_unflatten(outs, self.program.out_spec)
+
+    def __repr__(self) -> str:
+        return (f"<ostinato.Executable {self.program.info.get('model', '')} on {self.device}: "
+                f"{len(self.launches)} launches>")
+
+
+def compile(program: Program, device: str | torch.device = "cpu") -> Executable:
+    """Lower ``program`` for ``device`` and return an Executable."""
+    return Executable(program, get_backend(device))
