@@ -1,0 +1,49 @@
+"""Shared test helpers: tolerances and comparing ostinato against eager PyTorch."""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch.utils import _pytree as pytree
+
+import ostinato
+
+# DESIGN.md's tolerances against eager; integer and bool outputs compare exactly.
+TOL = {torch.float32: 1e-5, torch.float64: 1e-7, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+def assert_same(out, ref, tol: float | None = None, msg: str = "") -> None:
+    """Outputs equal eager's: same pytree structure, dtypes, shapes; values within the dtype's tolerance."""
+    out_leaves, out_spec = pytree.tree_flatten(out)
+    ref_leaves, ref_spec = pytree.tree_flatten(ref)
+    assert out_spec == ref_spec, f"{msg} structure differs: {out_spec} vs {ref_spec}"
+    for i, (o, r) in enumerate(zip(out_leaves, ref_leaves)):
+        if isinstance(r, torch.Tensor):
+            assert isinstance(o, torch.Tensor), f"{msg} leaf {i}: not a tensor"
+            assert o.dtype == r.dtype and o.shape == r.shape, \
+                f"{msg} leaf {i}: {o.dtype}{list(o.shape)} vs {r.dtype}{list(r.shape)}"
+            if r.dtype.is_floating_point or r.dtype.is_complex:
+                t = tol if tol is not None else TOL.get(r.dtype, 1e-5)
+                torch.testing.assert_close(o, r, rtol=t, atol=t, equal_nan=True, msg=lambda m: f"{msg} leaf {i}: {m}")
+            else:
+                assert torch.equal(o, r), f"{msg} leaf {i}: integer/bool outputs differ"
+        else:
+            assert o == r, f"{msg} leaf {i}: {o!r} vs {r!r}"
+
+
+def export_and_compare(model: torch.nn.Module, args: tuple, kwargs=None, dynamic_shapes=None,
+                       more_inputs=(), tol=None):
+    """Export ``model``, compile for the CPU, and compare with eager on ``args`` and each of ``more_inputs``.
+
+    The eager reference runs on a deep copy, so state (buffers) evolves independently on both sides.
+    """
+    kwargs = kwargs or {}
+    ref_model = copy.deepcopy(model)
+    prog = ostinato.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    exe = ostinato.compile(prog, device="cpu")
+    for a in (args, *more_inputs):
+        with torch.no_grad():
+            ref = ref_model(*a, **kwargs)
+        out = exe(*a, **kwargs)
+        assert_same(out, ref, tol)
+    return prog, exe
