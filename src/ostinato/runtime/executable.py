@@ -49,6 +49,7 @@ class Executable:
     def __call__(self, *args, **kwargs):
         return self.run(self.session, args, kwargs)
 
+    @torch.no_grad()
     def run(self, session: Session, args: tuple, kwargs: dict | None = None):
         leaves = self._checker.flatten(args, kwargs or {})
         self._checker.check(leaves)

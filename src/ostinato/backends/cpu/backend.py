@@ -32,4 +32,7 @@ class CPUBackend(Backend):
         kwargs = dict(node.kwargs)
         if "device" in kwargs:          # creation ops recorded the export device; run on ours
             kwargs["device"] = self.device
-        return Launch(op.target, node, node.args, kwargs, returns_sequence(node.op))
+        # An OpOverload's __call__ only forwards to its C++ operator; calling that directly saves a
+        # Python frame per launch.
+        fn = getattr(op.target, "_op", op.target)
+        return Launch(fn, node, node.args, kwargs, returns_sequence(node.op))

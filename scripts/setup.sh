@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv and install ostinato with everything its demo and tests need. Idempotent: a second run
+# with an unchanged pyproject.toml does nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ostinato needs Python >= 3.11; set PYTHON=python3.11")'
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+stamp=.venv/.ostinato-setup
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing into .venv (torch, transformers, pytest, ...)"
+  # torch first and pinned: 2.13.0 is the CPU build this project's machines carry; other versions
+  # from 2.11 on work too (pyproject.toml's range).
+  .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+  .venv/bin/python -c 'import ostinato, torch, transformers, pytest' \
+    || { echo "setup: FAILED: the packages did not import after install" >&2; exit 1; }
+  echo "$want" > "$stamp"
+fi
