@@ -110,3 +110,15 @@ def test_weights_are_shared_not_copied():
     assert w.data_ptr() == model.lin.weight.data_ptr()
     slot = next(v.slot for v in prog.graph.constants if v.name == "lin.weight")
     assert exe._template[slot].data_ptr() == w.data_ptr()
+
+
+def test_non_contiguous_inputs_give_eager_results():
+    class Flat(torch.nn.Module):
+        def forward(self, x):
+            return x.view(x.shape[0], -1) * 2  # view relies on the contiguous example layout
+
+    prog = ostinato.export(Flat(), (torch.randn(4, 3, 5),))
+    exe = ostinato.compile(prog)
+    x = torch.randn(5, 3, 4).permute(2, 1, 0)
+    assert not x.is_contiguous()
+    assert_same(exe(x), x.reshape(4, -1) * 2)

@@ -73,7 +73,9 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
         raise ExportError(
             f"torch.export could not trace {name}: {type(e).__name__}: {_first_line(e)}\n"
             "Fix: make forward() traceable (no data-dependent Python control flow, no unsupported "
-            "Python objects); for sizes that vary, pass dynamic_shapes with torch.export.Dim. "
+            "Python objects); for sizes that vary, pass dynamic_shapes with torch.export.Dim; "
+            f"or try strict={not strict}, which some models need (transformers' static caches want "
+            "strict=True). "
             "The original error is chained below (raise ... from).") from e
     t_export = time.perf_counter() - t0
     graph, weights, state_init, slots = convert(ep)

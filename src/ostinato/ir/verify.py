@@ -36,7 +36,7 @@ def verify(g: Graph, check_shapes: bool = False, hints: Mapping[str, int] | None
 
     Rules: ops are registered; every Value is defined before use and defined once; metadata uses
     known dtypes and declared symbols; outputs and mutations refer to defined Values, and a mutation
-    keeps its target's dtype and shape. With ``check_shapes``, every op is re-run on meta tensors at
+    keeps its target's dtype and shape. With ``check_shapes``, every op is re-run on fake tensors at
     the symbols' ``hints`` and must reproduce the recorded dtypes and shapes.
     """
     defined: set[int] = set()
@@ -79,11 +79,19 @@ def _check_shapes(g: Graph, hints: Mapping[str, int]) -> None:
     missing = [s for s in g.symbols if s not in hints]
     if missing:
         raise _fail(None, f"no hint for symbol(s) {missing}; cannot check shapes")
+    # Fake tensors, not the meta device: fake kernels reproduce the CPU kernels' output strides and
+    # shapes (meta kernels differ for some ops, e.g. SDPA's layout and batch norm's saved stats).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        _propagate(g, hints)
+
+
+def _propagate(g: Graph, hints: Mapping[str, int]) -> None:
     env: dict[int, object] = {}
 
     def meta_of(v: Value):
         if isinstance(v.meta, TensorMeta):
-            return torch.empty(v.meta.concrete_shape(hints), dtype=v.meta.dtype, device="meta")
+            return torch.empty(v.meta.concrete_shape(hints), dtype=v.meta.dtype)
         if v.meta.expr is not None:
             return v.meta.expr.evaluate(hints)
         return v.meta.kind(1)
@@ -96,18 +104,18 @@ def _check_shapes(g: Graph, hints: Mapping[str, int]) -> None:
                 isinstance(o.meta, TensorMeta) and any(
                     isinstance(d, SymDim) and any(s.startswith("u") for s in d.symbols) for d in o.meta.shape)
                 for o in node.outputs if o is not None):
-            # Host arithmetic and data-dependent shapes cannot be re-derived on meta tensors.
+            # Host arithmetic and data-dependent shapes cannot be re-derived on fake tensors.
             for o in node.outputs:
                 if o is not None:
                     env[o.id] = meta_of(o)
             continue
         args = map_values(node.args, lambda v: env[v.id])
         kwargs = map_values(node.kwargs, lambda v: env[v.id])
-        kwargs = {k: (torch.device("meta") if k == "device" else a) for k, a in kwargs.items()}
+        kwargs = {k: (torch.device("cpu") if k == "device" else a) for k, a in kwargs.items()}
         try:
             res = op.target(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - reported as a graph error naming the node
-            raise _fail(node, f"op fails on meta tensors: {type(e).__name__}: {e}") from None
+            raise _fail(node, f"op fails on fake tensors: {type(e).__name__}: {e}") from None
         results = res if isinstance(res, (tuple, list)) else (res,)
         for o, r in zip(node.outputs, results):
             if o is None:

@@ -55,7 +55,9 @@ class Executable:
         self._checker.check(leaves)
         env = list(self._template)
         for pos, slot in self._input_slots:
-            env[slot] = leaves[pos]
+            x = leaves[pos]
+            # The graph was traced with contiguous example inputs; its views may rely on that layout.
+            env[slot] = x.contiguous() if type(x) is torch.Tensor and not x.is_contiguous() else x
         state = session.state
         for slot, name in self._state_slots:
             env[slot] = state[name]

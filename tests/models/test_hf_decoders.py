@@ -1,0 +1,90 @@
+"""Hugging Face decoder-only LMs (random weights, tiny configs) with a static KV cache as program state.
+
+Each model is wrapped in transformers' own export recipe, TorchExportableModuleWithStaticCache, which
+builds a StaticCache and registers its key/value/cumulative-length tensors as module buffers; ostinato
+turns those buffers into program state. 8 successive single-token decode steps are compared with the
+eager wrapper (a deep copy, so both caches evolve independently), then the caches themselves.
+
+The export uses ``strict=True``, as transformers' recipe does (TorchExportableModuleForDecoderOnlyLM.export
+defaults to strict). In non-strict mode torch.export does not see that the StaticCache layers' tensors
+are the registered buffers (the layers hold the tensors directly), lifts them as constants with in-place
+index_copy_ on them, and torch's own run_decompositions then fails with "expected compiled_fn to be
+GraphModule" -- with or without ostinato's decomposition table.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+import ostinato
+from helpers import assert_same
+
+# transformers' output capturing is a global dynamo reports as a side effect; harmless here.
+pytestmark = pytest.mark.filterwarnings("ignore:While compiling, we found certain side effects")
+
+VOCAB, MAX_CACHE, BATCH, STEPS = 128, 16, 2, 8
+TOKEN_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+DECODER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, **TOKEN_IDS)
+
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**DECODER),
+    "qwen2": lambda: transformers.Qwen2Config(**DECODER),
+    "gemma": lambda: transformers.GemmaConfig(head_dim=16, **DECODER),
+    # GPT-2 has no grouped KV heads: 4 heads, 4 KV heads.
+    "gpt2": lambda: transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_inner=128, vocab_size=VOCAB,
+                                            n_positions=64, **TOKEN_IDS),
+}
+EXPECTED_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma": "GemmaForCausalLM",
+                  "gpt2": "GPT2LMHeadModel"}
+
+
+def make_wrapper(family: str) -> TorchExportableModuleWithStaticCache:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(CONFIGS[family](), dtype=torch.float32).eval()
+    assert type(model).__name__ == EXPECTED_CLASS[family]
+    # from_config's init leaves norm weights at 1 (0 for Gemma's 1+w); make every weight non-trivial.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(-0.5, 0.5) if name.endswith("bias") or family == "gemma" else p.uniform_(0.5, 1.5)
+    model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static")
+    return TorchExportableModuleWithStaticCache(model, batch_size=BATCH, max_cache_len=MAX_CACHE).eval()
+
+
+def decode_inputs(pos: int, gen: torch.Generator) -> dict:
+    return {"input_ids": torch.randint(0, VOCAB, (BATCH, 1), generator=gen),
+            "cache_position": torch.tensor([pos])}
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_decode_with_static_cache(family):
+    wrapper = make_wrapper(family)
+    ref = copy.deepcopy(wrapper)
+    gen = torch.Generator().manual_seed(1)
+    prog = ostinato.export(wrapper, (), decode_inputs(0, gen), strict=True)
+    cache_names = [n for n, _ in wrapper.named_buffers() if n.startswith(("key_cache", "value_cache"))]
+    assert cache_names and set(cache_names) <= set(prog.state_init), \
+        f"KV caches are not program state: state={sorted(prog.state_init)}"
+    exe = ostinato.compile(prog, device="cpu")
+
+    logits = []
+    for s in range(STEPS):
+        kwargs = decode_inputs(s, gen)
+        with torch.no_grad():
+            expected = ref(**kwargs)
+        out = exe(**kwargs)
+        # fp32, default tolerance 1e-5: observed differences are <= ~1e-7.
+        assert_same(out, expected, msg=f"{family} step {s}")
+        logits.append(expected)
+
+    ref_buffers = dict(ref.named_buffers())
+    for name in cache_names:
+        assert_same(exe.session.state[name], ref_buffers[name], msg=f"{family} state {name}")
+        assert ref_buffers[name][:, :, :STEPS].abs().sum() > 0, f"{name} was never written"
+    assert not torch.equal(logits[0], logits[-1])
