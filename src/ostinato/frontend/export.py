@@ -84,16 +84,11 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
         _label_symbols(model, graph, slots, args, kwargs, dynamic_shapes)
     verify(graph, check_shapes=True, hints=hints)
     graph.assign_slots()
-    info = {
-        "model": name,
-        "ostinato": __version__,
-        "torch": torch.__version__,
-        "export_seconds": round(t_export, 4),
-        "total_seconds": round(time.perf_counter() - t0, 4),
-    }
-    log.info("exported %s: %d nodes in %.2fs", name, len(graph.nodes), info["total_seconds"])
+    info = {"model": name, "ostinato": __version__, "torch": torch.__version__}
+    timings = {"torch_export": t_export, "total": time.perf_counter() - t0}
+    log.info("exported %s: %d nodes in %.2fs", name, len(graph.nodes), timings["total"])
     return Program(graph, weights, state_init, ep.call_spec.in_spec, ep.call_spec.out_spec, slots,
-                   hints, info)
+                   hints, info, timings)
 
 
 def _size_hints(graph, slots, args, kwargs) -> dict[str, int]:

@@ -34,9 +34,17 @@ class SymDim:
     __slots__ = ("expr", "_fn", "_names")  # _fn: cache of evaluations by binding
 
     def __init__(self, expr: Union[sympy.Expr, str, int]):
-        if isinstance(expr, str):
-            expr = sympy.sympify(expr, locals={n: sympy.Symbol(n, integer=True) for n in _names_in(expr)})
-        self.expr = sympy.sympify(expr)
+        if not isinstance(expr, str):
+            # Canonical form: what the program file's parser makes of the printed expression, so that
+            # save → load → save gives the same bytes. torch's own sympy functions print as //, %, ...
+            text = str(expr)
+            try:
+                expr = parse_expr(text)
+            except ValueError:
+                expr = sympy.sympify(expr)
+        else:
+            expr = parse_expr(expr)
+        self.expr = expr
         self._fn = None
         self._names = tuple(sorted(str(s) for s in self.expr.free_symbols))
 
@@ -71,9 +79,68 @@ class SymDim:
         return hash(str(self))
 
 
-def _names_in(expr: str) -> list[str]:
-    import re
-    return re.findall(r"[A-Za-z_][A-Za-z_0-9]*", expr)
+_MAX_EXPR_CHARS = 1024
+_MAX_EXPR_NODES = 256
+
+
+def _sym_functions() -> dict:
+    from torch.utils._sympy import functions as F
+    names = ("FloorDiv", "ModularIndexing", "CleanDiv", "CeilDiv", "Mod", "PythonMod", "Max", "Min",
+             "CeilToInt", "FloorToInt", "TruncToInt", "IntTrueDiv", "ToFloat")
+    table = {n: getattr(F, n) for n in names if hasattr(F, n)}
+    table.update(Max=sympy.Max, Min=sympy.Min, floor=sympy.floor, ceiling=sympy.ceiling)
+    return table
+
+
+def parse_expr(text: str) -> sympy.Expr:
+    """Parse a size expression (``2*s0 + 1``, ``Max(1, s0//2)``) without evaluating any code.
+
+    Program files are untrusted input, so this accepts only integers, size symbols, + - * // % **
+    with small integer exponents, and a fixed set of integer functions. Raises ValueError otherwise.
+    """
+    import ast
+
+    if not isinstance(text, str) or not text or len(text) > _MAX_EXPR_CHARS:
+        raise ValueError("size expression is empty or too long")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"size expression {text!r} is not valid: {e.msg}") from None
+    if sum(1 for _ in ast.walk(tree)) > _MAX_EXPR_NODES:
+        raise ValueError("size expression is too large")
+    funcs = _sym_functions()
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.FloorDiv: lambda a, b: sympy.floor(a / b), ast.Mod: lambda a, b: sympy.Mod(a, b),
+           ast.Div: lambda a, b: a / b}
+
+    def build(node):
+        if isinstance(node, ast.Expression):
+            return build(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return sympy.Integer(node.value)
+        if isinstance(node, ast.Name):
+            return sympy.Symbol(node.id, integer=True)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            v = build(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.BinOp):
+            if isinstance(node.op, ast.Pow):
+                exp = node.right
+                if not (isinstance(exp, ast.Constant) and type(exp.value) is int and 0 <= exp.value <= 8):
+                    raise ValueError("only small integer exponents are allowed in size expressions")
+                return build(node.left) ** exp.value
+            fn = ops.get(type(node.op))
+            if fn is not None:
+                return fn(build(node.left), build(node.right))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in funcs \
+                and not node.keywords:
+            return funcs[node.func.id](*[build(a) for a in node.args])
+        raise ValueError(f"size expression {text!r} has a disallowed element ({type(node).__name__})")
+
+    try:
+        return build(tree)
+    except (TypeError, ZeroDivisionError, RecursionError, ValueError) as e:
+        raise ValueError(f"size expression {text!r} is not valid: {e}") from None
 
 
 Dim = Union[int, SymDim]

@@ -29,7 +29,8 @@ class Program:
     out_spec: pytree.TreeSpec
     inputs: list[InputSlot]
     hints: dict[str, int] = field(default_factory=dict)   # example size of each symbol
-    info: dict[str, Any] = field(default_factory=dict)    # model name, versions, export time
+    info: dict[str, Any] = field(default_factory=dict)    # model name, exporter versions (saved)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds spent exporting (not saved)
 
     @property
     def num_nodes(self) -> int:
@@ -37,6 +38,11 @@ class Program:
 
     def op_counts(self) -> dict[str, int]:
         return self.graph.op_counts()
+
+    def save(self, path) -> None:
+        """Write the program file (atomically: a temporary file, then a rename)."""
+        from .writer import save
+        save(self, path)
 
     def __str__(self) -> str:
         model = self.info.get("model", "model")

@@ -1,0 +1,305 @@
+""".ost file → Program. Every read is bounded: a damaged or hostile file raises ProgramFormatError.
+
+The FlatBuffer is read into memory (it is small); the data segment is mmapped copy-on-write and the
+weight tensors are views into the mapping, so no weight byte is copied. The generated FlatBuffers
+accessors do no bounds checking, so every vector length is checked against the buffer and a budget
+bounds the total number of decoded objects (shared sub-tables cannot blow up decoding).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..errors import ProgramFormatError
+from ..ir import Graph, Node, ScalarMeta, SymbolRange, SymDim, TensorMeta, Value, verify
+from ..ir.types import DTYPES_BY_NAME
+from .fb.ArgKind import ArgKind
+from .fb.InputKind import InputKind
+from .fb.Program import Program as FBProgram
+from .fb.Role import Role
+from .fb.ScalarKind import ScalarKind
+from .fb.TensorRole import TensorRole
+from .format import (ALIGN, HEADER_SIZE, ChecksumError, InconsistentGraphError, LayoutError,
+                     parse_header)
+from .program import InputSlot, Program
+
+ROLES = {Role.Constant: "constant", Role.Input: "input", Role.State: "state", Role.Temp: "temp"}
+SCALARS = {ScalarKind.Int: int, ScalarKind.Float: float, ScalarKind.Bool: bool}
+SLOT_KINDS = {InputKind.Tensor: "tensor", InputKind.Scalar: "scalar", InputKind.Constant: "constant"}
+MAX_ARG_DEPTH = 32
+
+
+class _Decoder:
+    def __init__(self, buf: bytes, path: str):
+        self.buf = buf
+        self.path = path
+        self.budget = max(64, len(buf) // 2)  # objects decoded; each needs >= 2 bytes unless shared
+
+    def bad(self, what: str) -> InconsistentGraphError:
+        return InconsistentGraphError(f"{self.path}: malformed program: {what}")
+
+    def spend(self, n: int) -> None:
+        self.budget -= n
+        if self.budget < 0:
+            raise self.bad("more objects than the file can hold (shared or cyclic tables)")
+
+    def vec(self, length: Callable[[], int], get: Callable[[int], Any], what: str) -> list:
+        n = length()
+        if n < 0 or n * 4 > len(self.buf):
+            raise self.bad(f"{what}: vector of {n} elements in a {len(self.buf)}-byte FlatBuffer")
+        self.spend(n)
+        return [get(j) for j in range(n)]
+
+    def text(self, raw: bytes | None, what: str = "string", limit: int = 1 << 20) -> str:
+        if raw is None:
+            return ""
+        if len(raw) > limit:
+            raise self.bad(f"{what} of {len(raw)} bytes")
+        return raw.decode("utf-8")
+
+    # -- arguments ------------------------------------------------------------------------------
+    def arg(self, a, values: dict[int, Value], depth: int = 0) -> Any:
+        if a is None:
+            raise self.bad("missing argument table")
+        if depth > MAX_ARG_DEPTH:
+            raise self.bad(f"arguments nested deeper than {MAX_ARG_DEPTH}")
+        self.spend(1)
+        k = a.Kind()
+        if k == ArgKind.None_:
+            return None
+        if k == ArgKind.Int:
+            return int(a.I())
+        if k == ArgKind.Float:
+            return float(a.F())
+        if k == ArgKind.Bool:
+            return bool(a.I())
+        if k == ArgKind.Str:
+            return self.text(a.S())
+        if k == ArgKind.Value:
+            v = values.get(a.I())
+            if v is None:
+                raise self.bad(f"argument refers to unknown value id {a.I()}")
+            return v
+        if k in (ArgKind.List, ArgKind.Tuple):
+            items = self.vec(a.ItemsLength, lambda j: self.arg(a.Items(j), values, depth + 1), "list argument")
+            return items if k == ArgKind.List else tuple(items)
+        if k == ArgKind.Dict:
+            items = self.vec(a.ItemsLength, a.Items, "dict argument")
+            return {self.text(it.Key(), "key", 256): self.arg(it, values, depth + 1) for it in items}
+        if k == ArgKind.DType:
+            name = self.text(a.S())
+            if name not in DTYPES_BY_NAME:
+                raise self.bad(f"unknown dtype {name!r}")
+            return DTYPES_BY_NAME[name]
+        if k == ArgKind.Device:
+            return torch.device(self.text(a.S(), limit=64))
+        if k in (ArgKind.Layout, ArgKind.MemoryFormat):
+            name = self.text(a.S(), limit=64)
+            obj = getattr(torch, name, None) if name.isidentifier() else None
+            want = torch.layout if k == ArgKind.Layout else torch.memory_format
+            if not isinstance(obj, want):
+                raise self.bad(f"unknown {want.__name__} {name!r}")
+            return obj
+        raise self.bad(f"unknown argument kind {k}")
+
+    def dim(self, d) -> int | SymDim:
+        self.spend(1)
+        expr = self.text(d.Expr(), "dim", limit=1024)
+        if expr:
+            return SymDim(expr)
+        v = d.Value()
+        if v < 0:
+            raise self.bad(f"negative dimension {v}")
+        return int(v)
+
+    # -- the program ----------------------------------------------------------------------------
+    def program(self) -> tuple[Graph, dict, list[tuple[str, int, str, list[int], int, int]]]:
+        if not FBProgram.ProgramBufferHasIdentifier(self.buf, 0):
+            raise self.bad("the FlatBuffer lacks the OSTP identifier")
+        fp = FBProgram.GetRootAs(self.buf, 0)
+        g = Graph()
+        for s in self.vec(fp.SymbolsLength, fp.Symbols, "symbols"):
+            name = self.text(s.Name(), "symbol", 64)
+            if not name.isidentifier() or name in g.symbols:
+                raise self.bad(f"invalid or repeated symbol name {name!r}")
+            hi = s.Max()
+            g.symbols[name] = SymbolRange(name, int(s.Min()), None if hi < 0 else int(hi),
+                                          self.text(s.Label(), "label", 256))
+        hints = {}
+        for s in self.vec(fp.SymbolsLength, fp.Symbols, "symbols"):
+            if s.Hint() >= 0:
+                hints[self.text(s.Name())] = int(s.Hint())
+        values: dict[int, Value] = {}
+        for fv in self.vec(fp.ValuesLength, fp.Values, "values"):
+            vid = fv.Id()
+            if vid in values or vid < 0:
+                raise self.bad(f"value id {vid} repeated or negative")
+            kind = fv.Kind()
+            if kind == ScalarKind.Tensor:
+                dtype = self.text(fv.Dtype(), "dtype", 16)
+                if dtype not in DTYPES_BY_NAME:
+                    raise self.bad(f"value {vid} has unknown dtype {dtype!r}")
+                shape = tuple(self.vec(fv.ShapeLength, lambda j: self.dim(fv.Shape(j)), "shape"))
+                meta = TensorMeta(DTYPES_BY_NAME[dtype], shape)
+            elif kind in SCALARS:
+                expr = self.text(fv.Expr(), "expr", 1024)
+                meta = ScalarMeta(SCALARS[kind], SymDim(expr) if expr else None)
+            else:
+                raise self.bad(f"value {vid} has unknown kind {kind}")
+            role = ROLES.get(fv.Role())
+            if role is None:
+                raise self.bad(f"value {vid} has unknown role {fv.Role()}")
+            values[vid] = Value(vid, self.text(fv.Name(), "name", 4096), meta, role)
+        g._next_id = max(values, default=-1) + 1
+
+        def by_ids(length, get, role, what):
+            out = []
+            for vid in self.vec(length, get, what):
+                v = values.get(vid)
+                if v is None or v.role != role:
+                    raise self.bad(f"{what} entry {vid} is not a {role} value")
+                out.append(v)
+            return out
+
+        g.constants = by_ids(fp.ConstantsLength, fp.Constants, "constant", "constants")
+        g.inputs = by_ids(fp.InputsLength, fp.Inputs, "input", "inputs")
+        g.state = by_ids(fp.StateLength, fp.State, "state", "state")
+        for fn in self.vec(fp.NodesLength, fp.Nodes, "nodes"):
+            node = Node(self.text(fn.Op(), "op", 256), (), {}, self.text(fn.Name(), "name", 4096),
+                        self.text(fn.Source(), "source", 1 << 16))
+            node.args = tuple(self.vec(fn.ArgsLength, lambda j: self.arg(fn.Args(j), values), "args"))
+            kw = self.vec(fn.KwargsLength, fn.Kwargs, "kwargs")
+            node.kwargs = {self.text(a.Key(), "key", 256): self.arg(a, values) for a in kw}
+            for vid in self.vec(fn.OutputsLength, fn.Outputs, "outputs"):
+                if vid == -1:
+                    node.outputs.append(None)
+                    continue
+                v = values.get(vid)
+                if v is None or v.role != "temp" or v.producer is not None:
+                    raise self.bad(f"node {node.name} outputs value {vid}, which is unknown, not a temp, "
+                                   "or produced twice")
+                v.producer = node
+                node.outputs.append(v)
+            g.nodes.append(node)
+        orphans = [v.name for v in values.values() if v.role == "temp" and v.producer is None]
+        if orphans:
+            raise self.bad(f"temporaries no node produces: {orphans[:5]}")
+        g.outputs = self.vec(fp.OutputsLength, lambda j: self.arg(fp.Outputs(j), values), "outputs")
+        for m in self.vec(fp.MutationsLength, fp.Mutations, "mutations"):
+            t, n = values.get(m.Target()), values.get(m.Value())
+            if t is None or n is None:
+                raise self.bad("mutation refers to an unknown value")
+            g.mutations.append((t, n))
+        slots = []
+        for s in self.vec(fp.InputSlotsLength, fp.InputSlots, "input slots"):
+            kind = SLOT_KINDS.get(s.Kind())
+            if kind is None:
+                raise self.bad(f"input slot has unknown kind {s.Kind()}")
+            if kind == "constant":
+                const = s.Constant()
+                slots.append(InputSlot(self.text(s.Name()), kind, -1,
+                                       None if const is None else self.arg(const, {})))
+            else:
+                idx = s.Index()
+                if not 0 <= idx < len(g.inputs):
+                    raise self.bad(f"input slot {self.text(s.Name())!r} points at input {idx} of {len(g.inputs)}")
+                want = "tensor" if isinstance(g.inputs[idx].meta, TensorMeta) else "scalar"
+                if want != kind:
+                    raise self.bad(f"input slot {self.text(s.Name())!r} is a {kind} but input {idx} is a {want}")
+                slots.append(InputSlot(self.text(s.Name()), kind, idx))
+        tensors = []
+        for t in self.vec(fp.TensorsLength, fp.Tensors, "tensors"):
+            shape = self.vec(t.ShapeLength, t.Shape, "tensor shape")
+            tensors.append((self.text(t.Name(), "name", 4096), t.Role(), self.text(t.Dtype(), "dtype", 16),
+                            [int(d) for d in shape], int(t.Offset()), int(t.Nbytes())))
+        extra = {
+            "hints": hints, "slots": slots,
+            "in_spec": self.text(fp.InSpec(), "in_spec", 1 << 20),
+            "out_spec": self.text(fp.OutSpec(), "out_spec", 1 << 20),
+            "info": json.loads(self.text(fp.Info(), "info", 1 << 20) or "{}"),
+            "schema_version": fp.SchemaVersion(),
+        }
+        return g, extra, tensors
+
+
+def _tensors_from(mapped: mmap.mmap, data_offset: int, data_size: int, entries, graph: Graph, path: str):
+    weights: dict[str, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}
+    for name, role, dtype_name, shape, offset, nbytes in entries:
+        dtype = DTYPES_BY_NAME.get(dtype_name)
+        if dtype is None or role not in (TensorRole.Weight, TensorRole.StateInit):
+            raise LayoutError(f"{path}: tensor {name!r} has unknown dtype {dtype_name!r} or role {role}")
+        if any(d < 0 for d in shape) or len(shape) > 16:
+            raise LayoutError(f"{path}: tensor {name!r} has invalid shape {shape}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if numel * itemsize != nbytes or offset % ALIGN or offset + nbytes > data_size:
+            raise LayoutError(f"{path}: tensor {name!r} ({dtype_name}{shape}, {nbytes} bytes at {offset}) lies "
+                              f"outside the {data_size}-byte data segment or disagrees with its shape")
+        if numel == 0:
+            t = torch.empty(shape, dtype=dtype)
+        else:
+            t = torch.frombuffer(mapped, dtype=dtype, count=numel, offset=data_offset + offset).view(shape)
+        (weights if role == TensorRole.Weight else state)[name] = t
+    want_w = {v.name for v in graph.constants}
+    want_s = {v.name for v in graph.state}
+    if set(weights) != want_w or set(state) != want_s:
+        raise InconsistentGraphError(f"{path}: tensors in the data segment do not match the graph's constants "
+                                     f"and state (missing {sorted((want_w - set(weights)) | (want_s - set(state)))[:5]})")
+    for v in graph.constants + graph.state:
+        t = (weights if v.role == "constant" else state)[v.name]
+        meta = v.meta
+        if not isinstance(meta, TensorMeta) or not meta.is_static or tuple(t.shape) != meta.shape \
+                or t.dtype != meta.dtype:
+            raise InconsistentGraphError(f"{path}: tensor {v.name!r} is {t.dtype}{list(t.shape)} but the graph "
+                                         f"declares {meta}")
+    return weights, state
+
+
+def load(path: str | os.PathLike, verify_checksums: bool = True) -> Program:
+    """Load a program file. ``verify_checksums=False`` skips hashing both segments (faster for big files)."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        header = parse_header(f.read(HEADER_SIZE), size, path)
+        f.seek(header.fb_offset)
+        fb = f.read(header.fb_size)
+        if len(fb) != header.fb_size:
+            raise LayoutError(f"{path}: could not read the {header.fb_size}-byte FlatBuffer")
+        if verify_checksums and hashlib.sha256(fb).digest() != header.fb_sha256:
+            raise ChecksumError("FlatBuffer", path)
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
+    if verify_checksums:
+        data_view = memoryview(mapped)[header.data_offset:header.data_offset + header.data_size]
+        ok = hashlib.sha256(data_view).digest() == header.data_sha256
+        data_view.release()
+        if not ok:
+            raise ChecksumError("data", path)
+    dec = _Decoder(fb, path)
+    try:
+        graph, extra, entries = dec.program()
+        in_spec = pytree.treespec_loads(extra["in_spec"])
+        out_spec = pytree.treespec_loads(extra["out_spec"])
+    except ProgramFormatError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure to decode untrusted bytes means a malformed file
+        raise InconsistentGraphError(f"{path}: malformed program: {type(e).__name__}: {e}") from None
+    if out_spec.num_leaves != len(graph.outputs) or in_spec.num_leaves != len(extra["slots"]):
+        raise InconsistentGraphError(f"{path}: the pytree specs do not match the graph's inputs and outputs")
+    weights, state = _tensors_from(mapped, header.data_offset, header.data_size, entries, graph, path)
+    hints = extra["hints"]
+    try:
+        verify(graph, check_shapes=set(hints) >= set(graph.symbols), hints=hints)
+    except Exception as e:  # noqa: BLE001 - GraphError, or a decoder error on a hostile expression
+        raise InconsistentGraphError(f"{path}: the graph fails verification: {e}") from None
+    graph.assign_slots()
+    info = extra["info"] if isinstance(extra["info"], dict) else {}
+    return Program(graph, weights, state, in_spec, out_spec, extra["slots"], hints, info)

@@ -1,0 +1,289 @@
+"""Program → .ost bytes (header, FlatBuffer, aligned data segment), written atomically."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from typing import Any
+
+import flatbuffers
+import torch
+from torch.utils import _pytree as pytree
+
+from ..errors import OstinatoError
+from ..ir import Value, dtype_name
+from ..ir.types import ScalarMeta, SymDim, TensorMeta
+from .fb import Arg as A, Dim as D, InputSlot as IS, Mutation as M, Node as N, Program as P
+from .fb import Symbol as S, TensorData as TD, Value as V
+from .fb.ArgKind import ArgKind
+from .fb.InputKind import InputKind
+from .fb.Role import Role
+from .fb.ScalarKind import ScalarKind
+from .fb.TensorRole import TensorRole
+from .format import ALIGN, HEADER_SIZE, SCHEMA_VERSION, Header, align
+from .program import Program
+
+ROLE = {"constant": Role.Constant, "input": Role.Input, "state": Role.State, "temp": Role.Temp}
+SCALAR = {int: ScalarKind.Int, float: ScalarKind.Float, bool: ScalarKind.Bool}
+SLOT_KIND = {"tensor": InputKind.Tensor, "scalar": InputKind.Scalar, "constant": InputKind.Constant}
+
+
+class _Writer:
+    def __init__(self, where: str):
+        self.b = flatbuffers.Builder(4096)
+        self.where = where
+
+    def strings(self, s: str | None):
+        return None if s is None else self.b.CreateString(s)
+
+    def vector(self, start, offsets: list[int]) -> int:
+        start(self.b, len(offsets))
+        for o in reversed(offsets):
+            self.b.PrependUOffsetTRelative(o)
+        return self.b.EndVector()
+
+    def scalars(self, start, values: list[int], prepend) -> int:
+        start(self.b, len(values))
+        for v in reversed(values):
+            prepend(v)
+        return self.b.EndVector()
+
+    # -- arguments ------------------------------------------------------------------------------
+    def arg(self, a: Any, key: str | None = None) -> int:
+        b = self.b
+        kind, i, f, s, items = ArgKind.None_, 0, 0.0, None, None
+        if a is None:
+            pass
+        elif isinstance(a, Value):
+            kind, i = ArgKind.Value, a.id
+        elif isinstance(a, bool):
+            kind, i = ArgKind.Bool, int(a)
+        elif isinstance(a, int):
+            if not -2**63 <= a < 2**63:
+                raise OstinatoError(f"{self.where}: integer {a} does not fit in 64 bits")
+            kind, i = ArgKind.Int, a
+        elif isinstance(a, float):
+            kind, f = ArgKind.Float, a
+        elif isinstance(a, str):
+            kind, s = ArgKind.Str, a
+        elif isinstance(a, torch.dtype):
+            kind, s = ArgKind.DType, dtype_name(a)
+        elif isinstance(a, torch.device):
+            kind, s = ArgKind.Device, str(a)
+        elif isinstance(a, torch.layout):
+            kind, s = ArgKind.Layout, str(a).replace("torch.", "")
+        elif isinstance(a, torch.memory_format):
+            kind, s = ArgKind.MemoryFormat, str(a).replace("torch.", "")
+        elif isinstance(a, (list, tuple)):
+            kind = ArgKind.List if isinstance(a, list) else ArgKind.Tuple
+            items = [self.arg(x) for x in a]
+        elif isinstance(a, dict):
+            kind = ArgKind.Dict
+            for k in a:
+                if not isinstance(k, str):
+                    raise OstinatoError(f"{self.where}: dict constant with non-string key {k!r} cannot be saved")
+            items = [self.arg(x, key=k) for k, x in a.items()]
+        else:
+            raise OstinatoError(f"{self.where}: a constant of type {type(a).__name__} ({a!r}) cannot be saved "
+                                "in a program file")
+        s_off = self.strings(s)
+        k_off = self.strings(key)
+        items_off = self.vector(A.ArgStartItemsVector, items) if items is not None else None
+        A.ArgStart(b)
+        A.ArgAddKind(b, kind)
+        if i:
+            A.ArgAddI(b, i)
+        if f:
+            A.ArgAddF(b, f)
+        if s_off is not None:
+            A.ArgAddS(b, s_off)
+        if items_off is not None:
+            A.ArgAddItems(b, items_off)
+        if k_off is not None:
+            A.ArgAddKey(b, k_off)
+        return A.ArgEnd(b)
+
+    # -- tables ---------------------------------------------------------------------------------
+    def dim(self, d) -> int:
+        expr = self.strings(str(d)) if isinstance(d, SymDim) else None
+        D.DimStart(self.b)
+        if isinstance(d, int):
+            D.DimAddValue(self.b, d)
+        else:
+            D.DimAddExpr(self.b, expr)
+        return D.DimEnd(self.b)
+
+    def value(self, v: Value) -> int:
+        b = self.b
+        name = self.strings(v.name)
+        dtype = shape = expr = None
+        if isinstance(v.meta, TensorMeta):
+            dtype = self.strings(dtype_name(v.meta.dtype))
+            shape = self.vector(V.ValueStartShapeVector, [self.dim(d) for d in v.meta.shape])
+        elif isinstance(v.meta, ScalarMeta) and v.meta.expr is not None:
+            expr = self.strings(str(v.meta.expr))
+        V.ValueStart(b)
+        V.ValueAddId(b, v.id)
+        V.ValueAddName(b, name)
+        V.ValueAddRole(b, ROLE[v.role])
+        V.ValueAddKind(b, ScalarKind.Tensor if isinstance(v.meta, TensorMeta) else SCALAR[v.meta.kind])
+        if dtype is not None:
+            V.ValueAddDtype(b, dtype)
+            V.ValueAddShape(b, shape)
+        if expr is not None:
+            V.ValueAddExpr(b, expr)
+        return V.ValueEnd(b)
+
+    def node(self, n) -> int:
+        b = self.b
+        self.where = f"node {n.name} ({n.op})"
+        name, op, source = self.strings(n.name), self.strings(n.op), self.strings(n.source)
+        args = self.vector(N.NodeStartArgsVector, [self.arg(a) for a in n.args])
+        kwargs = self.vector(N.NodeStartKwargsVector, [self.arg(a, key=k) for k, a in n.kwargs.items()])
+        outs = self.scalars(N.NodeStartOutputsVector, [-1 if o is None else o.id for o in n.outputs],
+                            b.PrependInt32)
+        N.NodeStart(b)
+        N.NodeAddName(b, name)
+        N.NodeAddOp(b, op)
+        N.NodeAddArgs(b, args)
+        N.NodeAddKwargs(b, kwargs)
+        N.NodeAddOutputs(b, outs)
+        N.NodeAddSource(b, source)
+        return N.NodeEnd(b)
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _layout_tensors(program: Program) -> tuple[list[tuple[str, int, torch.Tensor, int]], bytes]:
+    """[(name, role, tensor, offset)] and the data segment; tied tensors (same storage and view) share bytes."""
+    entries, chunks, seen, size = [], [], {}, 0
+    named = [(n, TensorRole.Weight, t) for n, t in program.weights.items()]
+    named += [(n, TensorRole.StateInit, t) for n, t in program.state_init.items()]
+    for name, role, t in named:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype) \
+            if t.numel() else None
+        if key is not None and key in seen:
+            entries.append((name, role, t, seen[key]))
+            continue
+        raw = _tensor_bytes(t)
+        offset = size
+        chunks.append(raw)
+        size += len(raw)
+        pad = align(size) - size
+        chunks.append(b"\0" * pad)
+        size += pad
+        if key is not None:
+            seen[key] = offset
+        entries.append((name, role, t, offset))
+    return entries, b"".join(chunks)
+
+
+def to_bytes(program: Program) -> bytes:
+    g = program.graph
+    w = _Writer("program")
+    b = w.b
+    entries, data = _layout_tensors(program)
+    tensors = []
+    for name, role, t, offset in entries:
+        n_off, d_off = w.strings(name), w.strings(dtype_name(t.dtype))
+        shape = w.scalars(TD.TensorDataStartShapeVector, list(t.shape), b.PrependInt64)
+        TD.TensorDataStart(b)
+        TD.TensorDataAddName(b, n_off)
+        TD.TensorDataAddRole(b, role)
+        TD.TensorDataAddDtype(b, d_off)
+        TD.TensorDataAddShape(b, shape)
+        TD.TensorDataAddOffset(b, offset)
+        TD.TensorDataAddNbytes(b, t.numel() * t.element_size())
+        tensors.append(TD.TensorDataEnd(b))
+    tensors_vec = w.vector(P.ProgramStartTensorsVector, tensors)
+
+    values = [*g.constants, *g.inputs, *g.state, *g.temps()]
+    values_vec = w.vector(P.ProgramStartValuesVector, [w.value(v) for v in values])
+    nodes_vec = w.vector(P.ProgramStartNodesVector, [w.node(n) for n in g.nodes])
+    w.where = "graph outputs"
+    outputs_vec = w.vector(P.ProgramStartOutputsVector, [w.arg(o) for o in g.outputs])
+    ids = lambda vs: [v.id for v in vs]  # noqa: E731
+    consts_vec = w.scalars(P.ProgramStartConstantsVector, ids(g.constants), b.PrependInt32)
+    inputs_vec = w.scalars(P.ProgramStartInputsVector, ids(g.inputs), b.PrependInt32)
+    state_vec = w.scalars(P.ProgramStartStateVector, ids(g.state), b.PrependInt32)
+    muts = []
+    for target, new in g.mutations:
+        M.MutationStart(b)
+        M.MutationAddTarget(b, target.id)
+        M.MutationAddValue(b, new.id)
+        muts.append(M.MutationEnd(b))
+    muts_vec = w.vector(P.ProgramStartMutationsVector, muts)
+    syms = []
+    for sym in g.symbols.values():
+        n_off, l_off = w.strings(sym.name), w.strings(sym.label)
+        S.SymbolStart(b)
+        S.SymbolAddName(b, n_off)
+        S.SymbolAddMin(b, sym.min)
+        S.SymbolAddMax(b, -1 if sym.max is None else sym.max)
+        S.SymbolAddLabel(b, l_off)
+        S.SymbolAddHint(b, program.hints.get(sym.name, -1))
+        syms.append(S.SymbolEnd(b))
+    syms_vec = w.vector(P.ProgramStartSymbolsVector, syms)
+    slots = []
+    for slot in program.inputs:
+        w.where = f"input {slot.name}"
+        const = w.arg(slot.value) if slot.kind == "constant" else None
+        n_off = w.strings(slot.name)
+        IS.InputSlotStart(b)
+        IS.InputSlotAddName(b, n_off)
+        IS.InputSlotAddKind(b, SLOT_KIND[slot.kind])
+        IS.InputSlotAddIndex(b, slot.index)
+        if const is not None:
+            IS.InputSlotAddConstant(b, const)
+        slots.append(IS.InputSlotEnd(b))
+    slots_vec = w.vector(P.ProgramStartInputSlotsVector, slots)
+    in_spec = w.strings(pytree.treespec_dumps(program.in_spec))
+    out_spec = w.strings(pytree.treespec_dumps(program.out_spec))
+    info = w.strings(json.dumps(program.info, sort_keys=True, default=str))
+    P.ProgramStart(b)
+    P.ProgramAddSchemaVersion(b, SCHEMA_VERSION)
+    P.ProgramAddValues(b, values_vec)
+    P.ProgramAddNodes(b, nodes_vec)
+    P.ProgramAddConstants(b, consts_vec)
+    P.ProgramAddInputs(b, inputs_vec)
+    P.ProgramAddState(b, state_vec)
+    P.ProgramAddOutputs(b, outputs_vec)
+    P.ProgramAddMutations(b, muts_vec)
+    P.ProgramAddSymbols(b, syms_vec)
+    P.ProgramAddInputSlots(b, slots_vec)
+    P.ProgramAddInSpec(b, in_spec)
+    P.ProgramAddOutSpec(b, out_spec)
+    P.ProgramAddInfo(b, info)
+    P.ProgramAddTensors(b, tensors_vec)
+    b.Finish(P.ProgramEnd(b), file_identifier=b"OSTP")
+    fb = bytes(b.Output())
+
+    fb_offset = HEADER_SIZE
+    data_offset = align(fb_offset + len(fb))
+    header = Header(SCHEMA_VERSION, fb_offset, len(fb), data_offset, len(data),
+                    hashlib.sha256(fb).digest(), hashlib.sha256(data).digest())
+    return header.pack() + fb + b"\0" * (data_offset - fb_offset - len(fb)) + data
+
+
+def save(program: Program, path: str | os.PathLike) -> None:
+    """Write ``program`` to ``path`` atomically: a temporary file in the same folder, then a rename."""
+    path = os.fspath(path)
+    blob = to_bytes(program)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".ost-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+__all__ = ["save", "to_bytes", "ALIGN"]
