@@ -31,6 +31,7 @@ class Program:
     hints: dict[str, int] = field(default_factory=dict)   # example size of each symbol
     info: dict[str, Any] = field(default_factory=dict)    # model name, exporter versions (saved)
     timings: dict[str, float] = field(default_factory=dict)  # seconds spent exporting (not saved)
+    source: Any = None  # reader.FileInfo of the file it was loaded from, if any
 
     @property
     def num_nodes(self) -> int:

@@ -11,6 +11,7 @@ import hashlib
 import json
 import mmap
 import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -25,7 +26,7 @@ from .fb.Program import Program as FBProgram
 from .fb.Role import Role
 from .fb.ScalarKind import ScalarKind
 from .fb.TensorRole import TensorRole
-from .format import (ALIGN, HEADER_SIZE, ChecksumError, InconsistentGraphError, LayoutError,
+from .format import (ALIGN, HEADER_SIZE, ChecksumError, Header, InconsistentGraphError, LayoutError,
                      parse_header)
 from .program import InputSlot, Program
 
@@ -302,4 +303,23 @@ def load(path: str | os.PathLike, verify_checksums: bool = True) -> Program:
         raise InconsistentGraphError(f"{path}: the graph fails verification: {e}") from None
     graph.assign_slots()
     info = extra["info"] if isinstance(extra["info"], dict) else {}
-    return Program(graph, weights, state, in_spec, out_spec, extra["slots"], hints, info)
+    prog = Program(graph, weights, state, in_spec, out_spec, extra["slots"], hints, info)
+    prog.source = FileInfo(path, size, header)
+    return prog
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """Where a loaded Program came from: the file, its size and its header."""
+
+    path: str
+    size: int
+    header: "Header"
+
+
+def read_header(path: str | os.PathLike) -> tuple["Header", int]:
+    """The checked header of a program file and the file's size, without reading the rest."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return parse_header(f.read(HEADER_SIZE), size, path), size
