@@ -1,6 +1,7 @@
 """The IR verifier: structural rules, and (optionally) shapes and dtypes re-derived op by op."""
 from __future__ import annotations
 
+import logging
 from typing import Mapping
 
 import torch
@@ -82,8 +83,14 @@ def _check_shapes(g: Graph, hints: Mapping[str, int]) -> None:
     # Fake tensors, not the meta device: fake kernels reproduce the CPU kernels' output strides and
     # shapes (meta kernels differ for some ops, e.g. SDPA's layout and batch norm's saved stats).
     from torch._subclasses.fake_tensor import FakeTensorMode
-    with FakeTensorMode(allow_non_fake_inputs=False):
-        _propagate(g, hints)
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)  # a failing op is reported as a GraphError, not a logged trace
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=False):
+            _propagate(g, hints)
+    finally:
+        fake_log.setLevel(level)
 
 
 def _propagate(g: Graph, hints: Mapping[str, int]) -> None:
