@@ -1,5 +1,5 @@
 """Programs and their file format (.ost): schema.fbs, writer, reader."""
-from .program import InputSlot, Program
+from .program import InputSlot, Program, spec_structure
 
 
 def load(path, verify: bool = True) -> Program:
@@ -8,4 +8,4 @@ def load(path, verify: bool = True) -> Program:
     return _load(path, verify_checksums=verify)
 
 
-__all__ = ["InputSlot", "Program", "load"]
+__all__ = ["InputSlot", "Program", "load", "spec_structure"]

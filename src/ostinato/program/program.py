@@ -54,3 +54,8 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<ostinato.Program {self.info.get('model', '')} nodes={self.num_nodes}>"
+
+
+def spec_structure(spec: pytree.TreeSpec) -> str:
+    """A pytree spec drawn with * for each leaf: ``((*, *), {'mask': *})``."""
+    return str(pytree.tree_unflatten(["*"] * spec.num_leaves, spec)).replace("'*'", "*")

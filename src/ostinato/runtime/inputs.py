@@ -8,7 +8,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import InputError
 from ..ir import ScalarMeta, SymDim, TensorMeta, dtype_name
-from ..program import Program
+from ..program import Program, spec_structure
 
 
 def _spec_text(meta: TensorMeta, symbols) -> str:
@@ -55,7 +55,7 @@ class InputChecker:
             n_expected = len(self.slots)
             raise InputError(
                 f"inputs do not match the exported call: expected {n_expected} input(s) structured as "
-                f"{_structure(self.in_spec)}, got {len(leaves)} structured as {_structure(spec)}")
+                f"{spec_structure(self.in_spec)}, got {len(leaves)} structured as {spec_structure(spec)}")
         return leaves
 
     def check(self, leaves: list) -> dict[str, int]:
@@ -135,7 +135,3 @@ def _same_constant(x: Any, v: Any) -> bool:
         return type(x) is type(v) and bool(x == v)
     except Exception:  # noqa: BLE001 - an uncomparable value is simply not the same
         return False
-
-
-def _structure(spec: pytree.TreeSpec) -> str:
-    return str(pytree.tree_unflatten(["*"] * spec.num_leaves, spec)).replace("'*'", "*")

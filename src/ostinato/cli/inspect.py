@@ -1,0 +1,100 @@
+"""Show what a program file holds: schema, sizes, exporter, inputs, outputs, state, weights, ops."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..ir import TensorMeta, Value
+from ..program import load, spec_structure
+
+HELP = "describe a .ost program file"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a .ost program file")
+    p.add_argument("--json", action="store_true", help="print one JSON object (for machines)")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks of the file's segments")
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def describe(path: str, verify: bool = True) -> dict:
+    prog = load(path, verify=verify)
+    src = prog.source
+    g = prog.graph
+
+    def spec(v: Value) -> dict:
+        if isinstance(v.meta, TensorMeta):
+            return {"name": v.name, "dtype": str(v.meta.dtype).replace("torch.", ""),
+                    "shape": [d if isinstance(d, int) else str(d) for d in v.meta.shape]}
+        return {"name": v.name, "type": v.meta.kind.__name__}
+
+    ptrs, weight_bytes = set(), 0
+    for t in prog.weights.values():
+        key = (t.data_ptr(), t.numel() * t.element_size())
+        if key not in ptrs:
+            ptrs.add(key)
+            weight_bytes += key[1]
+    outputs = [spec(o) if isinstance(o, Value) else {"constant": repr(o)} for o in g.outputs]
+    return {
+        "file": path,
+        "schema_version": src.header.schema,
+        "sizes": {"file": src.size, "flatbuffer": src.header.fb_size, "data": src.header.data_size,
+                  "weights_raw": sum(t.numel() * t.element_size() for t in prog.weights.values()),
+                  "weights_stored": weight_bytes,
+                  "state_raw": sum(t.numel() * t.element_size() for t in prog.state_init.values())},
+        "exporter": prog.info,
+        "symbols": [{"name": s.name, "label": s.label, "min": s.min, "max": s.max} for s in g.symbols.values()],
+        "inputs": [spec(v) for v in g.inputs],
+        "input_structure": spec_structure(prog.in_spec),
+        "outputs": outputs,
+        "state": [spec(v) for v in g.state],
+        "weights": len(prog.weights),
+        "nodes": len(g.nodes),
+        "ops": dict(sorted(prog.op_counts().items(), key=lambda kv: (-kv[1], kv[0]))),
+    }
+
+
+def _shape(s: dict) -> str:
+    if "constant" in s:
+        return f"constant {s['constant']}"
+    if "type" in s:
+        return f"{s['name']}: {s['type']}"
+    return f"{s['name']}: {s['dtype']}[{', '.join(str(d) for d in s['shape'])}]"
+
+
+def run(args: argparse.Namespace) -> int:
+    d = describe(args.file, verify=not args.no_verify)
+    if args.json:
+        json.dump(d, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    s, e = d["sizes"], d["exporter"]
+    lines = [
+        f"{d['file']}: ostinato program, schema v{d['schema_version']}",
+        f"  size      {_human(s['file'])}: FlatBuffer {_human(s['flatbuffer'])}, data {_human(s['data'])} "
+        f"(weights {_human(s['weights_raw'])} raw, {_human(s['weights_stored'])} stored; "
+        f"state {_human(s['state_raw'])})",
+        f"  exporter  {e.get('model', '?')} by ostinato {e.get('ostinato', '?')}, torch {e.get('torch', '?')}",
+    ]
+    if d["symbols"]:
+        lines.append("  symbols   " + ", ".join(
+            f"{x['name']}{' (' + x['label'] + ')' if x['label'] else ''} in [{x['min']}, "
+            f"{'inf' if x['max'] is None else x['max']}]" for x in d["symbols"]))
+    lines.append("  inputs    " + "; ".join(_shape(x) for x in d["inputs"]) + f"  as {d['input_structure']}")
+    lines.append("  outputs   " + "; ".join(_shape(x) for x in d["outputs"]))
+    if d["state"]:
+        lines.append("  state     " + "; ".join(_shape(x) for x in d["state"]))
+    lines.append(f"  weights   {d['weights']} tensors")
+    lines.append(f"  ops       {d['nodes']} nodes, {len(d['ops'])} distinct:")
+    for op, n in d["ops"].items():
+        lines.append(f"    {n:6d}  {op}")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
