@@ -23,3 +23,27 @@ def pytest_collection_modifyitems(config, items):
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Totals of the OpInfo sweep (tests/ops/test_opinfo.py), summed from each test's "opinfo" property;
+    report properties travel back from xdist workers, so this works with -n too."""
+    totals: dict[str, int] = {}
+    cases = 0
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if getattr(rep, "when", None) != "call":
+                continue
+            counts = dict(getattr(rep, "user_properties", ()) or ()).get("opinfo")
+            if not counts:
+                continue
+            cases += 1
+            for k, v in counts.items():
+                totals[k] = totals.get(k, 0) + v
+    if cases:
+        terminalreporter.write_sep("=", "OpInfo sweep")
+        terminalreporter.write_line(
+            f"OpInfo sweep: {totals.get('passed', 0)} samples passed, "
+            f"{totals.get('not_exportable', 0)} not exportable by torch.export, "
+            f"{totals.get('failed', 0)} failed, {totals.get('skipped', 0)} skipped (skip list), "
+            f"{totals.get('op_skipped', 0)} ops skipped; {cases} op/dtype cases")

@@ -56,7 +56,7 @@ def _finite_int(x) -> int | None:
     """An int for a finite sympy bound, None for torch's int_oo / sympy's oo."""
     try:
         v = int(x)
-    except (TypeError, ValueError, OverflowError):
+    except Exception:  # noqa: BLE001 - int_oo and sympy's infinities raise various types
         return None
     return v if abs(v) < 2**62 else None
 
@@ -67,8 +67,6 @@ class _Converter:
         self.g = Graph()
         self.env: dict[torch.fx.Node, Any] = {}
         self.unsupported: list[tuple[str, str]] = []
-        for sym, vr in ep.range_constraints.items():
-            self._declare(sym, vr)
 
     # -- metadata -------------------------------------------------------------------------------
     def _declare(self, sym: sympy.Symbol, vr=None) -> None:

@@ -76,7 +76,7 @@ register_aten("""
 register_aten("""
     aten.arange aten.arange.start aten.arange.start_step aten.full aten.full_like aten.zeros
     aten.zeros_like aten.ones aten.ones_like aten.empty.memory_format aten.empty_strided
-    aten.scalar_tensor aten.linspace aten.eye aten.new_zeros aten.new_ones aten.new_full aten.new_empty
+    aten.scalar_tensor aten.empty_permuted aten.linspace aten.eye aten.new_zeros aten.new_ones aten.new_full aten.new_empty
     aten._to_copy aten.to.dtype aten.fill.Scalar aten.fill.Tensor aten.tril_indices aten.triu_indices
     aten.sym_size.int aten.sym_numel aten.sym_stride.int aten.sym_storage_offset
 """, "creation")

@@ -77,9 +77,10 @@ def verify(g: Graph, check_shapes: bool = False, hints: Mapping[str, int] | None
 
 
 def _check_shapes(g: Graph, hints: Mapping[str, int]) -> None:
-    missing = [s for s in g.symbols if s not in hints]
-    if missing:
-        raise _fail(None, f"no hint for symbol(s) {missing}; cannot check shapes")
+    # Symbols without a hint (data-dependent sizes such as u0) cannot be re-derived; nodes whose
+    # outputs use them are taken as recorded.
+    unknown = {s for s in g.symbols if s not in hints}
+    hints = {**{s: 2 for s in unknown}, **hints}  # placeholder sizes for tensors that carry them
     # Fake tensors, not the meta device: fake kernels reproduce the CPU kernels' output strides and
     # shapes (meta kernels differ for some ops, e.g. SDPA's layout and batch norm's saved stats).
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -88,12 +89,12 @@ def _check_shapes(g: Graph, hints: Mapping[str, int]) -> None:
     fake_log.setLevel(logging.CRITICAL)  # a failing op is reported as a GraphError, not a logged trace
     try:
         with FakeTensorMode(allow_non_fake_inputs=False):
-            _propagate(g, hints)
+            _propagate(g, hints, unknown)
     finally:
         fake_log.setLevel(level)
 
 
-def _propagate(g: Graph, hints: Mapping[str, int]) -> None:
+def _propagate(g: Graph, hints: Mapping[str, int], unknown: set[str]) -> None:
     env: dict[int, object] = {}
 
     def meta_of(v: Value):
@@ -109,7 +110,7 @@ def _propagate(g: Graph, hints: Mapping[str, int]) -> None:
         op = get_op(node.op)
         if node.op.startswith("sym.") or op.host_sync or any(
                 isinstance(o.meta, TensorMeta) and any(
-                    isinstance(d, SymDim) and any(s.startswith("u") for s in d.symbols) for d in o.meta.shape)
+                    isinstance(d, SymDim) and any(s in unknown for s in d.symbols) for d in o.meta.shape)
                 for o in node.outputs if o is not None):
             # Host arithmetic and data-dependent shapes cannot be re-derived on fake tensors.
             for o in node.outputs:
