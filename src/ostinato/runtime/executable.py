@@ -11,6 +11,7 @@ from torch.utils import _pytree as pytree
 from ..backends import Backend, Launch, get_backend
 from ..ir import Value
 from ..program import Program
+from .codegen import compile_launches
 from .inputs import InputChecker
 from .session import Session
 
@@ -40,6 +41,8 @@ class Executable:
         self._outputs = [(True, o.slot) if isinstance(o, Value) else (False, o) for o in g.outputs]
         self._mutations = [(t.role, t.slot, t.name, new.slot) for t, new in g.mutations]
         self._input_pos_by_slot = {slot: pos for pos, slot in self._input_slots}
+        keep = {x for is_slot, x in self._outputs if is_slot} | {m[3] for m in self._mutations}
+        self._plan = compile_launches(self.launches, keep, name="run_" + backend.name)
         self.session = self.new_session()
 
     def new_session(self) -> Session:
@@ -61,8 +64,7 @@ class Executable:
         state = session.state
         for slot, name in self._state_slots:
             env[slot] = state[name]
-        for launch in self.launches:
-            launch(env)
+        self._plan(env)
         for role, target_slot, name, new_slot in self._mutations:
             new = env[new_slot]
             if role == "state":
