@@ -1,0 +1,88 @@
+"""Program file load time against weight size (CPU), with and without sha256 verification.
+
+For each size, exports a stack of Linear layers with about that many bytes of fp32 weights, saves it,
+then loads it in fresh processes (median of --repeats) with verify=True and verify=False, and reports
+the file size next to the weights' raw size. The file was just written, so it is in the page cache:
+this measures ostinato's work, not the disk.
+
+    .venv/bin/python bench/program_load.py --sizes-mb 100 1000 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+import ostinato
+
+CHILD = """
+import sys, time, ostinato
+t0 = time.perf_counter()
+prog = ostinato.load(sys.argv[1], verify=sys.argv[2] == "1")
+t1 = time.perf_counter()
+print(t1 - t0)
+"""
+
+
+def make_program(mb: int) -> tuple[ostinato.Program, int]:
+    dim = 2048
+    per_layer = dim * dim * 4 + dim * 4
+    layers = max(1, round(mb * 2**20 / per_layer))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(dim, dim) for _ in range(layers)]).eval()
+    prog = ostinato.export(model, (torch.randn(1, dim),))
+    return prog, layers * per_layer
+
+
+def fresh_load_seconds(path: str, verify: bool, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, "-c", CHILD, path, "1" if verify else "0"], check=True,
+                             capture_output=True, text=True)
+        times.append(float(out.stdout.strip().splitlines()[-1]))
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes-mb", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", help="write the results here too")
+    args = ap.parse_args()
+    rows = []
+    folder = tempfile.mkdtemp(prefix="ostinato-load-")
+    for mb in args.sizes_mb:
+        prog, raw = make_program(mb)
+        path = os.path.join(folder, f"linear-{mb}mb.ost")
+        t0 = time.perf_counter()
+        prog.save(path)
+        t_save = time.perf_counter() - t0
+        del prog
+        row = {"weights_mb": raw / 2**20, "file_mb": os.path.getsize(path) / 2**20, "save_s": t_save}
+        for verify in (False, True):
+            ts = fresh_load_seconds(path, verify, args.repeats)
+            row[f"load_verify_{verify}_s"] = statistics.median(ts)
+            row[f"load_verify_{verify}_all"] = ts
+        rows.append(row)
+        os.remove(path)
+    report = {"device": "cpu", "torch": torch.__version__, "ostinato": ostinato.__version__,
+              "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats, "rows": rows}
+    print(f"{'weights':>10} {'file':>10} {'load verify=False':>18} {'load verify=True':>17}")
+    for r in rows:
+        print(f"{r['weights_mb']:8.1f}MB {r['file_mb']:8.1f}MB {1000 * r['load_verify_False_s']:16.1f}ms "
+              f"{1000 * r['load_verify_True_s']:15.1f}ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
