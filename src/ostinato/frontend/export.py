@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 from .. import __version__
 from ..errors import ExportError, OstinatoError
 from ..ir import SymDim, TensorMeta, verify
+from ..passes.reinplace import reinplace_state_writes
 from ..program import Program
 from .convert import convert
 
@@ -86,6 +87,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     if dynamic_shapes is not None:
         _label_symbols(model, graph, slots, args, kwargs, dynamic_shapes)
     verify(graph, check_shapes=True, hints=hints)
+    reinplace_state_writes(graph)
     graph.assign_slots()
     info = {"model": name, "ostinato": __version__, "torch": torch.__version__}
     timings = {"torch_export": t_export, "total": time.perf_counter() - t0}

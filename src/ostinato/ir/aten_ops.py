@@ -87,3 +87,6 @@ register_aten("""
     aten.randint_like aten.bernoulli aten.bernoulli.p aten.multinomial aten.normal.Tensor_float
     aten.uniform aten.randperm aten.native_dropout
 """, "random", random=True, pure=False)
+
+# In-place forms, produced only by passes.reinplace for state writes: they mutate their first argument.
+register_aten("aten.index_put_ aten.index_copy_ aten.copy_", "inplace", pure=False)

@@ -68,7 +68,9 @@ class Executable:
         for role, target_slot, name, new_slot in self._mutations:
             new = env[new_slot]
             if role == "state":
-                state[name].copy_(new)
+                buf = state[name]
+                if new is not buf:  # reinplaced writes already updated the buffer itself
+                    buf.copy_(new)
             else:
                 leaves[self._input_pos_by_slot[target_slot]].copy_(new)
         outs = [env[x] if is_slot else x for is_slot, x in self._outputs]
