@@ -25,9 +25,12 @@ def _seed():
     yield
 
 
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter):
     """Totals of the OpInfo sweep (tests/ops/test_opinfo.py), summed from each test's "opinfo" property;
-    report properties travel back from xdist workers, so this works with -n too."""
+    report properties travel back from xdist workers, so this works with -n too. Printed after
+    pytest's short test summary (outermost wrapper), so the line is the last but one of the run."""
+    yield
     totals: dict[str, int] = {}
     cases = 0
     for reports in terminalreporter.stats.values():
@@ -46,4 +49,4 @@ def pytest_terminal_summary(terminalreporter):
             f"OpInfo sweep: {totals.get('passed', 0)} samples passed, "
             f"{totals.get('not_exportable', 0)} not exportable by torch.export, "
             f"{totals.get('failed', 0)} failed, {totals.get('skipped', 0)} skipped (skip list), "
-            f"{totals.get('op_skipped', 0)} ops skipped; {cases} op/dtype cases")
+            f"{totals.get('op_skipped', 0)} ops skipped; {cases} OpInfo entries")

@@ -88,5 +88,14 @@ register_aten("""
     aten.uniform aten.randperm aten.native_dropout
 """, "random", random=True, pure=False)
 
+# Not tagged core, but torch.export's default decompositions leave them in graphs (found by the OpInfo sweep).
+register_aten("""
+    aten.addmv aten.addbmm aten.copysign.Scalar aten.ldexp.Tensor aten.signbit aten.diagonal_scatter
+    aten.as_strided_scatter aten.scatter.reduce aten.scatter.value_reduce aten._trilinear
+    aten.grid_sampler_3d prims.convert_element_type
+""", "misc")
+register_aten("aten.masked_select", "data-dependent", host_sync=True)
+register_aten("aten.randint_like.low_dtype", "random", random=True, pure=False)
+
 # In-place forms, produced only by passes.reinplace for state writes: they mutate their first argument.
 register_aten("aten.index_put_ aten.index_copy_ aten.copy_", "inplace", pure=False)
