@@ -184,6 +184,27 @@ def _positive(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
 
 
+def _other_device(s) -> bool:
+    """The sample names a device other than the CPU (OpInfo adds these where CUDA is available)."""
+    def names_device(x):
+        if isinstance(x, torch.device):
+            return x.type != "cpu"
+        if isinstance(x, str):
+            return x.startswith(("cuda", "mps", "xpu"))
+        if isinstance(x, (list, tuple)):
+            return any(names_device(y) for y in x)
+        return False
+    return names_device(list(s.args)) or names_device(list(s.kwargs.values()))
+
+
+# Samples skipped for every op: {reason_class: reason}.
+SKIP_ALL_SAMPLES: dict[str, str] = {
+    # An ostinato executable runs on the one device it was compiled for: device arguments of creation
+    # ops are replaced by it. Eager moves these samples' results to the other device.
+    "other_device": "moves data to another device; an ostinato executable runs on one device",
+}
+SAMPLE_CLASSES["other_device"] = _other_device
+
 SKIP_SAMPLES: dict[tuple[str, str], str] = {
     ("nn.functional.batch_norm", "training_batch_norm"): "training-mode batch norm (mutates running stats)",
     ("native_batch_norm", "training_batch_norm"): "training-mode batch norm (mutates running stats)",
@@ -373,7 +394,9 @@ def test_opinfo(name, record_property, _one_thread):
         record_property("opinfo", {"op_skipped": 1})
         pytest.skip(f"{name}: {SKIP_OPS[name]}")
     opinfo = _DB.get(name)
-    assert opinfo is not None, f"no OpInfo named {name!r} in this torch's op_db"
+    if opinfo is None:  # the OpInfo database changes between torch releases (2.11 lacks some entries)
+        record_property("opinfo", {"op_skipped": 1})
+        pytest.skip(f"no OpInfo named {name!r} in torch {torch.__version__}'s op_db")
     torch.manual_seed(zlib.crc32(name.encode()))
 
     items, skipped = [], 0      # items: (tree, tolerance or None for helpers.TOL's)
@@ -382,7 +405,8 @@ def test_opinfo(name, record_property, _one_thread):
                                      MAX_GENERATED)
         kept = []
         for s in generated:
-            if any(n_ == name and SAMPLE_CLASSES[cls](s) for n_, cls in SKIP_SAMPLES):
+            if any(n_ == name and SAMPLE_CLASSES[cls](s) for n_, cls in SKIP_SAMPLES) or \
+                    any(SAMPLE_CLASSES[cls](s) for cls in SKIP_ALL_SAMPLES):
                 skipped += 1
             else:
                 kept.append(s)
