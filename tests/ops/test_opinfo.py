@@ -185,10 +185,13 @@ def _positive(x) -> bool:
 
 
 def _other_device(s) -> bool:
-    """The sample names a device other than the CPU (OpInfo adds these where CUDA is available)."""
+    """The sample names a device (or passes a tensor) other than the CPU; OpInfo adds these where CUDA is
+    available."""
     def names_device(x):
         if isinstance(x, torch.device):
             return x.type != "cpu"
+        if isinstance(x, torch.Tensor):  # Tensor.to(other) takes other's device
+            return x.device.type != "cpu"
         if isinstance(x, str):
             return x.startswith(("cuda", "mps", "xpu"))
         if isinstance(x, (list, tuple)):
