@@ -29,7 +29,8 @@ def _literal(a: Any) -> str | None:
 
 def compile_launches(launches: list[Launch], keep: Iterable[int], name: str = "plan") -> Callable[[list], None]:
     """A function ``run(env)`` equivalent to ``for l in launches: l(env)``, storing into ``env`` only
-    the slots in ``keep`` (outputs and values read after the run)."""
+    the slots in ``keep`` (outputs and values read after the run); every other value produced is
+    released after its last use."""
     keep = set(keep)
     namespace: dict[str, Any] = {}
     produced: set[int] = set()
@@ -51,7 +52,21 @@ def compile_launches(launches: list[Launch], keep: Iterable[int], name: str = "p
         lit = _literal(a)
         return lit if lit is not None else bind(a, "k")
 
-    for launch in launches:
+    # Last reader of each slot: values are deleted right after it, so memory is freed (and reused
+    # while still in cache) as eager would, instead of living until the plan returns.
+    last_use: dict[int, int] = {}
+    for i, launch in enumerate(launches):
+        for a in (*launch.args, *launch.kwargs.values()):
+            for x in (a.items if type(a) is _SlotList else (a,)):
+                if type(x) is _Slot:
+                    last_use[x.i] = i
+    dead_after: dict[int, list[int]] = {}
+    for i, launch in enumerate(launches):
+        for o in launch.outs:
+            if o >= 0 and o not in keep:
+                dead_after.setdefault(last_use.get(o, i), []).append(o)
+
+    for index, launch in enumerate(launches):
         fn = bind(launch.fn, "f")
         args = [ref(a) for a in launch.args] + [f"{k}={ref(a)}" for k, a in launch.kwargs.items()]
         call = f"{fn}({', '.join(args)})"
@@ -63,6 +78,8 @@ def compile_launches(launches: list[Launch], keep: Iterable[int], name: str = "p
         else:
             body.append(f"    v{launch.outs[0]} = {call}  # {note}")
         produced.update(i for i in launch.outs if i >= 0)
+        if index in dead_after:
+            body.append(f"    del {', '.join(f'v{i}' for i in dead_after[index])}")
     head = [f"def {name}(env):"] + [f"    v{i} = env[{i}]" for i in sorted(loads)]
     tail = [f"    env[{i}] = v{i}" for i in sorted(keep & produced)]
     source = "\n".join(head + body + tail + ["    return None"]) + "\n"
