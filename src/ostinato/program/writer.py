@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -21,7 +22,7 @@ from .fb.InputKind import InputKind
 from .fb.Role import Role
 from .fb.ScalarKind import ScalarKind
 from .fb.TensorRole import TensorRole
-from .format import ALIGN, HEADER_SIZE, SCHEMA_VERSION, Header, align
+from .format import HEADER_SIZE, SCHEMA_VERSION, Header, align
 from .program import Program
 
 ROLE = {"constant": Role.Constant, "input": Role.Input, "state": Role.State, "temp": Role.Temp}
@@ -153,13 +154,16 @@ class _Writer:
         return N.NodeEnd(b)
 
 
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+def _as_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes, C-contiguous, without a copy when it already is on the CPU and contiguous."""
+    flat = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy())
 
 
-def _layout_tensors(program: Program) -> tuple[list[tuple[str, int, torch.Tensor, int]], bytes]:
-    """[(name, role, tensor, offset)] and the data segment; tied tensors (same storage and view) share bytes."""
-    entries, chunks, seen, size = [], [], {}, 0
+def _layout_tensors(program: Program) -> tuple[list[tuple[str, int, torch.Tensor, int]], int]:
+    """[(name, role, tensor, offset)] and the data segment's size. Each extent starts ALIGN-aligned;
+    tied tensors (same storage and view) share one extent."""
+    entries, seen, size = [], {}, 0
     named = [(n, TensorRole.Weight, t) for n, t in program.weights.items()]
     named += [(n, TensorRole.StateInit, t) for n, t in program.state_init.items()]
     for name, role, t in named:
@@ -168,24 +172,37 @@ def _layout_tensors(program: Program) -> tuple[list[tuple[str, int, torch.Tensor
         if key is not None and key in seen:
             entries.append((name, role, t, seen[key]))
             continue
-        raw = _tensor_bytes(t)
         offset = size
-        chunks.append(raw)
-        size += len(raw)
-        pad = align(size) - size
-        chunks.append(b"\0" * pad)
-        size += pad
+        size = align(size + t.numel() * t.element_size())
         if key is not None:
             seen[key] = offset
         entries.append((name, role, t, offset))
-    return entries, b"".join(chunks)
+    return entries, size
 
 
-def to_bytes(program: Program) -> bytes:
+def _write_data(f, entries, data_size: int) -> bytes:
+    """Stream every distinct extent to ``f`` (zero padding between), returning the segment's sha256."""
+    h = hashlib.sha256()
+    pos = 0
+    for _, _, t, offset in entries:
+        if offset < pos:
+            continue  # a tied tensor: its extent is already written
+        gap = b"\0" * (offset - pos)
+        raw = _as_bytes(t)
+        for chunk in (gap, raw):
+            f.write(chunk)
+            h.update(chunk)
+        pos = offset + len(raw)
+    tail = b"\0" * (data_size - pos)
+    f.write(tail)
+    h.update(tail)
+    return h.digest()
+
+
+def _flatbuffer(program: Program, entries) -> bytes:
     g = program.graph
     w = _Writer("program")
     b = w.b
-    entries, data = _layout_tensors(program)
     tensors = []
     for name, role, t, offset in entries:
         n_off, d_off = w.strings(name), w.strings(dtype_name(t.dtype))
@@ -259,24 +276,42 @@ def to_bytes(program: Program) -> bytes:
     P.ProgramAddInfo(b, info)
     P.ProgramAddTensors(b, tensors_vec)
     b.Finish(P.ProgramEnd(b), file_identifier=b"OSTP")
-    fb = bytes(b.Output())
+    return bytes(b.Output())
 
+
+def write(program: Program, f) -> None:
+    """Write the whole file to the binary, seekable stream ``f``; weights are streamed, not gathered."""
+    entries, data_size = _layout_tensors(program)
+    fb = _flatbuffer(program, entries)
     fb_offset = HEADER_SIZE
     data_offset = align(fb_offset + len(fb))
-    header = Header(SCHEMA_VERSION, fb_offset, len(fb), data_offset, len(data),
-                    hashlib.sha256(fb).digest(), hashlib.sha256(data).digest())
-    return header.pack() + fb + b"\0" * (data_offset - fb_offset - len(fb)) + data
+    start = f.tell()
+    f.write(b"\0" * HEADER_SIZE)
+    f.write(fb)
+    f.write(b"\0" * (data_offset - fb_offset - len(fb)))
+    data_sha = _write_data(f, entries, data_size)
+    end = f.tell()
+    header = Header(SCHEMA_VERSION, fb_offset, len(fb), data_offset, data_size, hashlib.sha256(fb).digest(),
+                    data_sha)
+    f.seek(start)
+    f.write(header.pack())
+    f.seek(end)
+
+
+def to_bytes(program: Program) -> bytes:
+    buf = io.BytesIO()
+    write(program, buf)
+    return buf.getvalue()
 
 
 def save(program: Program, path: str | os.PathLike) -> None:
     """Write ``program`` to ``path`` atomically: a temporary file in the same folder, then a rename."""
     path = os.fspath(path)
-    blob = to_bytes(program)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".ost-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(blob)
+            write(program, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -286,4 +321,4 @@ def save(program: Program, path: str | os.PathLike) -> None:
         raise
 
 
-__all__ = ["save", "to_bytes", "ALIGN"]
+__all__ = ["save", "to_bytes", "write"]
