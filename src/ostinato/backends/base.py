@@ -1,8 +1,7 @@
 """The backend contract: turn IR nodes into Launches, place tensors, synchronize.
 
 A Launch is a kernel with its arguments pre-bound: constants stay in place, Values become slot
-indices into the runtime's environment list. Running one resolves slots and calls the kernel; no IR
-is consulted.
+indices into the runtime's environment list; running a plan of them consults no IR.
 """
 from __future__ import annotations
 
@@ -38,19 +37,12 @@ def _bind(a: Any) -> Any:
     return a
 
 
-def _resolve(a: Any, env: list) -> Any:
-    t = type(a)
-    if t is _Slot:
-        return env[a.i]
-    if t is _SlotList:
-        return [env[x.i] if type(x) is _Slot else x for x in a.items]
-    return a
-
-
 class Launch:
-    """One kernel call: ``fn(*args, **kwargs)`` with slots resolved, results stored into ``outs``."""
+    """One kernel call, ``fn(*args, **kwargs)``, with Values bound to slots and results stored into
+    ``outs`` (-1 where a result is unused). The runtime compiles a Plan's Launches into one function
+    (runtime/codegen.py)."""
 
-    __slots__ = ("fn", "args", "kwargs", "outs", "unpack", "name", "op", "_static")
+    __slots__ = ("fn", "args", "kwargs", "outs", "unpack", "name", "op")
 
     def __init__(self, fn: Callable, node: Node, args: tuple, kwargs: dict, unpack: bool):
         self.fn = fn
@@ -60,22 +52,6 @@ class Launch:
         self.kwargs = {k: _bind(a) for k, a in kwargs.items()}
         self.outs = tuple(-1 if o is None else o.slot for o in node.outputs)
         self.unpack = unpack
-        # Fast path: when every argument is a plain slot or constant, resolve without type dispatch.
-        self._static = not any(type(a) is _SlotList for a in self.args) and not any(
-            type(a) in (_Slot, _SlotList) for a in self.kwargs.values())
-
-    def __call__(self, env: list) -> None:
-        if self._static:
-            res = self.fn(*[env[a.i] if type(a) is _Slot else a for a in self.args], **self.kwargs)
-        else:
-            res = self.fn(*[_resolve(a, env) for a in self.args],
-                          **{k: _resolve(a, env) for k, a in self.kwargs.items()})
-        if self.unpack:
-            for i, r in zip(self.outs, res):
-                if i >= 0:
-                    env[i] = r
-        else:
-            env[self.outs[0]] = res
 
     def __repr__(self) -> str:
         return f"Launch({self.name}: {self.op})"

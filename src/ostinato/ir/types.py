@@ -31,7 +31,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 class SymDim:
     """A symbolic dimension: a sympy expression over named size symbols (``s0``, ``2*s0 + 1``)."""
 
-    __slots__ = ("expr", "_fn", "_names")  # _fn: cache of evaluations by binding
+    __slots__ = ("expr", "_values", "_names")  # _values: evaluations cached by the symbols' sizes
 
     def __init__(self, expr: Union[sympy.Expr, str, int]):
         if not isinstance(expr, str):
@@ -45,7 +45,7 @@ class SymDim:
         else:
             expr = parse_expr(expr)
         self.expr = expr
-        self._fn = None
+        self._values: dict[tuple[int, ...], int] = {}
         self._names = tuple(sorted(str(s) for s in self.expr.free_symbols))
 
     @property
@@ -59,12 +59,10 @@ class SymDim:
 
     def evaluate(self, bindings: Mapping[str, int]) -> int:
         key = tuple(bindings[n] for n in self._names)
-        if self._fn is None:
-            self._fn = {}
-        hit = self._fn.get(key)
+        hit = self._values.get(key)
         if hit is None:
             subs = {s: sympy.Integer(bindings[str(s)]) for s in self.expr.free_symbols}
-            hit = self._fn[key] = int(self.expr.xreplace(subs))
+            hit = self._values[key] = int(self.expr.xreplace(subs))
         return hit
 
     def __str__(self) -> str:
