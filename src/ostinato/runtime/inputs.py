@@ -64,10 +64,8 @@ class InputChecker:
         bound_by: dict[str, str] = {}
         for pos, slot, meta, static in self.tensor_checks:
             x = leaves[pos]
-            expected = None
             if not isinstance(x, torch.Tensor):
-                expected = expected or _spec_text(meta, self.symbols)
-                raise self._fail(pos, "not a tensor", expected, _got_text(x))
+                raise self._fail(pos, "not a tensor", _spec_text(meta, self.symbols), _got_text(x))
             if x.dtype != meta.dtype:
                 raise self._fail(pos, "wrong dtype", _spec_text(meta, self.symbols), _got_text(x),
                                  f"Convert it with .to({meta.dtype})")
