@@ -4,12 +4,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
-# System tools the tests use: flatc regenerates the program schema's code to prove it is fresh.
-if ! command -v flatc >/dev/null 2>&1; then
-  echo "test: installing Debian's flatbuffers-compiler (flatc)"
+# System tools the tests use, from Debian's packages: flatc regenerates the program schema's code to
+# prove it is fresh; redis-server backs the cache tests (they start their own on loopback).
+missing=()
+command -v flatc >/dev/null 2>&1 || missing+=(flatbuffers-compiler)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "test: installing Debian packages: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq flatbuffers-compiler >/dev/null \
-    || { echo "test: FAILED: could not install flatbuffers-compiler (flatc); install it and re-run" >&2; exit 1; }
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null \
+    || { echo "test: FAILED: could not install ${missing[*]}; install them and re-run" >&2; exit 1; }
 fi
 workers=${OSTINATO_TEST_WORKERS:-2}
 .venv/bin/python -m pytest -n "$workers" --timeout 900 -q -rfEs "$@"

@@ -47,3 +47,7 @@ class BackendError(OstinatoError):
 
 class ProgramFormatError(OstinatoError):
     """A program file is malformed, damaged or from an incompatible version."""
+
+
+class CacheError(OstinatoError, ValueError):
+    """A cache bundle or entry a user handed in is not usable (the reason says why)."""

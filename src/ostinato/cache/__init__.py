@@ -1,0 +1,23 @@
+"""The compile cache: content keys, memory/disk/Redis tiers, statistics, portable bundles, why-miss.
+
+A service every stage may use; it imports nothing of theirs (only ``errors`` and ``__version__``).
+"""
+from __future__ import annotations
+
+from .bundle import LoadReport, load_artifacts, save_artifacts
+from .keys import Key, make_key
+from .service import Cache, Explanation, get_cache, set_cache
+
+
+def stats() -> dict[str, dict[str, int]]:
+    """Per-tier counters of the process-wide cache: hits, misses, puts, evictions, errors, bytes."""
+    return get_cache().stats()
+
+
+def clear() -> None:
+    """Empty every tier of the process-wide cache (the disk directory and the Redis keys included)."""
+    get_cache().clear()
+
+
+__all__ = ["Key", "make_key", "Cache", "Explanation", "LoadReport", "get_cache", "set_cache", "stats",
+           "clear", "save_artifacts", "load_artifacts"]

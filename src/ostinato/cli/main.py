@@ -10,6 +10,7 @@ from ..errors import OstinatoError
 
 SUBCOMMANDS = {
     "inspect": "ostinato.cli.inspect",
+    "cache": "ostinato.cli.cache",
 }
 
 

@@ -6,7 +6,7 @@ import functools
 import inspect
 import logging
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
@@ -14,7 +14,7 @@ from torch.utils import _pytree as pytree
 from .. import __version__
 from ..errors import ExportError, OstinatoError
 from ..ir import SymDim, TensorMeta, verify
-from ..passes.reinplace import reinplace_state_writes
+from ..passes import DEFAULT_PIPELINE, run_passes
 from ..program import Program
 from .convert import convert
 
@@ -51,11 +51,14 @@ def _first_line(e: BaseException) -> str:
 
 
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
-           dynamic_shapes: Any = None, *, strict: bool = False) -> Program:
+           dynamic_shapes: Any = None, *, strict: bool = False,
+           passes: Sequence[tuple[str, Callable]] | None = None) -> Program:
     """Trace ``model`` with torch.export and return an ostinato Program.
 
     ``args``/``kwargs`` are example inputs; ``dynamic_shapes`` takes torch.export's ``Dim`` specs and
     makes those sizes symbolic. ``strict`` is passed to torch.export (TorchDynamo tracing).
+    ``passes`` replaces the default graph pipeline (``ostinato.passes.DEFAULT_PIPELINE``); ``[]`` keeps
+    the graph exactly as torch.export gave it.
     Raises ExportError when the model cannot be traced and UnsupportedOpError listing every op ostinato
     lacks, with the model's source line of each.
     """
@@ -87,10 +90,11 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     if dynamic_shapes is not None:
         _label_symbols(model, graph, slots, args, kwargs, dynamic_shapes)
     verify(graph, check_shapes=True, hints=hints)
-    reinplace_state_writes(graph)
+    graph, pass_report = run_passes(graph, DEFAULT_PIPELINE if passes is None else passes)
     graph.assign_slots()
     info = {"model": name, "ostinato": __version__, "torch": torch.__version__}
-    timings = {"torch_export": t_export, "total": time.perf_counter() - t0}
+    timings = {"torch_export": t_export, "passes": sum(r.seconds for r in pass_report),
+               "total": time.perf_counter() - t0}
     log.info("exported %s: %d nodes in %.2fs", name, len(graph.nodes), timings["total"])
     return Program(graph, weights, state_init, ep.call_spec.in_spec, ep.call_spec.out_spec, slots,
                    hints, info, timings)

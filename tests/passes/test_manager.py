@@ -1,0 +1,75 @@
+import copy
+import logging
+
+import pytest
+import torch
+
+import ostinato
+from ostinato.errors import GraphError
+from ostinato.ir import Graph
+from ostinato.passes import DEFAULT_PIPELINE, reinplace_state_writes, run_passes
+from examples.tiny_decoder import TinyDecoder, decode_inputs
+from helpers import assert_same
+from pass_harness import f32, op
+
+
+def test_reinplace_is_the_last_default_pass():
+    assert DEFAULT_PIPELINE[-1] == ("reinplace", reinplace_state_writes)
+    assert [n for n, _ in DEFAULT_PIPELINE] == ["canonicalize", "cse", "dce", "reinplace"]
+
+
+def _chain(n: int) -> Graph:
+    g = Graph()
+    v = g.new_value("x", f32(3), "input")
+    for _ in range(n):
+        v = op(g, "aten.neg", (v,), f32(3))
+    g.outputs = [v]
+    return g
+
+
+def _drop_first(g: Graph) -> Graph:
+    g.nodes = g.nodes[1:]
+    return g
+
+
+def test_report_counts_nodes_after_each_pass_and_logs_it(caplog, monkeypatch):
+    monkeypatch.delenv("OSTINATO_LOG_PASSES", raising=False)
+    trim = lambda g: (setattr(g, "nodes", g.nodes[:-2]), g)[1]  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="ostinato"):
+        g, report = run_passes(_chain(5), [("trim", trim), ("noop", lambda g: g), ("trim2", trim)])
+    assert [(r.name, r.nodes) for r in report] == [("trim", 3), ("noop", 3), ("trim2", 1)]
+    assert all(r.seconds >= 0 for r in report) and len(g.nodes) == 1
+    lines = [r for r in caplog.records if r.name == "ostinato"]
+    assert [r.levelno for r in lines] == [logging.INFO] * 3
+    assert "trim2: 1 nodes" in lines[-1].getMessage()
+
+
+def test_env_var_logs_at_warning(caplog, monkeypatch):
+    monkeypatch.setenv("OSTINATO_LOG_PASSES", "1")
+    with caplog.at_level(logging.WARNING, logger="ostinato"):
+        run_passes(_chain(2), [("noop", lambda g: g)])
+    assert [r.levelno for r in caplog.records if r.name == "ostinato"] == [logging.WARNING]
+
+
+def test_verify_each_names_the_pass_that_broke_the_graph():
+    with pytest.raises(GraphError, match="after pass drop_first"):
+        run_passes(_chain(3), [("noop", lambda g: g), ("drop_first", _drop_first)], verify_each=True)
+
+
+def test_tiny_decoder_through_the_default_pipeline():
+    torch.manual_seed(0)
+    model = TinyDecoder(dim=32, layers=4, heads=2, kv_heads=1, vocab=64, max_seq=16).eval()
+    ref = copy.deepcopy(model)
+    prog = ostinato.export(model, decode_inputs(0, vocab=64))
+    exported = prog.num_nodes
+    _, report = run_passes(prog.graph, verify_each=True, hints=prog.hints)
+    counts = [exported] + [r.nodes for r in report]
+    # The decoder is already minimal (mask built once, no no-op views): nothing may be lost or added.
+    assert counts == [206, 206, 206, 206, 206], counts
+    assert prog.op_counts()["aten.index_put_"] == 8 and "aten.index_put" not in prog.op_counts()
+    exe = ostinato.compile(prog)
+    for step in range(4):
+        args = decode_inputs(step, vocab=64)
+        with torch.no_grad():
+            expected = ref(*args)
+        assert_same(exe(*args), expected)
