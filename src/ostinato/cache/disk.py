@@ -85,19 +85,14 @@ class DiskTier(Tier):
             self._failed("read", e)
             self.stats.add(misses=1)
             return None
-        try:
-            entry = decode(blob, digest)
-        except CorruptEntry as e:
-            log.warning("ostinato cache: discarding corrupt disk entry %s: %s", path, e)
-            self._unlink(path)
-            self.stats.add(errors=1, misses=1)
+        entry = self._decode_or_discard(blob, digest, lambda: self._unlink(path))
+        if entry is None:
             return None
         try:
             now = time.time_ns()
             os.utime(path, ns=(now, now))  # recency for LRU eviction
         except OSError:
             pass  # evicted by another process meanwhile: the value we hold is still good
-        self.stats.add(hits=1)
         return entry
 
     def put(self, entry: Entry) -> None:

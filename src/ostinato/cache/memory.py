@@ -31,19 +31,15 @@ class MemoryTier(Tier):
         if blob is None:
             self.stats.add(misses=1)
             return None
-        try:
-            entry = decode(blob, digest)
-        except CorruptEntry as e:
-            log.warning("ostinato cache: discarding corrupt memory entry %s: %s", digest[:12], e)
+
+        def discard() -> None:
             with self._lock:
                 if self._blobs.get(digest) is blob:
                     self._drop(digest)
                 size = self._size
-            self.stats.add(errors=1, misses=1)
             self.stats.set_bytes(size)
-            return None
-        self.stats.add(hits=1)
-        return entry
+
+        return self._decode_or_discard(blob, digest, discard)
 
     def put(self, entry: Entry) -> None:
         blob = encode(entry)

@@ -69,15 +69,8 @@ class RedisTier(Tier):
         if blob is _FAILED or blob is None:
             self.stats.add(misses=1)
             return None
-        try:
-            entry = decode(blob, digest)
-        except CorruptEntry as e:
-            log.warning("ostinato cache: discarding corrupt redis entry %s: %s", digest[:12], e)
-            self._call("delete", lambda r: r.delete(self.prefix + "e:" + digest))
-            self.stats.add(errors=1, misses=1)
-            return None
-        self.stats.add(hits=1)
-        return entry
+        return self._decode_or_discard(
+            blob, digest, lambda: self._call("delete", lambda r: r.delete(self.prefix + "e:" + digest)))
 
     def put(self, entry: Entry) -> None:
         digest, blob, m = entry.digest, encode(entry), entry.manifest

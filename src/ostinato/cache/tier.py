@@ -5,9 +5,9 @@ import abc
 import logging
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Iterator
+from typing import Callable, Iterator
 
-from .entry import Entry
+from .entry import CorruptEntry, Entry, decode
 from .keys import Manifest
 
 log = logging.getLogger("ostinato")
@@ -57,6 +57,18 @@ class Tier(abc.ABC):
                         self.name, what, type(err).__name__, err)
         else:
             log.debug("ostinato cache: %s tier failed to %s: %s", self.name, what, err)
+
+    def _decode_or_discard(self, blob: bytes, digest: str, discard: Callable[[], None]) -> Entry | None:
+        """The stored entry, hash-checked; a corrupt one is discarded, counted and read as a miss."""
+        try:
+            entry = decode(blob, digest)
+        except CorruptEntry as e:
+            log.warning("ostinato cache: discarding corrupt %s entry %s: %s", self.name, digest[:12], e)
+            discard()
+            self.stats.add(errors=1, misses=1)
+            return None
+        self.stats.add(hits=1)
+        return entry
 
     @abc.abstractmethod
     def get(self, digest: str) -> Entry | None:
