@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ir import Graph, Node, Value, get_op
+from ..ir import Graph, Node, Value, get_op, map_values
 
 Replacements = dict[int, Any]
 
@@ -24,23 +24,11 @@ def resolve(mapping: Replacements, v: Value) -> Any:
     return out
 
 
-def _sub(obj: Any, mapping: Replacements) -> Any:
-    if isinstance(obj, Value):
-        return resolve(mapping, obj)
-    if isinstance(obj, tuple):
-        return tuple(_sub(o, mapping) for o in obj)
-    if isinstance(obj, list):
-        return [_sub(o, mapping) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _sub(o, mapping) for k, o in obj.items()}
-    return obj
-
-
 def substitute(node: Node, mapping: Replacements) -> None:
     """Rewrite ``node``'s arguments through ``mapping`` (forward passes call it node by node)."""
     if mapping:
-        node.args = _sub(node.args, mapping)
-        node.kwargs = _sub(node.kwargs, mapping)
+        node.args = map_values(node.args, lambda v: resolve(mapping, v))
+        node.kwargs = map_values(node.kwargs, lambda v: resolve(mapping, v))
 
 
 def substitute_graph_refs(g: Graph, mapping: Replacements) -> None:
