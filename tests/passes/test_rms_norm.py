@@ -1,0 +1,94 @@
+import copy
+
+import pytest
+import torch
+import transformers
+
+import ostinato
+from examples.tiny_decoder import TinyDecoder, decode_inputs
+from helpers import assert_same, export_and_compare
+
+
+class HFRMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm, verbatim in structure: upcast, normalize, cast back, weight first."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(dim) + 0.5)
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        var = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(var + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class KeepsVariance(torch.nn.Module):
+    """The variance is also returned: the chain must stay as it is."""
+
+    def forward(self, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(var + 1e-5), var
+
+
+def test_tiny_decoder_norms_become_one_op_each(tmp_path):
+    torch.manual_seed(0)
+    model = TinyDecoder(dim=32, layers=4, heads=2, kv_heads=1, vocab=64, max_seq=16).eval()
+    ref = copy.deepcopy(model)
+    raw = ostinato.export(copy.deepcopy(model), decode_inputs(0, vocab=64), passes=[])
+    prog = ostinato.export(model, decode_inputs(0, vocab=64))
+    ops = prog.op_counts()
+    assert ops["ost.rms_norm"] == 2 * 4 + 1
+    assert not {"aten.rsqrt", "aten.pow.Tensor_Scalar", "aten.mean.dim"} & set(ops)
+    assert prog.num_nodes == raw.num_nodes - 5 * 9  # pow, mean, add, rsqrt, mul and weight mul → 1
+    prog.save(tmp_path / "fused.ost")
+    exe = ostinato.compile(ostinato.load(tmp_path / "fused.ost"))
+    for step in range(6):
+        args = decode_inputs(step, vocab=64)
+        with torch.no_grad():
+            expected = ref(*args)
+        assert_same(exe(*args), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_hf_upcast_form(dtype):
+    torch.manual_seed(1)
+    model = HFRMSNorm(48).to(dtype)
+    x = torch.randn(2, 5, 48, dtype=dtype)
+    prog, _ = export_and_compare(model, (x,), more_inputs=[(torch.randn(2, 5, 48, dtype=dtype),)])
+    assert prog.op_counts() == {"ost.rms_norm": 1}
+    node = prog.graph.nodes[0]
+    assert node.args[3] == (None if dtype == torch.float32 else torch.float32)
+
+
+def test_chain_with_another_reader_is_not_fused():
+    prog, _ = export_and_compare(KeepsVariance(), (torch.randn(3, 8),), more_inputs=[(torch.randn(3, 8),)])
+    assert "ost.rms_norm" not in prog.op_counts()
+    assert prog.op_counts()["aten.rsqrt"] == 1
+
+
+def test_llama_has_one_norm_op_per_norm():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                      max_position_embeddings=64)
+    model = transformers.LlamaModel(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.uniform_(0.5, 1.5)
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids, use_cache=False).last_hidden_state
+
+    ids = torch.randint(0, 128, (2, 7))
+    prog, _ = export_and_compare(Hidden(model), (ids,), more_inputs=[(torch.randint(0, 128, (2, 7)),)])
+    assert prog.op_counts()["ost.rms_norm"] == 2 * 3 + 1
+    assert "aten.rsqrt" not in prog.op_counts()
