@@ -21,3 +21,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
 
 
 register_op(OpDef("ost.rms_norm", rms_norm, category="fused"))
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``: the gated MLP of Llama-family models."""
+    return torch.nn.functional.silu(gate) * up
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``gelu(gate) * up``: the gated MLP of Gemma-family models."""
+    return torch.nn.functional.gelu(gate, approximate=approximate) * up
+
+
+register_op(OpDef("ost.swiglu", swiglu, category="fused"))
+register_op(OpDef("ost.geglu", geglu, category="fused"))

@@ -16,7 +16,7 @@ from ..ir import Graph, verify
 from .canonicalize import canonicalize
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
-from .patterns import fuse_rms_norm
+from .patterns import fuse_gated_mlp, fuse_rms_norm
 from .reinplace import reinplace_state_writes
 
 log = logging.getLogger("ostinato")
@@ -31,6 +31,7 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("cse", eliminate_common_subexpressions),
     ("dce", eliminate_dead_code),
     ("rms_norm", fuse_rms_norm),
+    ("gated_mlp", fuse_gated_mlp),
     ("reinplace", reinplace_state_writes),
 ]
 
