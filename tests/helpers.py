@@ -47,3 +47,25 @@ def export_and_compare(model: torch.nn.Module, args: tuple, kwargs=None, dynamic
         out = exe(*a, **kwargs)
         assert_same(out, ref, tol)
     return prog, exe
+
+
+def assert_decode_matches(exe, ref_model: torch.nn.Module, steps: int, vocab: int = 64) -> None:
+    """``steps`` decode steps of examples.tiny_decoder through ``exe`` equal the eager ``ref_model``'s
+    (both keep their own KV caches)."""
+    from examples.tiny_decoder import decode_inputs
+    for step in range(steps):
+        args = decode_inputs(step, vocab=vocab)
+        with torch.no_grad():
+            expected = ref_model(*args)
+        assert_same(exe(*args), expected, msg=f"decode step {step}:")
+
+
+class LastHidden(torch.nn.Module):
+    """A transformers base model called on token ids without a cache, returning last_hidden_state."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, use_cache=False).last_hidden_state

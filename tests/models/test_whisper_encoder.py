@@ -1,7 +1,6 @@
 """A tiny Whisper encoder (random weights): conv front end, sinusoidal positions, transformer layers."""
 from __future__ import annotations
 
-import pytest
 import torch
 from torch.export import Dim
 from transformers import WhisperConfig

@@ -7,7 +7,7 @@ import transformers
 
 import ostinato
 from examples.tiny_decoder import TinyDecoder, decode_inputs
-from helpers import assert_same, export_and_compare
+from helpers import LastHidden, assert_decode_matches, export_and_compare
 
 
 class Gated(torch.nn.Module):
@@ -51,11 +51,7 @@ def test_tiny_decoder_has_one_swiglu_per_layer():
     prog = ostinato.export(model, decode_inputs(0, vocab=64))
     assert prog.op_counts()["ost.swiglu"] == 4 and "aten.silu" not in prog.op_counts()
     exe = ostinato.compile(prog)
-    for step in range(4):
-        args = decode_inputs(step, vocab=64)
-        with torch.no_grad():
-            expected = ref(*args)
-        assert_same(exe(*args), expected)
+    assert_decode_matches(exe, ref, 4)
 
 
 def test_gemma_mlp_is_one_geglu_per_layer():
@@ -65,14 +61,6 @@ def test_gemma_mlp_is_one_geglu_per_layer():
                                       max_position_embeddings=64)
     model = transformers.GemmaModel(config).eval()
 
-    class Hidden(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids):
-            return self.m(input_ids=ids, use_cache=False).last_hidden_state
-
-    prog, _ = export_and_compare(Hidden(model), (torch.randint(0, 128, (1, 6)),),
+    prog, _ = export_and_compare(LastHidden(model), (torch.randint(0, 128, (1, 6)),),
                                  more_inputs=[(torch.randint(0, 128, (1, 6)),)])
     assert prog.op_counts()["ost.geglu"] == 2 and "aten.gelu" not in prog.op_counts()

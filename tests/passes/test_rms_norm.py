@@ -6,7 +6,7 @@ import transformers
 
 import ostinato
 from examples.tiny_decoder import TinyDecoder, decode_inputs
-from helpers import assert_same, export_and_compare
+from helpers import LastHidden, assert_decode_matches, export_and_compare
 
 
 class HFRMSNorm(torch.nn.Module):
@@ -46,11 +46,7 @@ def test_tiny_decoder_norms_become_one_op_each(tmp_path):
     assert prog.num_nodes == raw.num_nodes - 5 * 9 - 4
     prog.save(tmp_path / "fused.ost")
     exe = ostinato.compile(ostinato.load(tmp_path / "fused.ost"))
-    for step in range(6):
-        args = decode_inputs(step, vocab=64)
-        with torch.no_grad():
-            expected = ref(*args)
-        assert_same(exe(*args), expected)
+    assert_decode_matches(exe, ref, 6)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -81,15 +77,7 @@ def test_llama_has_one_norm_op_per_norm():
             if name.endswith("norm.weight") or "layernorm" in name:
                 p.uniform_(0.5, 1.5)
 
-    class Hidden(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids):
-            return self.m(input_ids=ids, use_cache=False).last_hidden_state
-
     ids = torch.randint(0, 128, (2, 7))
-    prog, _ = export_and_compare(Hidden(model), (ids,), more_inputs=[(torch.randint(0, 128, (2, 7)),)])
+    prog, _ = export_and_compare(LastHidden(model), (ids,), more_inputs=[(torch.randint(0, 128, (2, 7)),)])
     assert prog.op_counts()["ost.rms_norm"] == 2 * 3 + 1
     assert "aten.rsqrt" not in prog.op_counts()

@@ -25,7 +25,6 @@ def exe():
 
 
 def test_runs_dynamic_sizes(exe):
-    model = exe.program
     for t in (2, 7, 16):
         x, ids = torch.randn(3, t, 8), torch.randint(0, 9, (3, t))
         out = exe(x, ids)

@@ -7,7 +7,7 @@ from typing import Iterator
 
 from .entry import CorruptEntry, Entry, decode, encode
 from .keys import Manifest, content_group
-from .tier import Tier, log
+from .tier import Tier
 
 
 class MemoryTier(Tier):
