@@ -35,3 +35,124 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> to
 
 register_op(OpDef("ost.swiglu", swiglu, category="fused"))
 register_op(OpDef("ost.geglu", geglu, category="fused"))
+
+
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.chunk(2, dim=-1)
+
+
+def swiglu_packed(x: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` where ``x = cat(gate, up, -1)``: one projection whose output is split."""
+    gate, up = _halves(x)
+    return torch.nn.functional.silu(gate) * up
+
+
+def geglu_packed(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``gelu(gate) * up`` where ``x = cat(gate, up, -1)``."""
+    gate, up = _halves(x)
+    return torch.nn.functional.gelu(gate, approximate=approximate) * up
+
+
+register_op(OpDef("ost.swiglu_packed", swiglu_packed, category="fused"))
+register_op(OpDef("ost.geglu_packed", geglu_packed, category="fused"))
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+               compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Layer norm over the last dim, in ``compute_dtype`` (HF's upcast) when given, then cast back
+    to x's dtype; ``weight`` and ``bias`` are applied in the compute dtype, before the cast back."""
+    h = x if compute_dtype is None else x.to(compute_dtype)
+    w = weight if weight is None or compute_dtype is None else weight.to(compute_dtype)
+    b = bias if bias is None or compute_dtype is None else bias.to(compute_dtype)
+    h = torch.nn.functional.layer_norm(h, (h.shape[-1],), w, b, eps)
+    return h if compute_dtype is None else h.to(x.dtype)
+
+
+register_op(OpDef("ost.layer_norm", layer_norm, category="fused"))
+
+ACTIVATIONS = {
+    "relu": torch.relu,
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda h: torch.nn.functional.gelu(h, approximate="tanh"),
+}
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           activation: str | None = None) -> torch.Tensor:
+    """``act(x @ weight.T + bias)``; ``activation`` is one of ACTIVATIONS or None."""
+    h = torch.nn.functional.linear(x, weight, bias)
+    return h if activation is None else ACTIVATIONS[activation](h)
+
+
+register_op(OpDef("ost.linear", linear, category="fused"))
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """Rotary embedding ``x * cos + rotate(x) * sin`` over the last dim.
+
+    ``interleaved=False`` is HF's rotate_half (pairs are (i, i + d/2)): rotate(x) = cat(-x2, x1).
+    ``interleaved=True`` is the GPT-J / Meta form (pairs are (2i, 2i+1)): rotate(x) interleaves
+    -x[1::2] and x[::2]. cos and sin broadcast against x.
+    """
+    if interleaved:
+        rotated = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    else:
+        x1, x2 = _halves(x)
+        rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rotated * sin
+
+
+register_op(OpDef("ost.rope", rope, category="fused"))
+
+
+def kv_update(cache: torch.Tensor, new: torch.Tensor, index: torch.Tensor, dim: int,
+              ring: int | None = None) -> torch.Tensor:
+    """A static KV cache with ``new`` written at ``index`` along ``dim`` (index_copy semantics).
+
+    ``ring`` is the length of a ring-buffer cache: the slot is ``index % ring``. Functional: returns a
+    new tensor; passes.reinplace turns it into ``ost.kv_update_``, which writes the state in place.
+    """
+    slots = index if ring is None else torch.remainder(index, ring)
+    return cache.index_copy(dim, slots, new)
+
+
+def kv_update_(cache: torch.Tensor, new: torch.Tensor, index: torch.Tensor, dim: int,
+               ring: int | None = None) -> torch.Tensor:
+    """In-place kv_update: writes ``cache`` and returns it."""
+    slots = index if ring is None else torch.remainder(index, ring)
+    return cache.index_copy_(dim, slots, new)
+
+
+register_op(OpDef("ost.kv_update", kv_update, category="fused"))
+register_op(OpDef("ost.kv_update_", kv_update_, pure=False, category="inplace"))
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+         q_pos: torch.Tensor | None = None, scale: float | None = None, n_rep: int = 1,
+         is_causal: bool = False) -> torch.Tensor:
+    """Scaled dot-product attention with grouped KV heads and the causal mask built inside.
+
+    q is [..., Hq, T, D]; k and v are [..., Hkv, S, D] with Hq = Hkv * n_rep: query head h reads KV
+    head h // n_rep (repeat_interleave on the head dim, which HF's repeat_kv also computes).
+    ``q_pos`` holds each query's position, shaped to broadcast as [..., T, 1]: key j is visible to
+    query i when j <= q_pos[i] (the mask ``arange(S) <= q_pos`` that models build per step).
+    ``mask`` is an explicit mask (bool: True = visible; float: added to the scores); with q_pos it
+    is combined with the positional one.
+    """
+    if n_rep > 1:
+        k = k.repeat_interleave(n_rep, dim=-3)
+        v = v.repeat_interleave(n_rep, dim=-3)
+    if q_pos is not None:
+        visible = torch.arange(k.shape[-2], device=q_pos.device) <= q_pos
+        if mask is None:
+            mask = visible
+        elif mask.dtype == torch.bool:
+            mask = mask & visible
+        else:
+            mask = mask.masked_fill(~visible, float("-inf"))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                            scale=scale)
+
+
+register_op(OpDef("ost.sdpa", sdpa, category="fused"))

@@ -1,4 +1,5 @@
-"""Canonicalize: remove no-op nodes, collapse chains of views, fold constant host arithmetic.
+"""Canonicalize: remove no-op nodes, collapse chains of views, fold constant host arithmetic and
+scalar identities (``x + 0``, ``x * 1``).
 
 Removing a node replaces its output by its input everywhere (graph outputs and mutations too).
 One forward sweep is enough: each node's arguments are rewritten before its rule runs, so a chain
@@ -191,7 +192,33 @@ def _sym_size(node: Node, ctx: _Context) -> Any:
     return d if isinstance(d, int) else _KEEP
 
 
+# -- scalar identities ------------------------------------------------------------------------------
+def _is_number(v: Any, value: int) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == value
+
+
+def _identity_arith(node: Node, ctx: _Context) -> Any:
+    """``x + 0``, ``x - 0``, ``x * 1``, ``x / 1`` (either side for + and *) are ``x`` when the result's
+    dtype and shape are x's (an int tensor times 1.0 is a float tensor, and stays). The only value
+    that changes is -0.0 + 0, which becomes +0.0; nothing downstream of a model can tell."""
+    if node.kwargs.get("alpha", 1) != 1 or set(node.kwargs) - {"alpha"} or len(node.args) != 2:
+        return _KEEP
+    a, b = node.args
+    unit = 0 if node.op in ("aten.add.Tensor", "aten.sub.Tensor") else 1
+    commutes = node.op in ("aten.add.Tensor", "aten.mul.Tensor")
+    x = a if _is_number(b, unit) else b if commutes and _is_number(a, unit) else None
+    out = node.outputs[0]
+    if not isinstance(x, Value) or not _same_meta(x, out):
+        return _KEEP
+    # The result is a fresh dense tensor and x may not be: same guards as removing a copy.
+    if out.id in ctx.pinned or {x.id, out.id} & ctx.volatile or _reaches_layout_sensitive(out, ctx):
+        return _KEEP
+    return x
+
+
 RULES: dict[str, Callable[[Node, _Context], Any]] = {
+    **{op: _identity_arith for op in ("aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor",
+                                      "aten.div.Tensor")},
     **{op: _reshape for op in _RESHAPES},
     "aten.permute": _permute,
     "aten.transpose.int": _transpose,

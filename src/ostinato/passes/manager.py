@@ -16,7 +16,8 @@ from ..ir import Graph, verify
 from .canonicalize import canonicalize
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
-from .patterns import fuse_gated_mlp, fuse_rms_norm
+from .patterns import (fuse_gated_mlp, fuse_kv_update, fuse_layer_norm, fuse_linear, fuse_rms_norm,
+                       fuse_rope, fuse_sdpa)
 from .reinplace import reinplace_state_writes
 
 log = logging.getLogger("ostinato")
@@ -24,14 +25,24 @@ log = logging.getLogger("ostinato")
 Pass = Callable[[Graph], Graph]
 
 # Canonicalize first: removing no-op views and folding sizes makes more duplicates look alike.
-# DCE after CSE clears what merging left unread. Reinplace stays last: it turns functional state
-# writes into in-place ones, after which reads of a buffer are no longer interchangeable.
+# DCE after CSE clears what merging left unread. Patterns follow, in an order where none can
+# take another's nodes: kv_update before sdpa (sdpa reads the updated cache), gated_mlp before
+# linear (the gate's activation belongs to the gated MLP, not to a linear epilogue); the second DCE
+# clears what patterns left unread (a mask no attention reads any more). Reinplace stays last: it
+# turns functional state writes into in-place ones, after which reads of a buffer are no longer
+# interchangeable.
 DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("canonicalize", canonicalize),
     ("cse", eliminate_common_subexpressions),
     ("dce", eliminate_dead_code),
     ("rms_norm", fuse_rms_norm),
+    ("layer_norm", fuse_layer_norm),
+    ("rope", fuse_rope),
+    ("kv_update", fuse_kv_update),
+    ("sdpa", fuse_sdpa),
     ("gated_mlp", fuse_gated_mlp),
+    ("linear", fuse_linear),
+    ("dce_after_fusion", eliminate_dead_code),
     ("reinplace", reinplace_state_writes),
 ]
 

@@ -14,6 +14,7 @@ INPLACE = {
     "aten.index_put": "aten.index_put_",
     "aten.index_copy": "aten.index_copy_",
     "aten.copy": "aten.copy_",
+    "ost.kv_update": "ost.kv_update_",
 }
 
 
