@@ -93,3 +93,10 @@ def decode_inputs(step: int, batch: int = 1, vocab: int = 256, generator=None):
     """Inputs of decode step ``step``: one random token per row at position ``step``."""
     tokens = torch.randint(0, vocab, (batch, 1), generator=generator)
     return tokens, torch.tensor([step])
+
+
+def tiny_llama(layers: int = 64):
+    """The 64-layer tiny Llama (hidden 128) with the inputs of its first decode step: a factory for
+    ``ostinato inspect --passes examples.tiny_decoder:tiny_llama``."""
+    torch.manual_seed(0)
+    return TinyDecoder(dim=128, layers=layers).eval(), decode_inputs(0)

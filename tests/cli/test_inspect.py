@@ -46,3 +46,44 @@ def test_console_entry_point_runs(tmp_path):
     out = subprocess.run([sys.executable, "-m", "ostinato", "inspect", str(tmp_path / "lin.ost"), "--json"],
                          capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(out.stdout)["ops"] == {"aten.linear": 1}
+
+
+def test_inspect_passes_from_a_file_shows_recorded_counts(tmp_path, capsys):
+    _, prog = tiny_decoder_program(seed=3)
+    path = tmp_path / "dec.ost"
+    prog.save(path)
+    assert main(["inspect", "--passes", str(path), "--json"]) == 0
+    t = json.loads(capsys.readouterr().out)
+    rows = t["passes"]
+    assert rows[0]["pass"] == "export" and rows[-1]["nodes"] == prog.num_nodes
+    assert [r["pass"] for r in rows[1:]] == [name for name, _ in ostinato.passes.DEFAULT_PIPELINE]
+    assert rows[0]["nodes"] > rows[-1]["nodes"]          # the fused patterns removed nodes
+    assert all("ms" not in r for r in rows)              # times are not saved: same model, same bytes
+    assert main(["inspect", "--passes", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "times are not saved" in text and f"{prog.num_nodes}" in text
+
+
+FACTORY = '''
+import torch
+def small():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    return m, (torch.randn(2, 8),)
+def not_a_model():
+    return 3
+'''
+
+
+def test_inspect_passes_exports_a_factory_with_times(tmp_path, capsys, monkeypatch):
+    (tmp_path / "facmod.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["inspect", "--passes", "facmod:small", "--json"]) == 0
+    t = json.loads(capsys.readouterr().out)
+    assert t["model"] == "Sequential" and all(r["ms"] >= 0 for r in t["passes"])
+    assert t["passes"][0]["nodes"] == 2 and t["passes"][-1]["nodes"] == 1  # linear + relu → ost.linear
+    assert main(["inspect", "--passes", "facmod:not_a_model"]) == 2
+    assert "not (model, args[, kwargs])" in capsys.readouterr().err
+    assert main(["inspect", "--passes", "facmod:missing"]) == 2
+    assert "has no function missing" in capsys.readouterr().err

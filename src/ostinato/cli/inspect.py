@@ -1,18 +1,27 @@
-"""Show what a program file holds: schema, sizes, exporter, inputs, outputs, state, weights, ops."""
+"""Show what a program file holds: schema, sizes, exporter, inputs, outputs, state, weights, ops.
+
+``--passes`` shows the node count after each graph pass: for a .ost file, the counts its exporter
+recorded; for ``MODULE:FACTORY``, a fresh export of the model the factory builds, with each pass's time.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from ..errors import ProgramFormatError
 from ..ir import TensorMeta, Value
 from ..program import load, spec_structure
+from .factory import is_factory_spec, load_factory
 
 HELP = "describe a .ost program file"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a .ost program file")
+    p.add_argument("file", help="a .ost program file (or MODULE:FACTORY with --passes)")
+    p.add_argument("--passes", action="store_true",
+                   help="show the node count (and, exporting MODULE:FACTORY, the time) after each pass")
     p.add_argument("--json", action="store_true", help="print one JSON object (for machines)")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks of the file's segments")
 
@@ -70,7 +79,48 @@ def _shape(s: dict) -> str:
     return f"{s['name']}: {s['dtype']}[{', '.join(str(d) for d in s['shape'])}]"
 
 
+def pass_table(target: str, verify: bool = True) -> dict:
+    """The pass report of a program file, or of exporting ``MODULE:FACTORY`` now (with times)."""
+    if is_factory_spec(target) and not os.path.exists(target):
+        from ..frontend import export
+        model, fargs, fkwargs = load_factory(target)
+        prog = export(model, fargs, fkwargs)
+        rows = [dict(r) for r in prog.info["passes"]]
+        rows[0]["ms"] = prog.timings["torch_export"] * 1e3
+        for r in rows[1:]:
+            r["ms"] = prog.timings[f"pass.{r['pass']}"] * 1e3
+        return {"model": prog.info["model"], "source": target, "passes": rows}
+    prog = load(target, verify=verify)
+    rows = prog.info.get("passes")
+    if not rows:
+        raise ProgramFormatError(f"{target} records no pass report (exported by ostinato "
+                                 f"{prog.info.get('ostinato', '?')})\nFix: re-export it, or run "
+                                 "`ostinato inspect --passes MODULE:FACTORY` on the model itself")
+    return {"model": prog.info.get("model", "?"), "source": target, "passes": rows}
+
+
+def _print_passes(t: dict) -> None:
+    timed = "ms" in t["passes"][0]
+    lines = [f"{t['model']} ({t['source']}): node count after each pass"
+             + ("" if timed else " (times are not saved in the file; pass MODULE:FACTORY to measure them)")]
+    lines.append(f"  {'pass':<18}{'nodes':>8}{'change':>9}" + (f"{'ms':>10}" if timed else ""))
+    prev = None
+    for r in t["passes"]:
+        change = "" if prev is None else f"{r['nodes'] - prev:+d}"
+        lines.append(f"  {r['pass']:<18}{r['nodes']:>8}{change:>9}" + (f"{r['ms']:>10.2f}" if timed else ""))
+        prev = r["nodes"]
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.passes:
+        t = pass_table(args.file, verify=not args.no_verify)
+        if args.json:
+            json.dump(t, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            _print_passes(t)
+        return 0
     d = describe(args.file, verify=not args.no_verify)
     if args.json:
         json.dump(d, sys.stdout, indent=2)

@@ -90,11 +90,17 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     if dynamic_shapes is not None:
         _label_symbols(model, graph, slots, args, kwargs, dynamic_shapes)
     verify(graph, check_shapes=True, hints=hints)
+    exported_nodes = len(graph.nodes)
     graph, pass_report = run_passes(graph, DEFAULT_PIPELINE if passes is None else passes)
     graph.assign_slots()
-    info = {"model": name, "ostinato": __version__, "torch": torch.__version__}
+    # Node counts are saved (the file says how it was optimized); seconds are not: the same model
+    # exported twice must give the same bytes.
+    info = {"model": name, "ostinato": __version__, "torch": torch.__version__,
+            "passes": [{"pass": "export", "nodes": exported_nodes}]
+            + [{"pass": r.name, "nodes": r.nodes} for r in pass_report]}
     timings = {"torch_export": t_export, "passes": sum(r.seconds for r in pass_report),
-               "total": time.perf_counter() - t0}
+               "total": time.perf_counter() - t0,
+               **{f"pass.{r.name}": r.seconds for r in pass_report}}
     log.info("exported %s: %d nodes in %.2fs", name, len(graph.nodes), timings["total"])
     return Program(graph, weights, state_init, ep.call_spec.in_spec, ep.call_spec.out_spec, slots,
                    hints, info, timings)

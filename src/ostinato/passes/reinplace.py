@@ -18,28 +18,32 @@ INPLACE = {
 }
 
 
-def _aliases(g: Graph, base: Value, upto: int) -> set[int]:
-    """Ids of ``base`` and every value that may alias it (views of views) among the first ``upto`` nodes."""
-    ids = {base.id}
-    for node in g.nodes[:upto]:
-        opdef = get_op(node.op)
-        if opdef is not None and opdef.category == "view" and any(v.id in ids for v in node.inputs):
-            ids.update(o.id for o in node.outputs if o is not None)
-    return ids
-
-
 def reinplace_state_writes(g: Graph) -> Graph:
+    # One forward sweep: which state buffers each value may alias (views of views), and the last
+    # node reading each buffer through any alias.
+    targets = {target.id for target, _ in g.mutations}
+    roots: dict[int, frozenset[int]] = {t: frozenset((t,)) for t in targets}
+    last_read: dict[int, int] = {}
+    for i, node in enumerate(g.nodes):
+        hit = frozenset().union(*(roots.get(v.id, ()) for v in node.inputs))
+        if not hit:
+            continue
+        for t in hit:
+            last_read[t] = i
+        opdef = get_op(node.op)
+        if opdef is not None and opdef.category == "view":
+            for o in node.outputs:
+                if o is not None:
+                    roots[o.id] = hit
     index = {id(n): i for i, n in enumerate(g.nodes)}
-    outputs = {v.id for v in g.output_values()}
+    aliased_outputs = {t for v in g.output_values() if v.id not in targets for t in roots.get(v.id, ())}
     for target, new in g.mutations:
         node = new.producer
         if node is None or node.op not in INPLACE or not node.args or node.args[0] is not target:
             continue
-        pos = index[id(node)]
-        aliases = _aliases(g, target, pos)
-        later_reads = any(v.id in aliases for n in g.nodes[pos + 1:] for v in n.inputs)
-        other_args = any(v.id in aliases for v in node.inputs[1:])
-        if later_reads or other_args or (aliases - {target.id}) & outputs:
+        later_reads = last_read.get(target.id, -1) > index[id(node)]
+        other_args = any(target.id in roots.get(v.id, ()) for v in node.inputs[1:])
+        if later_reads or other_args or target.id in aliased_outputs:
             continue
         node.op = INPLACE[node.op]
     return g
