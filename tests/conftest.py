@@ -1,5 +1,8 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -10,6 +13,13 @@ for p in (ROOT, os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")):
         sys.path.insert(0, p)
 
 HAS_CUDA = torch.cuda.is_available()
+
+# ostinato.compile reads and writes the compile cache: never the user's, and no Redis unless a test
+# starts its own. One directory per process (xdist workers included), removed at exit.
+_CACHE_DIR = tempfile.mkdtemp(prefix="ostinato-test-cache-")
+os.environ["OSTINATO_CACHE_DIR"] = _CACHE_DIR
+os.environ.pop("OSTINATO_REDIS_URL", None)
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -53,6 +53,15 @@ class Launch:
         self.outs = tuple(-1 if o is None else o.slot for o in node.outputs)
         self.unpack = unpack
 
+    @classmethod
+    def of(cls, fn: Callable, op: str, name: str, args: tuple, kwargs: dict, outs: tuple[int, ...],
+           unpack: bool) -> "Launch":
+        """A Launch from already-bound parts (a cached plan), without its IR node."""
+        launch = cls.__new__(cls)
+        launch.fn, launch.op, launch.name = fn, op, name
+        launch.args, launch.kwargs, launch.outs, launch.unpack = args, kwargs, outs, unpack
+        return launch
+
     def __repr__(self) -> str:
         return f"Launch({self.name}: {self.op})"
 
@@ -68,6 +77,10 @@ class Backend(ABC):
     @abstractmethod
     def lower(self, node: Node) -> Launch:
         """A Launch running ``node``; raises BackendError naming the op when it cannot."""
+
+    @abstractmethod
+    def kernel(self, op: str) -> Callable:
+        """The callable a Launch of ``op`` runs (what ``lower`` binds), for plans read from a cache."""
 
     def place(self, tensor: torch.Tensor) -> torch.Tensor:
         """The tensor on this backend's device; no copy when it already lives there."""

@@ -279,6 +279,11 @@ def _flatbuffer(program: Program, entries) -> bytes:
     return bytes(b.Output())
 
 
+def flatbuffer_bytes(program: Program) -> bytes:
+    """The FlatBuffer segment the file would hold: everything but the weight bytes."""
+    return _flatbuffer(program, _layout_tensors(program)[0])
+
+
 def write(program: Program, f) -> None:
     """Write the whole file to the binary, seekable stream ``f``; weights are streamed, not gathered."""
     entries, data_size = _layout_tensors(program)

@@ -13,6 +13,7 @@ from ..ir import Value
 from ..program import Program
 from .codegen import compile_launches
 from .inputs import InputChecker
+from .plan_cache import cached_plan
 from .session import Session
 
 log = logging.getLogger("ostinato")
@@ -21,15 +22,13 @@ log = logging.getLogger("ostinato")
 class Executable:
     """Run with ``exe(*args, **kwargs)``; state lives in ``exe.session`` (or sessions you create)."""
 
-    def __init__(self, program: Program, backend: Backend):
+    def __init__(self, program: Program, backend: Backend, cache: bool = True):
         self.program = program
         self.backend = backend
         self.device = backend.device
         g = program.graph
         self.num_slots = g.assign_slots()
         t0 = time.perf_counter()
-        self.launches: list[Launch] = [backend.lower(n) for n in g.nodes]
-        self.lower_seconds = time.perf_counter() - t0
         self._checker = InputChecker(program, self.device)
         # Environment template: constants placed once, shared by every call and session.
         self._template: list[Any] = [None] * self.num_slots
@@ -42,7 +41,20 @@ class Executable:
         self._mutations = [(t.role, t.slot, t.name, new.slot) for t, new in g.mutations]
         self._input_pos_by_slot = {slot: pos for pos, slot in self._input_slots}
         keep = {x for is_slot, x in self._outputs if is_slot} | {m[3] for m in self._mutations}
-        self._plan = compile_launches(self.launches, keep, name="run_" + backend.name)
+
+        def lower() -> list[Launch]:
+            return [backend.lower(n) for n in g.nodes]
+
+        def build(launches: list[Launch], keep: set[int]):
+            return compile_launches(launches, keep, name="run_" + backend.name)
+
+        if cache:
+            self.launches, self._plan, self.plan_source = cached_plan(program, backend, self.num_slots, keep,
+                                                                      lower, build)
+        else:
+            self.launches = lower()
+            self._plan, self.plan_source = build(self.launches, keep), "compiled"
+        self.compile_seconds = time.perf_counter() - t0
         self.session = self.new_session()
 
     def new_session(self) -> Session:
@@ -81,6 +93,11 @@ class Executable:
                 f"{len(self.launches)} launches>")
 
 
-def compile(program: Program, device: str | torch.device = "cpu") -> Executable:
-    """Lower ``program`` for ``device`` and return an Executable."""
-    return Executable(program, get_backend(device))
+def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool = True) -> Executable:
+    """Lower ``program`` for ``device`` and return an Executable.
+
+    With ``cache`` (the default) the lowered plan is looked up by content in the compile cache
+    (``ostinato.cache``: memory, disk, Redis) and stored there on a miss; ``exe.plan_source`` says
+    whether it was "compiled", read from the "cache", or reused from this process's "memory".
+    """
+    return Executable(program, get_backend(device), cache=cache)

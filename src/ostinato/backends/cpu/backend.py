@@ -32,7 +32,10 @@ class CPUBackend(Backend):
         kwargs = dict(node.kwargs)
         if "device" in kwargs:          # creation ops recorded the export device; run on ours
             kwargs["device"] = self.device
+        return Launch(self.kernel(node.op), node, node.args, kwargs, returns_sequence(node.op))
+
+    def kernel(self, op: str):
+        target = get_op(op).target
         # An OpOverload's __call__ only forwards to its C++ operator; calling that directly saves a
         # Python frame per launch.
-        fn = getattr(op.target, "_op", op.target)
-        return Launch(fn, node, node.args, kwargs, returns_sequence(node.op))
+        return getattr(target, "_op", target)
