@@ -159,3 +159,34 @@ def test_two_fresh_processes_share_the_plan_through_the_disk(tmp_path):
             for _ in range(2)]
     assert [r["source"] for r in runs] == ["compiled", "cache"]
     assert runs[0]["key"] == runs[1]["key"] and runs[0]["sum"] == runs[1]["sum"]
+
+
+COMPILE_AND_REPORT = textwrap.dedent("""
+    import json, sys, torch, ostinato
+    exe = ostinato.compile(ostinato.load(sys.argv[1]))
+    out = exe(torch.tensor([[5]]), torch.tensor([0]))
+    print(json.dumps({"source": exe.plan_source, "stats": ostinato.cache.stats(),
+                      "sum": float(out.double().sum())}))
+""")
+
+
+def _py(code_or_args, cache: str, *argv):
+    env = {"OSTINATO_CACHE_DIR": cache, "PYTHONPATH": f"{ROOT}/src", "PATH": "/usr/bin:/bin"}
+    cmd = [sys.executable, "-c", code_or_args, *argv] if isinstance(code_or_args, str) else \
+        [sys.executable, "-m", "ostinato", *code_or_args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+
+
+def test_a_packed_warm_cache_compiles_with_all_hits_elsewhere(tmp_path):
+    _, prog = _decoder()
+    prog.save(tmp_path / "m.ost")
+    warm, empty, bundle = str(tmp_path / "warm"), str(tmp_path / "empty"), str(tmp_path / "b.ostcache")
+    cold = json.loads(_py(COMPILE_AND_REPORT, warm, str(tmp_path / "m.ost")))
+    assert cold["source"] == "compiled" and cold["stats"]["disk"]["puts"] == 1
+    _py(["cache", "pack", bundle], warm)
+    _py(["cache", "unpack", bundle], empty)
+    again = json.loads(_py(COMPILE_AND_REPORT, empty, str(tmp_path / "m.ost")))
+    # Every plan lookup hit (on disk, then filling memory); nothing was lowered or stored anew.
+    assert again["source"] == "cache" and again["sum"] == cold["sum"]
+    disk = again["stats"]["disk"]
+    assert disk["hits"] == 1 and disk["misses"] == 0 and disk["puts"] == 0 and disk["errors"] == 0
