@@ -79,9 +79,19 @@ ACTIVATIONS = {
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           activation: str | None = None) -> torch.Tensor:
-    """``act(x @ weight.T + bias)``; ``activation`` is one of ACTIVATIONS or None."""
-    h = torch.nn.functional.linear(x, weight, bias)
+           activation: str | None = None, weight_t: bool = False) -> torch.Tensor:
+    """``act(x @ weight.T + bias)``; ``activation`` is one of ACTIVATIONS or None.
+
+    ``weight_t=True`` takes ``weight`` as [in, out] (GPT-2's Conv1D): ``addmm(bias, x2d, weight)`` over
+    x flattened to 2-D and the result unflattened, as Conv1D computes it.
+    """
+    if weight_t:
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        h = torch.mm(x2, weight) if bias is None else torch.addmm(bias, x2, weight)
+        if x.dim() != 2:
+            h = h.view(*x.shape[:-1], weight.shape[-1])
+    else:
+        h = torch.nn.functional.linear(x, weight, bias)
     return h if activation is None else ACTIVATIONS[activation](h)
 
 
