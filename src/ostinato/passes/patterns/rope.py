@@ -16,8 +16,9 @@ expression it replaces (mul and add commute exactly, broadcasting is unchanged),
 bit-identical on the CPU.
 
 Not matched: Meta's ``view_as_complex(x) * freqs_cis`` form (cos/sin are not in the graph as
-tensors), a ``neg`` applied after the ``unsqueeze`` in the interleaved form, and rotations whose halves are not the halves of the multiplied x (partial rotary is fused
-as a rope of the rotated part only, the pass-through part stays as it is).
+tensors), a ``neg`` applied after the ``unsqueeze`` in the interleaved form, and rotations whose
+halves are not the halves of the multiplied x. Partial rotary (GPT-NeoX's rotary_pct) is fused as
+a rope of the rotated slice only; the pass-through part and the cat joining them stay.
 """
 from __future__ import annotations
 
