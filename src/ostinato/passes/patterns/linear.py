@@ -127,7 +127,7 @@ def _match(node: Node, users: Users, pinned: set[int]) -> tuple[list[Node], tupl
         bound = {**dict(zip(names, node.args)), **node.kwargs}
         if len(node.args) > 3 or set(node.kwargs) - set(names):
             return None
-        x, weight, bias, weight_t = bound["input"], bound["weight"], bound.get("bias"), False
+        x, weight, bias, weight_t = bound.get("input"), bound.get("weight"), bound.get("bias"), False
         absorbed, y = [node], node.outputs[0]
     else:  # aten.addmm(bias, x2d, W): beta and alpha must be 1
         if len(node.args) != 3 or any(node.kwargs.get(k, 1) != 1 for k in ("beta", "alpha")) \
