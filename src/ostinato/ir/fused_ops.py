@@ -118,20 +118,24 @@ register_op(OpDef("ost.rope", rope, category="fused"))
 
 def kv_update(cache: torch.Tensor, new: torch.Tensor, index: torch.Tensor, dim: int,
               ring: int | None = None) -> torch.Tensor:
-    """A static KV cache with ``new`` written at ``index`` along ``dim`` (index_copy semantics).
+    """A static KV cache with ``new`` written at ``index`` (1-D) along ``dim``.
 
-    ``ring`` is the length of a ring-buffer cache: the slot is ``index % ring``. Functional: returns a
-    new tensor; passes.reinplace turns it into ``ost.kv_update_``, which writes the state in place.
+    ``new`` has the cache's shape except on ``dim``, where it has ``len(index)`` rows. Semantics are
+    those of ``index_put`` with ``index`` at ``dim`` (what torch.export makes of ``index_copy_`` and of
+    ``cache[:, :, pos] = new``): a negative index counts from the end, unlike ``index_copy``, which
+    rejects it. ``ring`` is the length of a ring-buffer cache: the slot is ``index % ring``.
+    Functional: returns a new tensor; passes.reinplace turns it into ``ost.kv_update_``, which writes
+    the state in place.
     """
     slots = index if ring is None else torch.remainder(index, ring)
-    return cache.index_copy(dim, slots, new)
+    return torch.ops.aten.index_put(cache, [None] * (dim % cache.dim()) + [slots], new)
 
 
 def kv_update_(cache: torch.Tensor, new: torch.Tensor, index: torch.Tensor, dim: int,
                ring: int | None = None) -> torch.Tensor:
     """In-place kv_update: writes ``cache`` and returns it."""
     slots = index if ring is None else torch.remainder(index, ring)
-    return cache.index_copy_(dim, slots, new)
+    return torch.ops.aten.index_put_(cache, [None] * (dim % cache.dim()) + [slots], new)
 
 
 register_op(OpDef("ost.kv_update", kv_update, category="fused"))
