@@ -1,8 +1,229 @@
-"""``ost.sdpa``: placeholder, being written."""
+"""``ost.sdpa``: every ``aten.scaled_dot_product_attention`` (with dropout_p 0) becomes one
+``ost.sdpa(q, k, v, mask, q_pos, scale, n_rep, is_causal)``.
+
+Absorbed: the grouped-query head expansion of K and V, when both are expanded by the same factor and
+the expansion's intermediates are read by nothing else (and are not graph outputs or mutation values):
+
+- ``repeat_interleave.self_int(kv, n_rep, dim=-3)``;
+- HF's repeat_kv: ``unsqueeze(kv, -3) → expand([..., Hkv, n_rep, S, D]) → [clone] → view/reshape/
+  _unsafe_view([..., Hkv*n_rep, S, D])``;
+- ``enable_gqa=True`` on the attention itself (its factor multiplies an absorbed one).
+
+Read differently: the positional causal mask ``le(KV, Q)`` / ``ge(Q, KV)``, optionally under
+``expand`` or leading ``unsqueeze(0)`` (which broadcast exactly as the mask they produce), where KV is
+``arange(0, S)`` viewed as [1, ..., 1, S] with S the key length and Q is shaped [..., T or 1, 1]. The
+fused op gets ``q_pos=Q`` and no mask; its reference computes ``arange(S) <= Q``, the same values up to
+leading singleton dims. The mask nodes are not removed here: they are usually shared by all layers, and
+the pipeline's dce_after_fusion drops them once nothing reads them. Any other mask is passed as ``mask``.
+"""
 from __future__ import annotations
 
-from ...ir import Graph
+import torch
+
+from ...ir import Graph, Node, TensorMeta, Value
+from ..rewrite import drop_nodes, pinned_values
+
+_SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+_RESHAPES = ("aten.view", "aten.reshape", "aten._unsafe_view")
+_ARANGES = {"aten.arange": ("end",), "aten.arange.start": ("start", "end"),
+            "aten.arange.start_step": ("start", "end", "step")}
+
+
+def _tensor(v) -> bool:
+    return isinstance(v, Value) and isinstance(v.meta, TensorMeta)
+
+
+def _text(d) -> str:
+    """A size as text: an int, a SymDim, or a host scalar Value (``sym_size``) by its symbolic value."""
+    if isinstance(d, Value):
+        expr = getattr(d.meta, "expr", None)
+        return f"%{d.name}" if expr is None else str(expr)
+    return str(d)
+
+
+def _int(d) -> int | None:
+    """A size as a Python int when it is one (a SymDim or a scalar Value may be a plain integer)."""
+    if isinstance(d, bool):
+        return None
+    if isinstance(d, int):
+        return d
+    text = _text(d)
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _same(a, b) -> bool:
+    return _text(a) == _text(b)
+
+
+def _bind(node: Node) -> dict:
+    bound = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
+    bound.update(zip(_SDPA_PARAMS, node.args))
+    bound.update(node.kwargs)
+    return bound
+
+
+def _read_only_by(v: Value, reader: Node, users, pinned: set[int]) -> bool:
+    """``v`` is read by ``reader`` alone (possibly several times) and is not pinned."""
+    readers = users.get(v.id, [])
+    return v.id not in pinned and bool(readers) and all(r is reader for r in readers)
+
+
+# -- GQA head expansion ---------------------------------------------------------------------------
+def _repeat_interleave(node: Node) -> tuple[Value, int] | None:
+    names = ("self", "repeats", "dim")
+    bound = {"dim": None, **dict(zip(names, node.args)), **node.kwargs}
+    src, rep, dim = bound.get("self"), _int(bound.get("repeats")), bound["dim"]
+    if not _tensor(src) or src.meta.rank < 3 or rep is None or rep < 1 or _int(dim) is None:
+        return None
+    if _int(dim) not in (-3, src.meta.rank - 3):
+        return None
+    return src, rep
+
+
+def _repeat_kv(view: Node, users, pinned: set[int]) -> tuple[Value, int, list[Node]] | None:
+    """HF's repeat_kv ending at ``view``: (source, n_rep, its nodes from last to first)."""
+    x = view.args[0] if view.args else None
+    nodes = [view]
+    if not _tensor(x) or x.producer is None:
+        return None
+    if x.producer.op == "aten.clone":
+        clone = x.producer
+        fmt = clone.kwargs.get("memory_format", torch.contiguous_format)
+        if not _read_only_by(x, view, users, pinned) or len(clone.args) != 1 \
+                or set(clone.kwargs) - {"memory_format"} or fmt not in (None, torch.contiguous_format):
+            return None
+        nodes.append(clone)
+        x = clone.args[0]
+        if not _tensor(x) or x.producer is None:
+            return None
+    expand = x.producer
+    if expand.op != "aten.expand" or not _read_only_by(x, nodes[-1], users, pinned):
+        return None
+    nodes.append(expand)
+    u = expand.args[0]
+    if not _tensor(u) or u.producer is None or u.producer.op != "aten.unsqueeze" \
+            or not _read_only_by(u, expand, users, pinned):
+        return None
+    unsqueeze = u.producer
+    src = unsqueeze.args[0]
+    if not _tensor(src) or src.meta.rank < 3 or len(unsqueeze.args) != 2 or _int(unsqueeze.args[1]) is None:
+        return None
+    r = src.meta.rank
+    if _int(unsqueeze.args[1]) % (r + 1) != r - 2:  # a new dim right after the heads
+        return None
+    nodes.append(unsqueeze)
+    s, e, out = src.meta.shape, x.meta.shape, view.outputs[0].meta.shape
+    heads, rep = _int(s[-3]), _int(e[-3])
+    if heads is None or rep is None or len(e) != r + 1 or len(out) != r:
+        return None
+    if not all(_same(a, b) for a, b in zip(e, (*s[:-2], rep, *s[-2:]))) \
+            or not all(_same(a, b) for a, b in zip(out, (*s[:-3], heads * rep, *s[-2:]))):
+        return None
+    return src, rep, nodes
+
+
+def _expansion(kv: Value, sdpa: Node, users, pinned: set[int]) -> tuple[Value, int, list[Node]] | None:
+    """(source, n_rep, absorbed nodes) when ``kv`` is a head expansion read only by ``sdpa``."""
+    node = kv.producer
+    if node is None or not _read_only_by(kv, sdpa, users, pinned):
+        return None
+    if node.op == "aten.repeat_interleave.self_int":
+        m = _repeat_interleave(node)
+        return None if m is None else (m[0], m[1], [node])
+    if node.op in _RESHAPES:
+        return _repeat_kv(node, users, pinned)
+    return None
+
+
+# -- positional causal mask -----------------------------------------------------------------------
+def _is_key_positions(kv, length) -> bool:
+    """``kv`` is ``arange(0, length)`` (int64) laid out as [1, ..., 1, length]."""
+    if not _tensor(kv) or kv.meta.dtype != torch.int64 or kv.meta.rank < 1 \
+            or not _same(kv.meta.shape[-1], length) or any(_int(d) != 1 for d in kv.meta.shape[:-1]):
+        return False
+    # With a single non-trivial dim, any chain of views keeps the values in order along it.
+    node = kv.producer
+    while node is not None and (node.op in _RESHAPES or node.op == "aten.unsqueeze"
+                                or (node.op == "aten.add.Tensor" and len(node.args) == 2
+                                    and _int(node.args[1]) == 0 and not node.kwargs)):
+        node = node.args[0].producer if _tensor(node.args[0]) else None
+    if node is None or node.op not in _ARANGES:
+        return False
+    bound = {"start": 0, "step": 1, **dict(zip(_ARANGES[node.op], node.args))}
+    return _int(bound["start"]) == 0 and _int(bound["step"]) == 1 and _same(bound.get("end"), length)
+
+
+def _query_positions(mask: Value, q: Value, k: Value) -> Value | None:
+    """Q when ``mask`` broadcasts as ``arange(S) <= Q`` over the scores; None otherwise."""
+    v = mask
+    # expand and leading unsqueezes change nothing once the mask is broadcast over the scores.
+    while v.producer is not None and (v.producer.op == "aten.expand" or (
+            v.producer.op == "aten.unsqueeze" and _int(v.producer.args[1]) in (0, -v.meta.rank))):
+        v = v.producer.args[0]
+        if not _tensor(v):
+            return None
+    cmp = v.producer
+    if cmp is None or cmp.kwargs or len(cmp.args) != 2 or cmp.op not in ("aten.le.Tensor", "aten.ge.Tensor"):
+        return None
+    kv, qp = cmp.args if cmp.op == "aten.le.Tensor" else cmp.args[::-1]
+    if not _is_key_positions(kv, k.meta.shape[-2]) or not _tensor(qp):
+        return None
+    # q_pos's contract: one position per query, broadcasting as [..., T, 1].
+    shape = qp.meta.shape
+    if not 2 <= len(shape) <= q.meta.rank or _int(shape[-1]) != 1 \
+            or not (_same(shape[-2], q.meta.shape[-2]) or _int(shape[-2]) == 1):
+        return None
+    return qp
+
+
+# -- the pass -------------------------------------------------------------------------------------
+def _match(node: Node, users, pinned: set[int], masks: dict) -> tuple[tuple, list[Node]] | None:
+    a = _bind(node)
+    q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+    if not (_tensor(q) and _tensor(k) and _tensor(v)) or q.meta.rank < 3 or k.meta.rank < 3:
+        return None
+    if a["dropout_p"] not in (0, 0.0) or (mask is not None and not _tensor(mask)):
+        return None
+    n_rep, absorbed = 1, []
+    if a["enable_gqa"]:
+        hq, hk = _int(q.meta.shape[-3]), _int(k.meta.shape[-3])
+        if hq is None or hk is None or hk == 0 or hq % hk:
+            return None
+        n_rep = hq // hk
+    ek, ev = _expansion(k, node, users, pinned), _expansion(v, node, users, pinned)
+    if ek is not None and ev is not None and ek[1] == ev[1]:
+        k, v = ek[0], ev[0]
+        n_rep *= ek[1]  # repeat_interleave twice is repeat_interleave by the product
+        absorbed = ek[2] + [n for n in ev[2] if all(n is not m for m in ek[2])]
+    q_pos = None
+    if mask is not None:
+        key = (mask.id, str(q.meta.shape[-2]), str(k.meta.shape[-2]), q.meta.rank)
+        if key not in masks:  # layers share one mask: look at its chain once
+            masks[key] = _query_positions(mask, q, k)
+        q_pos = masks[key]
+    if q_pos is not None:
+        mask = None
+    return (q, k, v, mask, q_pos, a["scale"], n_rep, bool(a["is_causal"])), absorbed
 
 
 def fuse_sdpa(g: Graph) -> Graph:
+    users = g.users()
+    pinned = pinned_values(g)
+    replacement: dict[int, Node] = {}
+    absorbed: set[int] = set()
+    masks: dict[tuple, Value | None] = {}
+    for node in g.nodes:
+        if node.op != "aten.scaled_dot_product_attention":
+            continue
+        m = _match(node, users, pinned, masks)
+        if m is None:
+            continue
+        fused = Node("ost.sdpa", m[0], {}, node.name, node.source)
+        fused.outputs = [node.outputs[0]]
+        node.outputs[0].producer = fused
+        replacement[id(node)] = fused
+        absorbed.update(id(n) for n in m[1])
+    if replacement:
+        g.nodes = [replacement.get(id(n), n) for n in g.nodes]
+        drop_nodes(g, absorbed)
     return g

@@ -1,0 +1,245 @@
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.export import Dim
+
+import ostinato
+from examples.tiny_decoder import TinyDecoder, decode_inputs
+from helpers import assert_decode_matches, assert_same, export_and_compare
+from models.test_hf_decoders import MAX_CACHE, decode_inputs as hf_decode_inputs, make_wrapper
+
+pytestmark = pytest.mark.filterwarnings("ignore:While compiling, we found certain side effects")
+
+# What the pattern absorbs or makes unread: none of it may be left after the pipeline.
+GONE = {"aten.scaled_dot_product_attention", "aten.repeat_interleave.self_int", "aten.clone", "aten.expand",
+        "aten.le.Tensor", "aten.ge.Tensor"}
+
+
+def sdpa_nodes(prog):
+    return [n for n in prog.graph.nodes if n.op == "ost.sdpa"]
+
+
+def mask_aranges(prog, length):
+    return [n for n in prog.graph.nodes if n.op.startswith("aten.arange")
+            and [str(d) for d in n.outputs[0].meta.shape] == [str(length)]]
+
+
+def test_tiny_decoder_has_one_sdpa_per_layer(tmp_path):
+    torch.manual_seed(0)
+    model = TinyDecoder(dim=32, layers=4, heads=4, kv_heads=2, vocab=64, max_seq=16).eval()
+    ref = copy.deepcopy(model)
+    prog = ostinato.export(model, decode_inputs(0, vocab=64))
+    ops = prog.op_counts()
+    assert ops["ost.sdpa"] == 4 and not GONE & set(ops) and not mask_aranges(prog, 16)
+    for n in sdpa_nodes(prog):
+        q, k, v, mask, q_pos, scale, n_rep, is_causal = n.args
+        assert k.role == v.role == "temp" and str(k.meta) == "f32[1,2,16,8]"  # the cache, not its copy
+        assert (mask, scale, n_rep, is_causal) == (None, None, 2, False)
+        assert str(q_pos.meta) == "i64[1,1]"
+    prog.save(tmp_path / "fused.ost")
+    assert_decode_matches(ostinato.compile(ostinato.load(tmp_path / "fused.ost")), ref, 8)
+
+
+@pytest.mark.parametrize("family, n_rep", [("llama", 2), ("qwen2", 2), ("gemma", 2), ("gpt2", 1)])
+def test_hf_decode_has_one_sdpa_per_layer(family, n_rep):
+    wrapper = make_wrapper(family)
+    ref = copy.deepcopy(wrapper)
+    gen = torch.Generator().manual_seed(1)
+    prog = ostinato.export(wrapper, (), hf_decode_inputs(0, gen), strict=True)
+    ops = prog.op_counts()
+    assert ops["ost.sdpa"] == 2 and not GONE & set(ops), ops
+    assert not mask_aranges(prog, MAX_CACHE)
+    for n in sdpa_nodes(prog):
+        q, k, v, mask, q_pos, scale, rep, is_causal = n.args
+        assert mask is None and rep == n_rep and is_causal is False and scale == 0.25
+        assert str(q_pos.meta) == "i64[1,1,1,1]" and str(k.meta) == f"f32[2,{4 // n_rep},16,16]"
+    exe = ostinato.compile(prog)
+    for s in range(8):
+        kwargs = hf_decode_inputs(s, gen)
+        with torch.no_grad():
+            expected = ref(**kwargs)
+        assert_same(exe(**kwargs), expected, msg=f"{family} step {s}")
+
+
+class Attention(torch.nn.Module):
+    """Projections into q [B, H, T, D] and k, v [B, Hkv, T, D]; ``expand`` picks how KV heads reach H."""
+
+    def __init__(self, expand="repeat_interleave", heads=4, kv_heads=2, head_dim=8, dim=16):
+        super().__init__()
+        self.q = torch.nn.Linear(dim, heads * head_dim, bias=False)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * head_dim, bias=False)
+        self.expand, self.heads, self.kv_heads, self.head_dim = expand, heads, kv_heads, head_dim
+
+    def project(self, x):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 2 * self.kv_heads, self.head_dim).transpose(1, 2).chunk(2, dim=1)
+        return q, k, v
+
+    def repeat(self, kv, dim=1):
+        rep = self.heads // self.kv_heads
+        if self.expand == "repeat_interleave":
+            return kv.repeat_interleave(rep, dim=dim)
+        b, h, s, d = kv.shape  # HF's repeat_kv, written with reshape on the expanded tensor
+        return kv[:, :, None].expand(b, h, rep, s, d).reshape(b, h * rep, s, d)
+
+
+class Masked(Attention):
+    """An explicit mask (an input) passed to sdpa as it is."""
+
+    def forward(self, x, mask):
+        q, k, v = self.project(x)
+        return F.scaled_dot_product_attention(q, self.repeat(k), self.repeat(v), attn_mask=mask)
+
+
+@pytest.mark.parametrize("expand", ["repeat_interleave", "repeat_kv"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
+def test_explicit_mask_is_passed_through(expand, dtype):
+    def inputs():
+        x = torch.randn(2, 5, 16)
+        m = torch.rand(2, 1, 5, 5) > 0.3 if dtype == torch.bool else torch.randn(2, 1, 5, 5)
+        return x, m | torch.eye(5, dtype=torch.bool) if dtype == torch.bool else m
+
+    prog, _ = export_and_compare(Masked(expand), inputs(), more_inputs=[inputs()])
+    assert prog.op_counts() == {"aten.linear": 2, "aten.view": 2, "aten.permute": 2, "aten.split_with_sizes": 1,
+                                "ost.sdpa": 1}
+    (node,) = sdpa_nodes(prog)
+    assert node.args[3] is prog.graph.inputs[1] and node.args[4:] == (None, None, 2, False)
+
+
+class Causal(Attention):
+    def forward(self, x):
+        q, k, v = self.project(x)
+        return F.scaled_dot_product_attention(q, self.repeat(k, -3), self.repeat(v, -3), is_causal=True, scale=0.3)
+
+
+def test_causal_prefill():
+    prog, _ = export_and_compare(Causal(), (torch.randn(2, 6, 16),), more_inputs=[(torch.randn(2, 6, 16),)])
+    (node,) = sdpa_nodes(prog)
+    assert node.args[3:] == (None, None, 0.3, 2, True)
+    assert "aten.repeat_interleave.self_int" not in prog.op_counts()
+
+
+class NativeGQA(Attention):
+    def forward(self, x):
+        q, k, v = self.project(x)
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+class ExpandedAndNativeGQA(Attention):
+    """Keys expanded 2x by hand, then 2x more by sdpa's enable_gqa: n_rep is the product."""
+
+    def __init__(self):
+        super().__init__(heads=8, kv_heads=2)
+
+    def forward(self, x):
+        q, k, v = self.project(x)
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                              enable_gqa=True)
+
+
+@pytest.mark.parametrize("model, n_rep", [(lambda: NativeGQA(heads=6, kv_heads=2), 3),
+                                           (lambda: ExpandedAndNativeGQA(), 4)])
+def test_enable_gqa(model, n_rep):
+    prog, _ = export_and_compare(model(), (torch.randn(2, 5, 16),), more_inputs=[(torch.randn(2, 5, 16),)])
+    (node,) = sdpa_nodes(prog)
+    assert node.args[3:] == (None, None, None, n_rep, False) and str(node.args[1].meta) == "f32[2,2,5,8]"
+
+
+class ExpansionReadTwice(Attention):
+    """The expanded keys are also returned (or, uneven, v is expanded by another factor): the
+    expansions stay and the attention reads them as they are."""
+
+    def __init__(self, expand, uneven=False):
+        super().__init__(expand, heads=4, kv_heads=1 if uneven else 2)
+        self.uneven = uneven
+
+    def forward(self, x):
+        q, k, v = self.project(x)
+        keys = self.repeat(k)
+        if self.uneven:  # k has 1 head, v 2: 4 heads are 1 x 4 and 2 x 2
+            v = torch.cat([v, v + 1], dim=1).repeat_interleave(2, dim=1)
+            return F.scaled_dot_product_attention(q, keys, v)
+        return F.scaled_dot_product_attention(q, keys, self.repeat(v)), keys
+
+
+@pytest.mark.parametrize("expand, uneven", [("repeat_interleave", False), ("repeat_kv", False),
+                                            ("repeat_interleave", True)])
+def test_expansion_with_another_reader_is_kept(expand, uneven):
+    prog, _ = export_and_compare(ExpansionReadTwice(expand, uneven), (torch.randn(2, 5, 16),),
+                                 more_inputs=[(torch.randn(2, 5, 16),)])
+    ops = prog.op_counts()
+    (node,) = sdpa_nodes(prog)
+    assert node.args[6] == 1 and str(node.args[1].meta) == str(node.args[2].meta) == "f32[2,4,5,8]"
+    if expand == "repeat_interleave":
+        assert ops["aten.repeat_interleave.self_int"] == 2
+    else:
+        assert ops["aten.expand"] == 2 and ops["aten.clone"] == 2
+
+
+class PositionMask(Attention):
+    """A cache of length 8 and a mask from positions; ``form`` varies how the mask is written."""
+
+    def __init__(self, form):
+        super().__init__()
+        self.form = form
+        self.register_buffer("k_cache", torch.randn(1, 2, 8, 8))
+        self.register_buffer("v_cache", torch.randn(1, 2, 8, 8))
+
+    def forward(self, x, pos):
+        q, k, v = self.project(x)
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache.index_copy_(2, pos, v)
+        s = self.k_cache.shape[2]
+        f = self.form
+        if f == "le":          # tiny decoder's form
+            mask = torch.arange(s).unsqueeze(0) <= pos.unsqueeze(1)
+        elif f == "ge_hf":     # HF's: 4-D positions on both sides, expanded over the batch
+            mask = (pos[None, None, :, None] >= torch.arange(s)[None, None, None, :]).expand(1, -1, -1, -1)
+        elif f == "one_key":   # arange of length 1 (broadcast over keys): not the causal mask
+            mask = torch.arange(1).unsqueeze(0) <= pos.unsqueeze(1)
+        elif f == "shifted":   # arange from 1 and a strict compare: same values, not this pattern
+            mask = torch.arange(1, s + 1).unsqueeze(0) <= pos.unsqueeze(1) + 1
+        elif f == "per_key":   # positions laid along the keys ([1, T] with T == S): no q_pos
+            mask = torch.arange(s).unsqueeze(0) <= pos.unsqueeze(0)
+        return F.scaled_dot_product_attention(q, self.repeat(self.k_cache), self.repeat(self.v_cache),
+                                              attn_mask=mask)
+
+
+@pytest.mark.parametrize("form, fused", [("le", True), ("ge_hf", True), ("one_key", False), ("shifted", False),
+                                         ("per_key", False)])
+def test_position_mask(form, fused):
+    t = 8 if form == "per_key" else 2
+    steps = [(torch.randn(1, t, 16), torch.randperm(8)[:t]) for _ in range(3)]
+    prog, _ = export_and_compare(PositionMask(form), steps[0], more_inputs=steps[1:])
+    (node,) = sdpa_nodes(prog)
+    mask, q_pos = node.args[3:5]
+    assert node.args[6] == 2
+    if fused:
+        assert mask is None and q_pos is not None and not mask_aranges(prog, 8)
+        assert "aten.le.Tensor" not in prog.op_counts() and "aten.ge.Tensor" not in prog.op_counts()
+    else:
+        assert q_pos is None and mask is not None and mask.meta.dtype == torch.bool
+
+
+class Prefill(Attention):
+    def forward(self, x):
+        q, k, v = self.project(x)
+        t = x.shape[1]
+        pos = torch.arange(t)
+        mask = torch.arange(t)[None, :] <= pos[:, None]
+        return F.scaled_dot_product_attention(q, self.repeat(k), self.repeat(v), attn_mask=mask)
+
+
+def test_dynamic_length():
+    seq = Dim("seq", min=2, max=32)
+    prog, _ = export_and_compare(Prefill(), (torch.randn(2, 5, 16),), dynamic_shapes=({1: seq},),
+                                 more_inputs=[(torch.randn(2, 9, 16),), (torch.randn(2, 3, 16),)])
+    (node,) = sdpa_nodes(prog)
+    q_pos = node.args[4]
+    assert node.args[3] is None and node.args[6] == 2 and len(q_pos.meta.shape) == 2
+    assert str(q_pos.meta.shape[0]) == str(node.args[0].meta.shape[2]) != "5"
+    assert not {"aten.le.Tensor", "aten.repeat_interleave.self_int"} & set(prog.op_counts())
+
