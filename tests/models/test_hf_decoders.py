@@ -44,9 +44,10 @@ EXPECTED_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gem
                   "gpt2": "GPT2LMHeadModel"}
 
 
-def make_wrapper(family: str) -> TorchExportableModuleWithStaticCache:
+def make_wrapper(family: str, config=None) -> TorchExportableModuleWithStaticCache:
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(CONFIGS[family](), dtype=torch.float32).eval()
+    config = CONFIGS[family]() if config is None else config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     assert type(model).__name__ == EXPECTED_CLASS[family]
     # from_config's init leaves norm weights at 1 (0 for Gemma's 1+w); make every weight non-trivial.
     with torch.no_grad():
