@@ -9,7 +9,7 @@ from torch.export import Dim
 
 import ostinato
 from examples.tiny_decoder import TinyDecoder, decode_inputs
-from helpers import assert_decode_matches, assert_same
+from helpers import assert_decode_matches, assert_same, export_and_compare
 from ostinato.ir import Graph
 from ostinato.passes import DEFAULT_PIPELINE, run_passes
 from pass_harness import f32, op, run_graph
@@ -102,6 +102,21 @@ class ReadsOldCache(Cache):
         old = self.k.sum()
         self.k.copy_(new)
         return self.k.sum(2) + old
+
+
+class TwoWrites(Cache):
+    """Two writes into one cache in a step: the second writes into the first's result."""
+
+    def write(self, x, pos):
+        self.k.index_copy_(2, pos, x)
+        self.k[:, :, (pos + 1) % S] = x * 2
+
+
+class NotACache(nn.Module):
+    """A row write into a temporary (no buffer is written back): an ordinary index_put."""
+
+    def forward(self, x, pos):
+        return torch.zeros(B, H, S, D).index_copy(2, pos, x) * 2
 
 
 class TwoDimIndex(Cache):
@@ -209,6 +224,19 @@ def test_old_cache_read_after_write_stays_functional():
     prog = run_decode(ReadsOldCache(), steps(S))
     counts = prog.op_counts()
     assert counts["ost.kv_update"] == 1 and "ost.kv_update_" not in counts and no_writes_left(prog)
+
+
+def test_two_writes_in_one_step():
+    prog = run_decode(TwoWrites(), steps(S))
+    counts = prog.op_counts()
+    # Both writes are fused. Both stay functional: reinplace only makes a write in place whose cache
+    # operand is the state itself, and the second write's cache is the first's result.
+    assert counts["ost.kv_update"] == 2 and no_writes_left(prog)
+
+
+def test_write_into_a_temporary_is_not_fused():
+    prog, _ = export_and_compare(NotACache(), steps(1)[0], more_inputs=steps(3)[1:])
+    assert prog.op_counts()["aten.index_put"] == 1 and "ost.kv_update" not in prog.op_counts()
 
 
 @pytest.mark.parametrize("cls", [TwoDimIndex, Broadcast])

@@ -2,10 +2,12 @@
 functionalizes it (``state <- write(state, ...)``), becomes one ``ost.kv_update(cache, new, index,
 dim, ring)``; passes.reinplace then makes it ``ost.kv_update_`` where nothing reads the old cache.
 
-Forms (the index is 1-D along exactly one dim, ``new`` has the cache's dtype and shape except on that
-dim, where it has one row per index):
-- ``aten.index_put(cache, [None, …, None, index, None, …], new)``, accumulate False: ``cache.index_copy_(d, pos,
-  new)`` (decomposed), ``cache[:, :, pos] = new``, an explicit ``aten.index_put_``;
+Only writes into a cache are fused: a buffer the program writes back (state, or a mutated input),
+or the result of an earlier fused write into one; a row write into a temporary stays an aten op.
+Forms (the index is 1-D along exactly one dim; ``new`` has the cache's dtype, and its shape except
+on that dim, where it has one row per index):
+- ``aten.index_put(cache, [None, …, index, None, …], new)``, accumulate False: ``cache.index_copy_(d,
+  pos, new)`` (torch.export decomposes it so), ``cache[:, :, pos] = new``, an explicit ``index_put_``;
 - ``aten.index_copy(cache, dim, index, new)``;
 - ``aten.slice_scatter(cache, copy(slice(cache, d, start, end), new), d, start, end)``: the slice
   assignment ``cache[:, :, start:end] = new`` with ``end - start`` provably ``new``'s length on ``d``
@@ -145,9 +147,14 @@ def _slice_write(node: Node, users, pinned) -> tuple[Value, Value, int, object, 
 def fuse_kv_update(g: Graph) -> Graph:
     users = g.users()
     pinned = pinned_values(g)
+    # Caches: buffers the program writes back (state, or a mutated input), and what a fused write made
+    # of one (a second write in the same step). A row write into anything else stays an aten op.
+    caches = {target.id for target, _ in g.mutations}
     replacement: dict[int, list[Node]] = {}
     dead: set[int] = set()
     for node in g.nodes:
+        if not node.args or not isinstance(node.args[0], Value) or node.args[0].id not in caches:
+            continue
         if node.op in ("aten.index_put", "aten.index_copy"):
             m = _index_write(node)
             if m is None:
@@ -173,6 +180,7 @@ def fuse_kv_update(g: Graph) -> Graph:
         else:
             continue
         out = node.outputs[0]
+        caches.add(out.id)
         fused = Node("ost.kv_update", (cache, new, index, dim, ring), {}, node.name, node.source)
         fused.outputs = [out]
         out.producer = fused
