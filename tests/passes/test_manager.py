@@ -67,9 +67,12 @@ def test_tiny_decoder_through_the_default_pipeline():
     _, report = run_passes(prog.graph, verify_each=True, hints=prog.hints)
     counts = [exported] + [r.nodes for r in report]
     # The decoder is already minimal (mask built once, no no-op views): the generic passes keep all
-    # 206 nodes; rms_norm turns each of the 9 norms' 6 nodes into one, gated_mlp each layer's
-    # silu and multiply into one.
-    assert counts == [206, 206, 206, 206, 161, 161, 161, 161, 161, 157, 157, 157, 157], counts
-    assert prog.op_counts()["aten.index_put_"] == 8 and "aten.index_put" not in prog.op_counts()
+    # 206 nodes. Then per pattern: rms_norm 6 nodes → 1 for each of the 9 norms; rope 6 → 1 for Q
+    # and K of each layer; kv_update 1 → 1 (index_put → ost.kv_update); sdpa absorbs the two
+    # repeat_interleaves of each layer; gated_mlp silu and mul → 1 per layer; the second DCE drops
+    # the mask (arange, unsqueeze, le), now computed inside ost.sdpa; reinplace changes no count.
+    assert counts == [206, 206, 206, 206, 161, 161, 121, 121, 113, 109, 109, 106, 106], counts
+    ops = prog.op_counts()
+    assert ops["ost.kv_update_"] == 8 and not {"ost.kv_update", "aten.index_put", "aten.index_put_"} & set(ops)
     exe = ostinato.compile(prog)
     assert_decode_matches(exe, ref, 4)
