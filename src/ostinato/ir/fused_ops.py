@@ -154,9 +154,6 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     ``mask`` is an explicit mask (bool: True = visible; float: added to the scores); with q_pos it
     is combined with the positional one.
     """
-    if n_rep > 1:
-        k = k.repeat_interleave(n_rep, dim=-3)
-        v = v.repeat_interleave(n_rep, dim=-3)
     if q_pos is not None:
         visible = torch.arange(k.shape[-2], device=q_pos.device) <= q_pos
         if mask is None:
@@ -165,8 +162,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
             mask = mask & visible
         else:
             mask = mask.masked_fill(~visible, float("-inf"))
+    # enable_gqa reads KV head h // n_rep for query head h, as repeat_interleave would, without
+    # copying the cache n_rep times (same results on the CPU; about half the time at decode sizes).
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                                            scale=scale)
+                                                            scale=scale, enable_gqa=n_rep > 1)
 
 
 register_op(OpDef("ost.sdpa", sdpa, category="fused"))
