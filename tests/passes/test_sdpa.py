@@ -233,9 +233,16 @@ class Prefill(Attention):
         return F.scaled_dot_product_attention(q, self.repeat(k), self.repeat(v), attn_mask=mask)
 
 
-def test_dynamic_length():
+@pytest.mark.parametrize("expand", ["repeat_kv", "repeat_interleave"])
+def test_dynamic_length(expand):
     seq = Dim("seq", min=2, max=32)
-    prog, _ = export_and_compare(Prefill(), (torch.randn(2, 5, 16),), dynamic_shapes=({1: seq},),
+    if tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13):
+        # torch 2.11's export adds a guard it then cannot prove over the Dim range (for this module
+        # "min(8*seq, 16*seq) == 8*seq"); 2.13 proves it. ostinato reports torch's refusal as such.
+        with pytest.raises(ostinato.errors.ExportError, match="Constraints violated"):
+            ostinato.export(Prefill(expand), (torch.randn(2, 5, 16),), dynamic_shapes=({1: seq},))
+        return
+    prog, _ = export_and_compare(Prefill(expand), (torch.randn(2, 5, 16),), dynamic_shapes=({1: seq},),
                                  more_inputs=[(torch.randn(2, 9, 16),), (torch.randn(2, 3, 16),)])
     (node,) = sdpa_nodes(prog)
     q_pos = node.args[4]
