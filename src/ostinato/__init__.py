@@ -4,6 +4,8 @@ __version__ = "0.1.0"
 from . import errors  # noqa: E402
 from .frontend import export  # noqa: E402
 from .program import Program, load  # noqa: E402
-from .runtime import Executable, Session, compile  # noqa: E402
+from .replay import Graph, compile, graph  # noqa: E402
+from .runtime import Executable, Session  # noqa: E402
 
-__all__ = ["__version__", "errors", "export", "compile", "load", "Program", "Executable", "Session"]
+__all__ = ["__version__", "errors", "export", "compile", "load", "Program", "Executable", "Session", "Graph",
+           "graph"]

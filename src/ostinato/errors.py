@@ -51,3 +51,11 @@ class ProgramFormatError(OstinatoError):
 
 class CacheError(OstinatoError, ValueError):
     """A cache bundle or entry a user handed in is not usable (the reason says why)."""
+
+
+class CaptureError(OstinatoError):
+    """A Plan cannot be captured for replay (the message names the op and why)."""
+
+
+class ReplayError(OstinatoError):
+    """A replay was asked for with inputs or buffers that differ from what was captured."""

@@ -9,28 +9,38 @@ import torch
 from .ops import OpDef, register_op
 
 
+def _into(out: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
+    """``h``, or ``h`` copied into ``out`` when one is given (the last step of an out= form)."""
+    return h if out is None else out.copy_(h)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
-             compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+             compute_dtype: torch.dtype | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x * rsqrt(mean(x**2, -1) + eps)``, computed in ``compute_dtype`` (HF's upcast) when given,
-    then cast back to x's dtype, then times ``weight`` when given."""
+    then cast back to x's dtype, then times ``weight`` when given. ``out`` receives the result (as
+    every fused op's ``out=``: a replay writes into its static buffer instead of allocating)."""
     h = x if compute_dtype is None else x.to(compute_dtype)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    scale = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     if compute_dtype is not None:
-        h = h.to(x.dtype)
-    return h if weight is None else h * weight
+        h = (h * scale).to(x.dtype)
+        return _into(out, h) if weight is None else torch.mul(h, weight, out=out)
+    if weight is None:
+        return torch.mul(h, scale, out=out)
+    return torch.mul(h * scale, weight, out=out)
 
 
 register_op(OpDef("ost.rms_norm", rms_norm, category="fused"))
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def swiglu(gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(gate) * up``: the gated MLP of Llama-family models."""
-    return torch.nn.functional.silu(gate) * up
+    return torch.mul(torch.nn.functional.silu(gate), up, out=out)
 
 
-def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none", *,
+          out: torch.Tensor | None = None) -> torch.Tensor:
     """``gelu(gate) * up``: the gated MLP of Gemma-family models."""
-    return torch.nn.functional.gelu(gate, approximate=approximate) * up
+    return torch.mul(torch.nn.functional.gelu(gate, approximate=approximate), up, out=out)
 
 
 register_op(OpDef("ost.swiglu", swiglu, category="fused"))
@@ -41,16 +51,16 @@ def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.chunk(2, dim=-1)
 
 
-def swiglu_packed(x: torch.Tensor) -> torch.Tensor:
+def swiglu_packed(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(gate) * up`` where ``x = cat(gate, up, -1)``: one projection whose output is split."""
     gate, up = _halves(x)
-    return torch.nn.functional.silu(gate) * up
+    return swiglu(gate, up, out=out)
 
 
-def geglu_packed(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def geglu_packed(x: torch.Tensor, approximate: str = "none", *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``gelu(gate) * up`` where ``x = cat(gate, up, -1)``."""
     gate, up = _halves(x)
-    return torch.nn.functional.gelu(gate, approximate=approximate) * up
+    return geglu(gate, up, approximate, out=out)
 
 
 register_op(OpDef("ost.swiglu_packed", swiglu_packed, category="fused"))
@@ -79,7 +89,8 @@ ACTIVATIONS = {
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           activation: str | None = None, weight_t: bool = False) -> torch.Tensor:
+           activation: str | None = None, weight_t: bool = False, *,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """``act(x @ weight.T + bias)``; ``activation`` is one of ACTIVATIONS or None.
 
     ``weight_t=True`` takes ``weight`` as [in, out] (GPT-2's Conv1D): ``addmm(bias, x2d, weight)`` over
@@ -90,15 +101,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         h = torch.mm(x2, weight) if bias is None else torch.addmm(bias, x2, weight)
         if x.dim() != 2:
             h = h.view(*x.shape[:-1], weight.shape[-1])
+    elif activation is None:
+        return torch._C._nn.linear(x, weight, bias, out=out) if out is not None else \
+            torch.nn.functional.linear(x, weight, bias)
     else:
         h = torch.nn.functional.linear(x, weight, bias)
-    return h if activation is None else ACTIVATIONS[activation](h)
+    return _into(out, h if activation is None else ACTIVATIONS[activation](h))
 
 
 register_op(OpDef("ost.linear", linear, category="fused"))
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False, *,
+         out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary embedding ``x * cos + rotate(x) * sin`` over the last dim.
 
     ``interleaved=False`` is HF's rotate_half (pairs are (i, i + d/2)): rotate(x) = cat(-x2, x1).
@@ -110,7 +125,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     else:
         x1, x2 = _halves(x)
         rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos + rotated * sin
+    return torch.add(x * cos, rotated * sin, out=out)
 
 
 register_op(OpDef("ost.rope", rope, category="fused"))

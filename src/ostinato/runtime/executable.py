@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -9,6 +10,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..backends import Backend, Launch, get_backend
+from ..errors import OstinatoError
 from ..ir import Value
 from ..program import Program
 from .codegen import compile_launches
@@ -17,6 +19,16 @@ from .plan_cache import cached_plan
 from .session import Session
 
 log = logging.getLogger("ostinato")
+
+
+class _Capturing(threading.local):
+    """The capture (``ostinato.graph``) open on this thread, if any: calls of any Executable inside it
+    are handed to its ``capture(executable, session, leaves)`` instead of running."""
+
+    target = None
+
+
+capturing = _Capturing()
 
 
 class Executable:
@@ -55,6 +67,11 @@ class Executable:
             self.launches = lower()
             self._plan, self.plan_source = build(self.launches, keep), "compiled"
         self.compile_seconds = time.perf_counter() - t0
+        # Slots read after a plan runs: its outputs and the values state and inputs must take.
+        self.kept_slots = keep
+        # Set by ostinato.compile(..., replay=True): takes over calls (capture per shape, then replay).
+        self.runner = None
+        self.capture_reports: list = []   # a MemoryReport per capture made of this executable
         self.session = self.new_session()
 
     def new_session(self) -> Session:
@@ -64,10 +81,13 @@ class Executable:
     def __call__(self, *args, **kwargs):
         return self.run(self.session, args, kwargs)
 
-    @torch.no_grad()
-    def run(self, session: Session, args: tuple, kwargs: dict | None = None):
+    def check_inputs(self, args: tuple, kwargs: dict | None) -> tuple[list, dict[str, int]]:
+        """The flattened inputs and the size-symbol bindings they imply; InputError when they do not fit."""
         leaves = self._checker.flatten(args, kwargs or {})
-        self._checker.check(leaves)
+        return leaves, self._checker.check(leaves)
+
+    def bind(self, session: Session, leaves: list) -> list:
+        """A run's environment: constants, the inputs (made contiguous, as at export) and the state."""
         env = list(self._template)
         for pos, slot in self._input_slots:
             x = leaves[pos]
@@ -76,6 +96,28 @@ class Executable:
         state = session.state
         for slot, name in self._state_slots:
             env[slot] = state[name]
+        return env
+
+    def mutation_targets(self, session: Session, leaves: list) -> list[tuple[torch.Tensor, int]]:
+        """(tensor, slot): after a run each tensor (a state buffer or a mutated input) holds the slot's value."""
+        return [(session.state[name] if role == "state" else leaves[self._input_pos_by_slot[target]], new)
+                for role, target, name, new in self._mutations]
+
+    def outputs(self, env: list):
+        """The user's outputs, structured like the eager module's, from a finished run's environment."""
+        outs = [env[x] if is_slot else x for is_slot, x in self._outputs]
+        return pytree.tree_unflatten(outs, self.program.out_spec)
+
+    @torch.no_grad()
+    def run(self, session: Session, args: tuple, kwargs: dict | None = None):
+        target = capturing.target
+        if self.runner is not None and target is None:
+            return self.runner(session, args, kwargs)
+        leaves, bindings = self.check_inputs(args, kwargs)
+        if target is not None:
+            return target.capture(self, session, leaves, bindings)
+        env = self.bind(session, leaves)
+        state = session.state
         self._plan(env)
         for role, target_slot, name, new_slot in self._mutations:
             new = env[new_slot]
@@ -85,8 +127,25 @@ class Executable:
                     buf.copy_(new)
             else:
                 leaves[self._input_pos_by_slot[target_slot]].copy_(new)
-        outs = [env[x] if is_slot else x for is_slot, x in self._outputs]
-        return pytree.tree_unflatten(outs, self.program.out_spec)
+        return self.outputs(env)
+
+    def stats(self) -> dict[str, float]:
+        """Plan source and, with replay, captures, replays, bucket hits and plan hits/misses."""
+        counts = {"launches": len(self.launches), "compile_seconds": self.compile_seconds}
+        if self.runner is not None:
+            counts.update(self.runner.stats())
+        return counts
+
+    def memory_report(self) -> list:
+        """A runtime.memory.MemoryReport per capture made so far (replay=True, or ostinato.graph)."""
+        return list(self.capture_reports)
+
+    def static_inputs(self, session: Session | None = None):
+        """With replay=True: the static input tensors of the session's last capture, structured as the
+        call's (args, kwargs). Write into them and call ``exe(*args, **kwargs)``: no copy is made."""
+        if self.runner is None:
+            raise OstinatoError("static_inputs() needs an executable compiled with replay=True")
+        return self.runner.static_inputs(session or self.session)
 
     def __repr__(self) -> str:
         return (f"<ostinato.Executable {self.program.info.get('model', '')} on {self.device}: "

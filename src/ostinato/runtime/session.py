@@ -15,6 +15,9 @@ class Session:
     def __init__(self, executable: "Executable", state: dict[str, torch.Tensor]):
         self.executable = executable
         self.state = state
+        # What replay keeps per session (captures by shape signature, their shared arena or pool);
+        # owned by ostinato.replay, opaque here.
+        self.replay: dict = {}
 
     def __call__(self, *args, **kwargs):
         return self.executable.run(self, args, kwargs)

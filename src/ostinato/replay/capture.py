@@ -1,0 +1,130 @@
+"""One captured call of an Executable: static inputs, static outputs, and what replays it.
+
+On the CPU the replay is a tape (``tape.py``); on CUDA a CUDA graph (``cuda_graph.py``). Either way a
+capture *is* a call: its outputs hold that call's results, and its state writes happened once.
+Each replay first checks that the buffers it reads are the ones captured (same storage, same shape)
+and raises ReplayError naming the input otherwise.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from ..errors import CaptureError, ReplayError
+from ..ir import dtype_name
+from ..runtime.memory import MemoryReport
+
+
+def describe(t: torch.Tensor) -> str:
+    return f"{dtype_name(t.dtype)}[{', '.join(map(str, t.shape))}] on {t.device}"
+
+
+def arena_allocator(holder: dict, device: torch.device) -> Callable[[int], torch.Tensor]:
+    """An arena source shared by every capture that uses ``holder``: reused when large enough, else
+    replaced by a larger one (earlier captures keep the old one alive through their views). Capturing
+    the largest shapes first makes it a single allocation."""
+    def arena_for(nbytes: int) -> torch.Tensor:
+        arena = holder.get("arena")
+        if arena is None or arena.numel() < nbytes:
+            arena = holder["arena"] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+        return arena
+    return arena_for
+
+
+def naive_bytes(exe, bindings: dict[str, int]) -> tuple[int, int]:
+    """Bytes and count of every temporary tensor of the program at ``bindings`` (no reuse)."""
+    total = count = 0
+    for node in exe.program.graph.nodes:
+        for v in node.outputs:
+            if v is not None and v.is_tensor:
+                shape = v.meta.concrete_shape(bindings)
+                numel = 1
+                for d in shape:
+                    numel *= d
+                total += numel * torch.empty((), dtype=v.meta.dtype).element_size()
+                count += 1
+    return total, count
+
+
+class Captured:
+    """A captured call. ``replay()`` recomputes ``outputs`` from the static inputs in place."""
+
+    def __init__(self, exe, session, leaves: list, bindings: dict[str, int], holder: dict | None = None,
+                 pool=None):
+        t0 = time.perf_counter()
+        signature = ",".join(f"{k}={v}" for k, v in sorted(bindings.items()))
+        self.executable, self.session, self.signature = exe, session, signature
+        names = [s.name for s in exe.program.inputs]
+        for pos, slot in exe._input_slots:
+            x = leaves[pos]
+            if isinstance(x, torch.Tensor) and not x.is_contiguous():
+                raise CaptureError(f"input {pos} ({names[pos]}) is not contiguous: a replay reads the very "
+                                   "buffer it captured, which must keep the exported layout. Fix: pass "
+                                   "x.contiguous() and update that tensor in place between replays")
+        self.leaves = list(leaves)
+        env0 = exe.bind(session, leaves)
+        mutations = exe.mutation_targets(session, leaves)
+        if exe.device.type == "cuda":
+            from .cuda_graph import capture_cuda_graph
+            self._run, senv, peak = capture_cuda_graph(exe, env0, session.state, mutations, pool)
+            naive, count = naive_bytes(exe, bindings)
+            self.report, self.source = MemoryReport(signature, peak, naive, count), ""
+        else:
+            from .tape import capture_tape
+            tape, senv = capture_tape(exe, exe.launches, env0, session.state, exe.kept_slots, mutations,
+                                      arena_allocator(holder if holder is not None else {}, exe.device),
+                                      signature)
+            self._run, self.report, self.source = tape.fn, tape.report, tape.source
+        self.outputs = exe.outputs(senv)
+        # What each replay checks: the captured inputs and state are still the same buffers.
+        self._checks: list[tuple[str, torch.Tensor, int, torch.Size]] = []
+        for pos, slot in exe._input_slots:
+            x = leaves[pos]
+            if isinstance(x, torch.Tensor):
+                self._checks.append((f"input {pos} ({names[pos]})", x, x.data_ptr(), x.shape))
+        self._state = [(name, t, t.data_ptr(), t.shape) for name, t in session.state.items()]
+        self.seconds = time.perf_counter() - t0
+
+    def check(self) -> None:
+        """Raise ReplayError when a captured buffer was rebound, resized or reallocated."""
+        for what, t, ptr, shape in self._checks:
+            if t.data_ptr() != ptr or t.shape != shape:
+                raise ReplayError(
+                    f"{what}: its storage was reallocated since capture (captured {dtype_name(t.dtype)}"
+                    f"[{', '.join(map(str, shape))}] at {ptr:#x}, now {describe(t)} at {t.data_ptr():#x}). "
+                    "A replay reads the captured buffer: update it in place with x.copy_(new), never "
+                    "resize or set_ it; capture again for a new buffer")
+        state = self.session.state
+        for name, t, ptr, shape in self._state:
+            if state.get(name) is not t or t.data_ptr() != ptr or t.shape != shape:
+                raise ReplayError(f"state buffer {name!r} was replaced or reallocated since capture; a "
+                                  "replay writes the captured one. Update state in place (session.reset(), "
+                                  "copy_) instead of assigning a new tensor")
+
+    def replay(self) -> Any:
+        self.check()
+        self._run()
+        return self.outputs
+
+    def load_inputs(self, leaves: list) -> None:
+        """Copy new input values into the static inputs (ReplayError when one does not fit)."""
+        names = [s.name for s in self.executable.program.inputs]
+        for pos, (new, old) in enumerate(zip(leaves, self.leaves)):
+            if isinstance(old, torch.Tensor):
+                if new is old:
+                    continue
+                if not isinstance(new, torch.Tensor) or new.shape != old.shape or new.dtype != old.dtype \
+                        or new.device != old.device:
+                    got = describe(new) if isinstance(new, torch.Tensor) else f"{type(new).__name__} {new!r}"
+                    raise ReplayError(f"input {pos} ({names[pos]}): captured {describe(old)}, given {got}. "
+                                      "A captured graph replays one shape; capture another graph for this "
+                                      "one, or compile(..., replay=True), which captures per shape")
+                old.copy_(new)
+            elif new != old:
+                raise ReplayError(f"input {pos} ({names[pos]}): captured the value {old!r}, given {new!r}; "
+                                  "non-tensor inputs are fixed at capture")
+
+    def memory_report(self) -> MemoryReport:
+        return self.report

@@ -1,0 +1,74 @@
+"""What a captured tape needs to know of an op: does it write one of its arguments, and which callable
+writes its result into a given buffer (``out=``) instead of allocating one.
+
+For an ATen overload the out form is the overload of the same packet whose schema has the same
+arguments plus keyword-only written ``out`` tensors. torch's public bindings (``torch.add(..., out=)``)
+call it about a third faster than the overload object, so those are used when they exist and accept
+the arguments (checked once, at capture, by calling them).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Callable
+
+import torch
+
+from ..ir import get_op
+
+
+def _schema(op: str):
+    target = get_op(op).target
+    return getattr(target, "_schema", None)
+
+
+@functools.lru_cache(maxsize=None)
+def writes_argument(op: str) -> bool:
+    """Whether the op mutates an argument (``index_put_``, ``ost.kv_update_``)."""
+    opdef = get_op(op)
+    if opdef.category == "inplace":
+        return True
+    schema = _schema(op)
+    if schema is None:
+        return not opdef.pure and not opdef.random
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+@functools.lru_cache(maxsize=None)
+def out_overload(op: str) -> tuple[Callable, tuple[str, ...]] | None:
+    """The out= form of an ATen op and the names of its out arguments, or None."""
+    target = get_op(op).target
+    schema = getattr(target, "_schema", None)
+    if schema is None or not isinstance(target, torch._ops.OpOverload):
+        # Fused ops' references take a keyword-only ``out``.
+        try:
+            params = inspect.signature(target).parameters
+        except (TypeError, ValueError):
+            return None
+        out = params.get("out")
+        return (target, ("out",)) if out is not None and out.kind is inspect.Parameter.KEYWORD_ONLY else None
+    want = [(a.name, str(a.type)) for a in schema.arguments]
+    packet = target.overloadpacket
+    for name in packet.overloads():
+        ov = getattr(packet, name)
+        s = ov._schema
+        outs = [a for a in s.arguments if a.alias_info is not None and a.alias_info.is_write and a.kwarg_only]
+        if not outs or len(outs) != len(schema.returns):
+            continue
+        rest = [(a.name, str(a.type)) for a in s.arguments if a not in outs]
+        if rest == want and all(str(a.type) == "Tensor(a!)" or str(a.type).startswith("Tensor") for a in outs):
+            return getattr(ov, "_op", ov), tuple(a.name for a in outs)
+    return None
+
+
+def public_binding(op: str) -> Callable | None:
+    """torch's Python binding of the op's name (``torch.add``, ``torch._C._nn.gelu``), or None."""
+    target = get_op(op).target
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    base = target._schema.name.split("::", 1)[1]
+    for module in (torch._C._VariableFunctions, torch._C._nn, torch._C._special, torch._C._linalg):
+        fn = getattr(module, base, None)
+        if fn is not None:
+            return fn
+    return None

@@ -1,0 +1,205 @@
+"""``compile(..., replay=True)``: capture on the first call of each shape signature, replay after.
+
+Captures live in the session (its own state, arena and CUDA pool), so sessions on different threads
+never share a buffer. With ``buckets``, the named dynamic dims are padded up to a rung of a ladder
+(powers of two by default): one capture serves every size up to its rung, the padding is zeroed, and
+outputs are narrowed back to the real sizes. Padding is only right for batch-like dims, whose rows
+do not interact: name only those.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..errors import InputError, OstinatoError, ReplayError
+from ..ir import TensorMeta, Value
+from .capture import Captured
+
+
+def bucket_ladders(program, buckets: dict[str, Any] | None) -> dict[str, list[int]]:
+    """Symbol name -> sorted rungs, from ``{dim: "pow2" | None | [sizes]}`` (a Dim's name or a symbol)."""
+    if not buckets:
+        return {}
+    symbols = program.graph.symbols
+    by_label = {r.label: name for name, r in symbols.items() if r.label}
+    ladders: dict[str, list[int]] = {}
+    for dim, spec in buckets.items():
+        name = dim if dim in symbols else by_label.get(dim)
+        if name is None:
+            known = ", ".join(sorted({*by_label, *symbols})) or "none (the program is static)"
+            raise OstinatoError(f"buckets names {dim!r}, which is not a dynamic dim of this program; its "
+                                f"dynamic dims are: {known}")
+        r = symbols[name]
+        if spec is None or spec == "pow2":
+            if r.max is None:
+                raise OstinatoError(f"dim {dim!r} has no maximum, so no default ladder; give its sizes: "
+                                    f"buckets={{{dim!r}: [...]}}")
+            rungs = [1 << k for k in range(r.max.bit_length() + 1) if r.min <= 1 << k <= r.max]
+            if not rungs or rungs[-1] != r.max:
+                rungs.append(r.max)
+        else:
+            rungs = sorted({int(x) for x in spec})
+            bad = [x for x in rungs if x < r.min or (r.max is not None and x > r.max)]
+            if not rungs or bad:
+                raise OstinatoError(f"buckets for {dim!r}: sizes {bad or rungs} are outside its range "
+                                    f"[{r.min}, {r.max if r.max is not None else 'inf'}]")
+        ladders[name] = rungs
+    return ladders
+
+
+class ReplayRunner:
+    """Takes over an Executable's calls: capture per (padded) shape signature, then replay."""
+
+    def __init__(self, exe, buckets: dict[str, Any] | None = None):
+        self.exe = exe
+        self.ladders = bucket_ladders(exe.program, buckets)
+        program = exe.program
+        self._tensor_inputs = [(pos, program.graph.inputs[s.index].meta) for pos, s in enumerate(program.inputs)
+                               if s.kind == "tensor"]
+        self._scalar_pos = [pos for pos, s in enumerate(program.inputs) if s.kind == "scalar"]
+        self._out_metas = [o.meta if isinstance(o, Value) else None for o in program.graph.outputs]
+        self._lock = threading.Lock()
+        self._counts = {"captures": 0, "replays": 0, "bucket_hits": 0, "plan_hits": 0, "plan_misses": 0,
+                        "capture_seconds": 0.0}
+
+    def _count(self, **inc) -> None:
+        with self._lock:
+            for k, v in inc.items():
+                self._counts[k] += v
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._counts)
+
+    def _padded(self, bindings: dict[str, int]) -> dict[str, int]:
+        if not self.ladders:
+            return bindings
+        out = dict(bindings)
+        for name, rungs in self.ladders.items():
+            n = bindings.get(name)
+            if n is None:
+                continue
+            rung = next((r for r in rungs if r >= n), None)
+            if rung is None:
+                raise InputError(f"dim {self.exe.program.graph.symbols[name]} is {n}, above the largest "
+                                 f"bucket {rungs[-1]}; add a larger size to buckets")
+            out[name] = rung
+        return bindings if out == bindings else out
+
+    def __call__(self, session, args: tuple, kwargs: dict | None) -> Any:
+        leaves, bindings = self.exe.check_inputs(args, kwargs)
+        padded = self._padded(bindings)
+        key = (tuple(sorted(padded.items())), tuple(leaves[p] for p in self._scalar_pos))
+        graphs = session.replay.setdefault("graphs", {})
+        cap = graphs.get(key)
+        if cap is None:
+            cap = self._capture(session, self._static_leaves(leaves, padded), padded)
+            graphs[key] = cap
+            self._count(plan_misses=1)
+            out = cap.outputs   # the capture was this call
+
+        else:
+            self._count(plan_hits=1, replays=1)
+            self._load(cap, leaves, bindings, padded)
+            out = cap.replay()
+        session.replay["last"] = cap
+        if padded is not bindings:
+            self._count(bucket_hits=1)
+            out = self._narrowed(cap, bindings)
+        return out
+
+    def _capture(self, session, leaves: list, padded: dict[str, int]) -> Captured:
+        pool = None
+        if self.exe.device.type == "cuda":
+            pool = session.replay.get("pool")
+            if pool is None:
+                pool = session.replay["pool"] = torch.cuda.graph_pool_handle()
+        cap = Captured(self.exe, session, leaves, padded, holder=session.replay, pool=pool)
+        self.exe.capture_reports.append(cap.report)
+        self._count(captures=1, capture_seconds=cap.seconds)
+        return cap
+
+    def _static_leaves(self, leaves: list, padded: dict[str, int]) -> list:
+        """Fresh contiguous input buffers at the padded sizes holding ``leaves``, zero-padded."""
+        out = list(leaves)
+        for pos, meta in self._tensor_inputs:
+            x = leaves[pos]
+            shape = meta.concrete_shape(padded)
+            static = torch.zeros(shape, dtype=x.dtype, device=x.device)
+            static[tuple(slice(0, n) for n in x.shape)].copy_(x)
+            out[pos] = static
+        return out
+
+    def _load(self, cap: Captured, leaves: list, bindings: dict[str, int], padded: dict[str, int]) -> None:
+        statics = cap.leaves
+        for pos, _ in self._tensor_inputs:
+            x, static = leaves[pos], statics[pos]
+            if x is static:
+                continue
+            if padded is bindings or x.shape == static.shape:
+                static.copy_(x)
+            else:
+                static.zero_()
+                static[tuple(slice(0, n) for n in x.shape)].copy_(x)
+
+    def _narrowed(self, cap: Captured, bindings: dict[str, int]) -> Any:
+        """The captured outputs cut to the real sizes (views, made once per real signature)."""
+        views = cap.__dict__.setdefault("narrowed", {})
+        key = tuple(sorted(bindings.items()))
+        out = views.get(key)
+        if out is None:
+            leaves, spec = pytree.tree_flatten(cap.outputs)
+            cut = []
+            for leaf, meta in zip(leaves, self._out_metas):
+                if isinstance(meta, TensorMeta) and isinstance(leaf, torch.Tensor):
+                    leaf = leaf[tuple(slice(0, n) for n in meta.concrete_shape(bindings))]
+                elif meta is not None and getattr(meta, "expr", None) is not None:
+                    leaf = meta.expr.evaluate(bindings)
+                cut.append(leaf)
+            out = views[key] = pytree.tree_unflatten(cut, spec)
+        return out
+
+    def static_inputs(self, session) -> tuple:
+        cap = session.replay.get("last")
+        if cap is None:
+            raise ReplayError("no capture yet in this session: call the executable once first")
+        args, kwargs = pytree.tree_unflatten(cap.leaves, self.exe.program.in_spec)
+        return tuple(args) if not kwargs else (tuple(args), kwargs)
+
+    def capture_buckets(self, session) -> int:
+        """Capture every bucket (the product of the ladders) now, largest first, on zero inputs; the
+        session's state is left as it was. Needs every dynamic dim bucketed. Returns the count."""
+        missing = sorted(set(self.exe.program.graph.symbols) - set(self.ladders))
+        if missing:
+            raise OstinatoError(f"capture_buckets needs a bucket ladder for every dynamic dim; missing: "
+                                f"{', '.join(missing)}")
+        if self._scalar_pos:
+            raise OstinatoError("capture_buckets cannot guess the program's non-tensor inputs; call it instead")
+        names = sorted(self.ladders)
+        combos = sorted(itertools.product(*(self.ladders[n] for n in names)), key=lambda c: [-x for x in c])
+        snapshot = {name: t.clone() for name, t in session.state.items()}
+        graphs = session.replay.setdefault("graphs", {})
+        made = 0
+        template = [None] * len(self.exe.program.inputs)
+        for combo in combos:
+            padded = dict(zip(names, combo))
+            key = (tuple(sorted(padded.items())), ())
+            if key in graphs:
+                continue
+            leaves = list(template)
+            for pos, meta in self._tensor_inputs:
+                leaves[pos] = torch.zeros(meta.concrete_shape(padded), dtype=meta.dtype, device=self.exe.device)
+            for pos, s in enumerate(self.exe.program.inputs):
+                if s.kind == "constant":
+                    leaves[pos] = s.value
+            graphs[key] = self._capture(session, leaves, padded)
+            made += 1
+        with torch.no_grad():
+            for name, t in snapshot.items():
+                session.state[name].copy_(t)
+        return made
+
