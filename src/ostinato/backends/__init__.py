@@ -32,6 +32,12 @@ def _cpu(dev: torch.device) -> Backend:
     return CPUBackend(dev)
 
 
+def _cuda(dev: torch.device) -> Backend:
+    from .cuda import CUDABackend
+    return CUDABackend(dev)
+
+
 register_backend("cpu", _cpu)
+register_backend("cuda", _cuda)
 
 __all__ = ["Backend", "Launch", "get_backend", "register_backend"]

@@ -1,0 +1,71 @@
+"""The GPU check: run on the lent GPU (device tool) to test and measure what CI cannot.
+
+Runs the `cuda`-marked tests, then bench/replay.py on CUDA (fp32 and bf16), and writes one JSON report
+(device, versions, test summary, figures) to $OUT/gpu_check.json (or --out).
+
+    PYTHONPATH=src python3 scripts/gpu_check.py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd: list[str], timeout: int) -> tuple[int, str]:
+    t0 = time.perf_counter()
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONUNBUFFERED="1")
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        out, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), 124
+    print(f"$ {' '.join(cmd)}  (rc {rc}, {time.perf_counter() - t0:.1f}s)\n{out[-6000:]}", flush=True)
+    return rc, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--layers", type=int, default=64)
+    ap.add_argument("--skip-tests", action="store_true")
+    args = ap.parse_args()
+    import torch
+    report: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
+                    "cuda": torch.version.cuda, "python": sys.version.split()[0],
+                    "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    try:
+        import triton
+        report["triton"] = triton.__version__
+    except ImportError:
+        report["triton"] = None
+    if not args.skip_tests:
+        rc, out = run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+                       "tests/replay", "-x", "-rfEs"], timeout=400)
+        report["cuda_tests"] = {"rc": rc, "summary": out.strip().splitlines()[-1] if out.strip() else ""}
+    report["bench"] = {}
+    for dtype in ("float32", "bfloat16"):
+        path = os.path.join(args.out, f"replay_{dtype}.json")
+        rc, _ = run([sys.executable, "bench/replay.py", "--device", "cuda", "--dtype", dtype,
+                     "--layers", str(args.layers), "--json", path], timeout=300)
+        if rc == 0 and os.path.exists(path):
+            with open(path) as f:
+                report["bench"][dtype] = json.load(f)
+        else:
+            report["bench"][dtype] = {"rc": rc}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    print(json.dumps({k: v for k, v in report.items() if k != "bench"}, indent=2))
+    for dtype, b in report["bench"].items():
+        print(dtype, json.dumps(b.get("step_ms_median", b)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from .backend import CUDABackend
+
+__all__ = ["CUDABackend"]

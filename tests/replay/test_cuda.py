@@ -1,0 +1,93 @@
+"""Replay on CUDA: the plan captured into a CUDA graph gives eager's results, in fp32 and bf16.
+
+These run on the lent GPU (scripts/gpu_check.py); CI has no GPU and skips them, except the last test,
+which checks the error a machine without CUDA gives.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import ostinato
+from examples.tiny_decoder import TinyDecoder, decode_inputs
+from helpers import assert_same
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+def _model(dtype, layers=6):
+    torch.manual_seed(0)
+    return TinyDecoder(dim=128, layers=layers).eval().to("cuda", dtype)
+
+
+def _inputs(step, gen):
+    return tuple(t.cuda() for t in decode_inputs(step, generator=gen))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_decode_replay_equals_plain_and_eager(dtype):
+    model = _model(dtype)
+    eager = copy.deepcopy(model)
+    prog = ostinato.export(copy.deepcopy(model), _inputs(0, torch.Generator().manual_seed(0)))
+    plain = ostinato.compile(prog, device="cuda")
+    replay = ostinato.compile(prog, device="cuda", replay=True)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(8):
+        args = _inputs(step, gen)
+        with torch.no_grad():
+            ref = eager(*args)
+        assert_same(plain(*args), ref, TOL[dtype], msg=f"plain step {step}:")
+        assert_same(replay(*args), ref, TOL[dtype], msg=f"replay step {step}:")
+    stats = replay.stats()
+    assert stats["captures"] == 1 and stats["replays"] == 7
+    for name, t in replay.session.state.items():
+        assert_same(t, plain.session.state[name], TOL[dtype], msg=f"state {name}:")
+
+
+@pytest.mark.cuda
+def test_explicit_graph_on_cuda_updates_outputs_in_place():
+    model = _model(torch.float32, layers=3)
+    eager = copy.deepcopy(model)
+    prog = ostinato.export(copy.deepcopy(model), _inputs(0, torch.Generator().manual_seed(0)))
+    exe = ostinato.compile(prog, device="cuda")
+    gen = torch.Generator().manual_seed(2)
+    tokens, pos = _inputs(0, gen)
+    g = ostinato.Graph()
+    with ostinato.graph(g):
+        out = exe(tokens, pos)
+    with torch.no_grad():
+        assert_same(out, eager(tokens, pos), 1e-4, msg="capture:")
+    for step in range(1, 6):
+        new_tokens, new_pos = _inputs(step, gen)
+        tokens.copy_(new_tokens)
+        pos.copy_(new_pos)
+        again = g.replay()
+        assert again is out
+        with torch.no_grad():
+            assert_same(out, eager(tokens, pos), 1e-4, msg=f"replay {step}:")
+
+
+@pytest.mark.cuda
+def test_sessions_on_cuda_keep_their_own_state():
+    model = _model(torch.float32, layers=2)
+    prog = ostinato.export(copy.deepcopy(model), _inputs(0, torch.Generator().manual_seed(0)))
+    exe = ostinato.compile(prog, device="cuda", replay=True)
+    a, b = exe.new_session(), exe.new_session()
+    gen = torch.Generator().manual_seed(3)
+    steps = [_inputs(s, gen) for s in range(4)]
+    outs_a = [a(*x).clone() for x in steps]
+    outs_b = [b(*x).clone() for x in steps[:2]]
+    for i in range(2):
+        assert_same(outs_b[i], outs_a[i], 1e-5)
+    assert not torch.equal(a.state["layers.0.k_cache"], b.state["layers.0.k_cache"])
+
+
+def test_cuda_backend_without_a_gpu_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    prog = ostinato.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    with pytest.raises(ostinato.errors.BackendError, match="torch sees no CUDA device"):
+        ostinato.compile(prog, device="cuda")
