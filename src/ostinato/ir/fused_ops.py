@@ -82,11 +82,13 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
 
 register_op(OpDef("ost.layer_norm", layer_norm, category="fused"))
 
+# Each takes ``out=None`` (a new tensor) or a tensor to write.
 ACTIVATIONS = {
-    "relu": torch.relu,
-    "silu": torch.nn.functional.silu,
-    "gelu": torch.nn.functional.gelu,
-    "gelu_tanh": lambda h: torch.nn.functional.gelu(h, approximate="tanh"),
+    "relu": lambda h, out=None: torch.clamp_min(h, 0, out=out),
+    "silu": lambda h, out=None: torch._C._nn.silu(h, out=out) if out is not None else torch.nn.functional.silu(h),
+    "gelu": lambda h, out=None: torch._C._nn.gelu(h, out=out) if out is not None else torch.nn.functional.gelu(h),
+    "gelu_tanh": lambda h, out=None: torch._C._nn.gelu(h, approximate="tanh", out=out) if out is not None
+    else torch.nn.functional.gelu(h, approximate="tanh"),
 }
 
 
@@ -108,7 +110,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             torch.nn.functional.linear(x, weight, bias)
     else:
         h = torch.nn.functional.linear(x, weight, bias)
-    return _into(out, h if activation is None else ACTIVATIONS[activation](h))
+    return _into(out, h) if activation is None else ACTIVATIONS[activation](h, out=out)
 
 
 register_op(OpDef("ost.linear", linear, category="fused"))

@@ -48,6 +48,11 @@ def naive_bytes(exe, bindings: dict[str, int]) -> tuple[int, int]:
     return total, count
 
 
+def _layout(t: torch.Tensor) -> tuple:
+    """What a replay relies on of a captured buffer: where it is and how it is laid out."""
+    return t.data_ptr(), t.dtype, t.shape, t.stride()
+
+
 class Captured:
     """A captured call. ``replay()`` recomputes ``outputs`` from the static inputs in place."""
 
@@ -79,26 +84,28 @@ class Captured:
             self._run, self.report, self.source = tape.fn, tape.report, tape.source
         self.outputs = exe.outputs(senv)
         # What each replay checks: the captured inputs and state are still the same buffers.
-        self._checks: list[tuple[str, torch.Tensor, int, torch.Size]] = []
+        self._checks: list[tuple[str, torch.Tensor, tuple]] = []
         for pos, slot in exe._input_slots:
             x = leaves[pos]
             if isinstance(x, torch.Tensor):
-                self._checks.append((f"input {pos} ({names[pos]})", x, x.data_ptr(), x.shape))
-        self._state = [(name, t, t.data_ptr(), t.shape) for name, t in session.state.items()]
+                self._checks.append((f"input {pos} ({names[pos]})", x, _layout(x)))
+        self._state = [(name, t, _layout(t)) for name, t in session.state.items()]
         self.seconds = time.perf_counter() - t0
 
     def check(self) -> None:
         """Raise ReplayError when a captured buffer was rebound, resized or reallocated."""
-        for what, t, ptr, shape in self._checks:
-            if t.data_ptr() != ptr or t.shape != shape:
+        for what, t, layout in self._checks:
+            if _layout(t) != layout:
+                ptr, dtype, shape, stride = layout
                 raise ReplayError(
-                    f"{what}: its storage was reallocated since capture (captured {dtype_name(t.dtype)}"
-                    f"[{', '.join(map(str, shape))}] at {ptr:#x}, now {describe(t)} at {t.data_ptr():#x}). "
-                    "A replay reads the captured buffer: update it in place with x.copy_(new), never "
-                    "resize or set_ it; capture again for a new buffer")
+                    f"{what}: its storage was reallocated since capture (captured {dtype_name(dtype)}"
+                    f"[{', '.join(map(str, shape))}] strides {list(stride)} at {ptr:#x}, now {describe(t)} "
+                    f"strides {list(t.stride())} at {t.data_ptr():#x}). A replay reads the captured buffer: "
+                    "update it in place with x.copy_(new), never resize or set_ it; capture again for a "
+                    "new buffer")
         state = self.session.state
-        for name, t, ptr, shape in self._state:
-            if state.get(name) is not t or t.data_ptr() != ptr or t.shape != shape:
+        for name, t, layout in self._state:
+            if state.get(name) is not t or _layout(t) != layout:
                 raise ReplayError(f"state buffer {name!r} was replaced or reallocated since capture; a "
                                   "replay writes the captured one. Update state in place (session.reset(), "
                                   "copy_) instead of assigning a new tensor")

@@ -72,3 +72,23 @@ def public_binding(op: str) -> Callable | None:
         if fn is not None:
             return fn
     return None
+
+
+def special_forms(op: str, args: tuple, kwargs: dict, bufs: list) -> list[tuple[Callable, tuple, dict]]:
+    """Faster forms for this launch's concrete shapes, tried before the generic out= form: a linear
+    of one row (a decode step) is a matrix-vector product, about 8% faster than linear's matmul path
+    on the CPU when the weights stream from memory. Each is checked against the plan's result."""
+    if op not in ("aten.linear", "ost.linear") or len(bufs) != 1:
+        return []
+    x, w = args[0], args[1]
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    if op == "ost.linear" and (len(args) > 3 or kwargs.get("activation") or kwargs.get("weight_t")):
+        return []
+    out = bufs[0]
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and w.dim() == 2
+            and x.numel() == w.shape[1] and x.is_contiguous() and out.is_contiguous()
+            and out.numel() == w.shape[0] and x.device.type == "cpu"):
+        return []
+    if bias is None:
+        return [(torch.mv, (w, x.view(-1)), {"out": out.view(-1)})]
+    return [(torch.addmv, (bias.view(-1), w, x.view(-1)), {"out": out.view(-1)})]

@@ -62,6 +62,9 @@ class ReplayRunner:
                                if s.kind == "tensor"]
         self._scalar_pos = [pos for pos, s in enumerate(program.inputs) if s.kind == "scalar"]
         self._out_metas = [o.meta if isinstance(o, Value) else None for o in program.graph.outputs]
+        # Inputs the model writes (x.mul_(2)): the tape writes the static copy; the caller's gets it back.
+        self._mutated_pos = [exe._input_pos_by_slot[target] for role, target, _, _ in exe._mutations
+                             if role == "input"]
         self._lock = threading.Lock()
         self._counts = {"captures": 0, "replays": 0, "bucket_hits": 0, "plan_hits": 0, "plan_misses": 0,
                         "capture_seconds": 0.0}
@@ -107,6 +110,10 @@ class ReplayRunner:
             self._load(cap, leaves, bindings, padded)
             out = cap.replay()
         session.replay["last"] = cap
+        for pos in self._mutated_pos:
+            x, static = leaves[pos], cap.leaves[pos]
+            if x is not static:
+                x.copy_(static[tuple(slice(0, n) for n in x.shape)] if x.shape != static.shape else static)
         if padded is not bindings:
             self._count(bucket_hits=1)
             out = self._narrowed(cap, bindings)

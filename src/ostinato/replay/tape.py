@@ -27,7 +27,7 @@ from ..errors import CaptureError
 from ..ir import get_op
 from ..runtime.codegen import _literal
 from ..runtime.memory import BufferLife, MemoryReport, plan_memory
-from .outvariants import out_overload, public_binding, writes_argument
+from .outvariants import out_overload, public_binding, special_forms, writes_argument
 
 END = 1 << 60   # the lifetime end of values read after the tape returns (outputs, state writes)
 _RTOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -277,6 +277,13 @@ def _aliased(r: torch.Tensor, launch: Launch, env: list) -> int | None:
 
 def _compute_form(launch: Launch, args: tuple, kwargs: dict, res: tuple, bufs: list, w: _TapeWriter) -> str | None:
     """Run the launch into ``bufs`` with the first form whose results match the probe's; its tape line."""
+    for fn, fargs, fkwargs in special_forms(launch.op, args, kwargs, bufs):
+        try:
+            fn(*fargs, **fkwargs)
+        except (TypeError, RuntimeError, ValueError):
+            continue
+        if _close(bufs[0], res[0]):
+            return w.call(fn, fargs, fkwargs, _note(launch))
     forms: list[tuple[str, Callable, dict]] = []
     ov = out_overload(launch.op)
     if ov is not None and all(b is not None for b in bufs):

@@ -141,8 +141,9 @@ class Executable:
         return list(self.capture_reports)
 
     def static_inputs(self, session: Session | None = None):
-        """With replay=True: the static input tensors of the session's last capture, structured as the
-        call's (args, kwargs). Write into them and call ``exe(*args, **kwargs)``: no copy is made."""
+        """With replay=True: the static input tensors of the session's last capture, as the call's
+        positional arguments (``(args, kwargs)`` for a program called with keywords). Write into them
+        and call ``exe(*args)``: no copy is made."""
         if self.runner is None:
             raise OstinatoError("static_inputs() needs an executable compiled with replay=True")
         return self.runner.static_inputs(session or self.session)
