@@ -49,7 +49,7 @@ def test_tiny_decoder_replay_matches_step_and_eager():
     assert (stats["captures"], stats["replays"], stats["plan_misses"]) == (1, STEPS - 1, 1)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "gpt2"])
 def test_hf_decoder_replay_matches_step_and_eager(family):
     wrapper, prog = hf_decoder(family)
     ref = fresh(wrapper)
