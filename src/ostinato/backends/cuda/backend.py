@@ -1,12 +1,13 @@
-"""CUDA backend, first stage: every op through torch's CUDA kernels, fused ops through their
-references (as on the CPU), so programs run and replay as CUDA graphs on NVIDIA GPUs. Triton kernels
-for the fused ops and the op-level graph cache replace the references op by op (issue [cuda])."""
+"""CUDA backend: ATen ops through torch's CUDA kernels, fused ops through Triton kernels (ops.py;
+their references where a kernel is missing or Triton is not installed). Plans run step by step or
+replay as CUDA graphs."""
 from __future__ import annotations
 
 import torch
 
 from ...errors import BackendError
 from ..cpu.backend import CPUBackend
+from .ops import triton_kernels
 
 
 class CUDABackend(CPUBackend):
@@ -18,6 +19,9 @@ class CUDABackend(CPUBackend):
                                f"(torch {torch.__version__}); use device='cpu'")
         dev = torch.device("cuda") if device is None else device
         super().__init__(torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index))
+
+    def kernel(self, op: str):
+        return triton_kernels().get(op) or super().kernel(op)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)

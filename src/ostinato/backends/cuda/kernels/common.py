@@ -1,0 +1,21 @@
+"""Helpers shared by the Triton kernels' launchers."""
+from __future__ import annotations
+
+import torch
+import triton
+
+MAX_BLOCK = 1 << 16   # one program holds a whole row; rows longer than this are not for these kernels
+
+
+def block_for(n: int) -> int:
+    """The power-of-two block that holds ``n`` elements."""
+    block = triton.next_power_of_2(max(int(n), 1))
+    if block > MAX_BLOCK:
+        raise ValueError(f"a row of {n} elements is longer than these kernels handle ({MAX_BLOCK})")
+    return block
+
+
+def rows_of(x: torch.Tensor) -> tuple[int, int]:
+    """(rows, row length) of a contiguous tensor seen as [rows, last dim]."""
+    n = x.shape[-1] if x.dim() else 1
+    return (x.numel() // n if n else 0), n

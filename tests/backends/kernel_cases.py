@@ -1,0 +1,97 @@
+"""The table of Triton kernel cases: each fused op's launcher against its reference (ir/fused_ops.py).
+
+Used on the GPU (test_triton_kernels.py, `cuda` marker) and on the CPU through Triton's interpreter
+(run in a subprocess with TRITON_INTERPRET=1: ``python tests/backends/kernel_cases.py float32``).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+@dataclass
+class KernelCase:
+    op: str
+    name: str
+    make: Callable[[torch.Generator, torch.dtype, str], tuple[tuple, dict]]
+    in_place: bool = False   # the op writes its first argument
+
+
+def _r(g, shape, dtype, device, scale=1.0):
+    return (torch.randn(shape, generator=g) * scale).to(dtype).to(device)
+
+
+CASES = [
+    KernelCase("ost.rms_norm", "w", lambda g, dt, dev: ((_r(g, (3, 5, 64), dt, dev), _r(g, (64,), dt, dev), 1e-6), {})),
+    KernelCase("ost.rms_norm", "noweight-odd", lambda g, dt, dev: ((_r(g, (7, 100), dt, dev), None, 1e-5), {})),
+    KernelCase("ost.rms_norm", "upcast", lambda g, dt, dev: ((_r(g, (2, 3, 48), dt, dev), _r(g, (48,), dt, dev), 1e-6,
+                                                             torch.float32), {})),
+    KernelCase("ost.layer_norm", "wb", lambda g, dt, dev: ((_r(g, (4, 96), dt, dev), _r(g, (96,), dt, dev),
+                                                            _r(g, (96,), dt, dev), 1e-5), {})),
+    KernelCase("ost.layer_norm", "plain", lambda g, dt, dev: ((_r(g, (2, 3, 40), dt, dev, 3.0), None, None, 1e-5), {})),
+    KernelCase("ost.rope", "half", lambda g, dt, dev: ((_r(g, (2, 4, 5, 32), dt, dev), _r(g, (5, 32), dt, dev),
+                                                        _r(g, (5, 32), dt, dev)), {})),
+    KernelCase("ost.rope", "interleaved", lambda g, dt, dev: ((_r(g, (1, 3, 2, 16), dt, dev), _r(g, (1, 1, 2, 16), dt, dev),
+                                                               _r(g, (1, 1, 2, 16), dt, dev), True), {})),
+    KernelCase("ost.rope", "3d", lambda g, dt, dev: ((_r(g, (6, 3, 8), dt, dev), _r(g, (6, 1, 8), dt, dev),
+                                                      _r(g, (6, 1, 8), dt, dev)), {})),
+    KernelCase("ost.swiglu", "", lambda g, dt, dev: ((_r(g, (3, 7, 40), dt, dev), _r(g, (3, 7, 40), dt, dev)), {})),
+    KernelCase("ost.geglu", "tanh", lambda g, dt, dev: ((_r(g, (5, 33), dt, dev), _r(g, (5, 33), dt, dev), "tanh"), {})),
+    KernelCase("ost.geglu", "erf", lambda g, dt, dev: ((_r(g, (5, 33), dt, dev), _r(g, (5, 33), dt, dev)), {})),
+    KernelCase("ost.swiglu_packed", "", lambda g, dt, dev: ((_r(g, (2, 3, 64), dt, dev),), {})),
+    KernelCase("ost.geglu_packed", "", lambda g, dt, dev: ((_r(g, (4, 30), dt, dev),), {})),
+    KernelCase("ost.kv_update_", "dim2", lambda g, dt, dev: ((_r(g, (2, 3, 16, 8), dt, dev), _r(g, (2, 3, 2, 8), dt, dev),
+                                                              torch.tensor([5, -1], device=dev), 2), {}), True),
+    KernelCase("ost.kv_update_", "ring", lambda g, dt, dev: ((_r(g, (1, 2, 8, 4), dt, dev), _r(g, (1, 2, 1, 4), dt, dev),
+                                                              torch.tensor([13], device=dev), 2, 8), {}), True),
+    KernelCase("ost.kv_update", "dim1", lambda g, dt, dev: ((_r(g, (2, 10, 6), dt, dev), _r(g, (2, 3, 6), dt, dev),
+                                                             torch.tensor([0, 4, 9], device=dev), 1), {})),
+    KernelCase("ost.sdpa", "decode-gqa-pos", lambda g, dt, dev: ((_r(g, (2, 4, 1, 32), dt, dev), _r(g, (2, 2, 70, 32), dt, dev),
+                                                                  _r(g, (2, 2, 70, 32), dt, dev), None,
+                                                                  torch.tensor([[37]], device=dev), None, 2), {})),
+    KernelCase("ost.sdpa", "decode-nomask", lambda g, dt, dev: ((_r(g, (1, 3, 1, 16), dt, dev), _r(g, (1, 3, 9, 16), dt, dev),
+                                                                 _r(g, (1, 3, 9, 16), dt, dev)), {})),
+    KernelCase("ost.sdpa", "prefill-fallback", lambda g, dt, dev: ((_r(g, (1, 2, 5, 16), dt, dev), _r(g, (1, 2, 5, 16), dt, dev),
+                                                                    _r(g, (1, 2, 5, 16), dt, dev)), {"is_causal": True})),
+]
+
+
+def _clone(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def check(case: KernelCase, dtype: torch.dtype, device: str, seed: int = 0) -> tuple[bool, str]:
+    """Run the case's launcher and the reference on the same random inputs; (ok, what differed)."""
+    from ostinato.backends.cuda.ops import triton_kernels
+    from ostinato.ir import get_op
+    g = torch.Generator().manual_seed(seed)
+    args, kwargs = case.make(g, dtype, device)
+    kernel = triton_kernels()[case.op]
+    ref_args, got_args = _clone(args), _clone(args)
+    ref = get_op(case.op).target(*ref_args, **kwargs)
+    got = kernel(*got_args, **kwargs)
+    if case.in_place and got is not got_args[0]:
+        return False, "in-place op did not return its first argument"
+    if got.shape != ref.shape or got.dtype != ref.dtype:
+        return False, f"{got.dtype}{list(got.shape)} vs reference {ref.dtype}{list(ref.shape)}"
+    tol = TOL[dtype]
+    err = (got.float() - ref.float()).abs().max().item() if got.numel() else 0.0
+    bound = tol * (1 + ref.float().abs().max().item()) if ref.numel() else 0.0
+    ok = torch.allclose(got.float(), ref.float(), rtol=tol, atol=tol, equal_nan=True)
+    return ok, f"max |kernel - reference| = {err:.3g} (bound ~{bound:.3g})"
+
+
+def main() -> None:
+    dtype = getattr(torch, sys.argv[1])
+    results = [{"op": c.op, "name": c.name, **dict(zip(("ok", "detail"), check(c, dtype, "cpu")))} for c in CASES]
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
