@@ -44,11 +44,11 @@ def _compile_specs():
               "inner": "i32", "ring": "i32", "RING": "constexpr", "BLOCK": "constexpr"}, {"RING": True, "BLOCK": 128}),
             ("decode_attention", attention.decode_attention_kernel,
              {"q_ptr": ptr(dt), "k_ptr": ptr(dt), "v_ptr": ptr(dt), "pos_ptr": "*i64", "out_ptr": ptr(dt),
-              "n_keys": "i32", "head_dim": "i32", "n_rep": "i32", "hq": "i32", "scale": "fp32",
+              "head_dim": "i32", "n_rep": "i32", "hq": "i32", "scale": "fp32",
               **{k: "i32" for k in ("q_sb", "q_sh", "k_sb", "k_sh", "k_ss", "v_sb", "v_sh", "v_ss", "o_sb", "o_sh",
                                      "pos_sb")},
-              "HAS_POS": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"},
-             {"HAS_POS": True, "BLOCK_N": 64, "BLOCK_D": 64}),
+              "n_keys": "constexpr", "HAS_POS": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"},
+             {"n_keys": 4096, "HAS_POS": True, "BLOCK_N": 64, "BLOCK_D": 64}),
         ]
     return [pytest.param(fn, sig, const, id=f"{name}-{sig[next(iter(sig))][1:]}") for name, fn, sig, const in specs]
 

@@ -58,10 +58,12 @@ def kv_update(cache, new, index, dim, ring=None):
 
 
 @triton.jit
-def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, n_keys, head_dim, n_rep, hq, scale,
+def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, head_dim, n_rep, hq, scale,
                             q_sb, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, pos_sb,
-                            HAS_POS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One (batch, query head): softmax(q k^T * scale, keys j <= pos) v, online over key blocks."""
+                            n_keys: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_D: tl.constexpr):
+    """One (batch, query head): softmax(q k^T * scale, keys j <= pos) v, online over key blocks.
+    The cache length is a compile-time constant: a static cache has one."""
     pid = tl.program_id(0).to(tl.int64)
     b = pid // hq
     h = pid % hq
@@ -111,7 +113,8 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, *
     pos = q_pos.reshape(-1) if q_pos is not None else q
     pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
     decode_attention_kernel[(B * Hq,)](
-        q, k, v, pos, out, S, D, n_rep, Hq, float(scale if scale is not None else 1.0 / math.sqrt(D)),
+        q, k, v, pos, out, D, n_rep, Hq, float(scale if scale is not None else 1.0 / math.sqrt(D)),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), pos_sb, HAS_POS=q_pos is not None, BLOCK_N=64, BLOCK_D=block_for(D))
+        out.stride(0), out.stride(1), pos_sb, n_keys=S, HAS_POS=q_pos is not None, BLOCK_N=64,
+        BLOCK_D=block_for(D))
     return out
