@@ -75,6 +75,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100, help="decode steps per round")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="add torch.compile(mode='reduce-overhead') (its first call, compilation included, is timed)")
     ap.add_argument("--runners", default="", help="comma-separated subset of the runners (default: all)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
@@ -96,13 +98,22 @@ def main() -> None:
     runners = {"eager": torch.no_grad()(eager), "ostinato": plain, "ostinato_replay": replay}
     if device.type == "cuda" and (not args.runners or "cuda_graph_eager" in args.runners):
         runners["cuda_graph_eager"] = cuda_graph_of(copy.deepcopy(model), inputs[0])
+    first_call = {}
+    if args.torch_compile:
+        compiled = torch.compile(copy.deepcopy(model), mode="reduce-overhead")
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            compiled(*inputs[0])
+        sync(device)
+        first_call["torch_compile"] = time.perf_counter() - t0
+        runners["torch_compile"] = torch.no_grad()(compiled)
     if args.runners:
         runners = {k: v for k, v in runners.items() if k == "eager" or k in args.runners.split(",")}
     # Same outputs first, over a few steps with state: a fast wrong answer is no result.
     tol = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 5e-3}[dtype]
     for step in range(4):
         ref = runners["eager"](*inputs[step])
-        for name in [k for k in runners if k.startswith("ostinato")]:
+        for name in [k for k in runners if k != "eager"]:
             out = runners[name](*inputs[step])
             err = (out.float() - ref.float()).abs().max().item()
             if err > tol * max(1.0, ref.float().abs().max().item()):
@@ -120,7 +131,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "dtype": args.dtype, "torch": torch.__version__, "python": platform.python_version(),
         "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d"),
-        "export_s": export_s, "step_ms_median": med,
+        "export_s": export_s, "first_call_s": first_call, "step_ms_median": med,
         "step_ms_min": {k: min(v) * 1e3 for k, v in times.items()},
         "step_ms_max": {k: max(v) * 1e3 for k, v in times.items()},
         "over_eager": {k: v / med["eager"] for k, v in med.items()},

@@ -33,8 +33,11 @@ def run(cmd: list[str], timeout: int) -> tuple[int, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--layers", type=int, default=64)
+    ap.add_argument("--bench", nargs="*", default=["float32:64:128", "bfloat16:64:128"],
+                    help="bench/replay.py configurations as DTYPE:LAYERS:HIDDEN")
+    ap.add_argument("--torch-compile", action="store_true", help="add torch.compile reduce-overhead to the benches")
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--name", default="gpu_check", help="the report's file name, without .json")
     args = ap.parse_args()
     import torch
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
@@ -47,20 +50,22 @@ def main() -> None:
         report["triton"] = None
     if not args.skip_tests:
         rc, out = run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
-                       "tests/replay", "-x", "-rfEs"], timeout=400)
+                       "-n", "4", "tests/replay", "tests/backends", "-rfEs"], timeout=420)
         report["cuda_tests"] = {"rc": rc, "summary": out.strip().splitlines()[-1] if out.strip() else ""}
     report["bench"] = {}
-    for dtype in ("float32", "bfloat16"):
-        path = os.path.join(args.out, f"replay_{dtype}.json")
-        rc, _ = run([sys.executable, "bench/replay.py", "--device", "cuda", "--dtype", dtype,
-                     "--layers", str(args.layers), "--json", path], timeout=300)
+    for spec in args.bench:
+        dtype, layers, dim = spec.split(":")
+        path = os.path.join(args.out, f"replay_{dtype}_{layers}x{dim}.json")
+        cmd = [sys.executable, "bench/replay.py", "--device", "cuda", "--dtype", dtype, "--layers", layers,
+               "--dim", dim, "--json", path] + (["--torch-compile"] if args.torch_compile else [])
+        rc, _ = run(cmd, timeout=400)
         if rc == 0 and os.path.exists(path):
             with open(path) as f:
-                report["bench"][dtype] = json.load(f)
+                report["bench"][spec] = json.load(f)
         else:
-            report["bench"][dtype] = {"rc": rc}
+            report["bench"][spec] = {"rc": rc}
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
+    with open(os.path.join(args.out, args.name + ".json"), "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps({k: v for k, v in report.items() if k != "bench"}, indent=2))
     for dtype, b in report["bench"].items():

@@ -91,3 +91,28 @@ def test_cuda_backend_without_a_gpu_is_a_clear_error():
     prog = ostinato.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
     with pytest.raises(ostinato.errors.BackendError, match="torch sees no CUDA device"):
         ostinato.compile(prog, device="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("replay", [False, True], ids=["steps", "replay"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "gpt2"])
+def test_hf_decoders_on_cuda(family, dtype, replay):
+    """The HF decoder tests of tests/models on CUDA: exported on the CPU, compiled for CUDA (Triton
+    kernels for the fused ops), 8 decode steps against eager on CUDA, then the KV caches."""
+    from replay_models import hf_decoders
+    wrapper = hf_decoders.make_wrapper(family)
+    wrapper = wrapper.to(dtype)
+    ref = copy.deepcopy(wrapper).to("cuda")
+    gen = torch.Generator().manual_seed(1)
+    prog = ostinato.export(wrapper, (), hf_decoders.decode_inputs(0, gen), strict=True)
+    exe = ostinato.compile(prog, device="cuda", replay=replay)
+    for s in range(hf_decoders.STEPS):
+        kwargs = {k: v.cuda() for k, v in hf_decoders.decode_inputs(s, gen).items()}
+        with torch.no_grad():
+            expected = ref(**kwargs)
+        assert_same(exe(**kwargs), expected, TOL[dtype], msg=f"{family} {dtype} step {s}")
+    ref_buffers = dict(ref.named_buffers())
+    for name, t in exe.session.state.items():
+        if name in ref_buffers:
+            assert_same(t, ref_buffers[name], TOL[dtype], msg=f"{family} state {name}")
