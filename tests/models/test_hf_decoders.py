@@ -44,7 +44,11 @@ EXPECTED_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gem
                   "gpt2": "GPT2LMHeadModel"}
 
 
-def make_wrapper(family: str, config=None) -> TorchExportableModuleWithStaticCache:
+def make_wrapper(family: str, config=None, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> TorchExportableModuleWithStaticCache:
+    """The wrapped model (same weights for the same family and config); its static cache is made on
+    ``device`` in ``dtype`` (the cache's tensors are not all buffers, so ``.to()`` after wrapping
+    would not move them)."""
     torch.manual_seed(0)
     config = CONFIGS[family]() if config is None else config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
@@ -54,6 +58,7 @@ def make_wrapper(family: str, config=None) -> TorchExportableModuleWithStaticCac
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.uniform_(-0.5, 0.5) if name.endswith("bias") or family == "gemma" else p.uniform_(0.5, 1.5)
+    model = model.to(device=device, dtype=dtype)
     model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static")
     return TorchExportableModuleWithStaticCache(model, batch_size=BATCH, max_cache_len=MAX_CACHE).eval()
 

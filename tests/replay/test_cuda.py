@@ -101,9 +101,8 @@ def test_hf_decoders_on_cuda(family, dtype, replay):
     """The HF decoder tests of tests/models on CUDA: exported on the CPU, compiled for CUDA (Triton
     kernels for the fused ops), 8 decode steps against eager on CUDA, then the KV caches."""
     from replay_models import hf_decoders
-    wrapper = hf_decoders.make_wrapper(family)
-    wrapper = wrapper.to(dtype)
-    ref = copy.deepcopy(wrapper).to("cuda")
+    wrapper = hf_decoders.make_wrapper(family, dtype=dtype)
+    ref = hf_decoders.make_wrapper(family, device="cuda", dtype=dtype)
     gen = torch.Generator().manual_seed(1)
     prog = ostinato.export(wrapper, (), hf_decoders.decode_inputs(0, gen), strict=True)
     exe = ostinato.compile(prog, device="cuda", replay=replay)
