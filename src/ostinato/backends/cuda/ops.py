@@ -14,6 +14,8 @@ def triton_kernels() -> dict[str, Callable]:
     """op name -> launcher; empty (references everywhere) when Triton is not installed."""
     try:
         from .kernels import attention, elementwise, norms
+        from .kernel_cache import install
+        install()   # compiled kernels go through ostinato's cache tiers
     except ImportError as e:
         log.warning("ostinato: Triton is not importable (%s); fused ops run their torch references on CUDA", e)
         return {}
