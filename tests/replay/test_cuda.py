@@ -115,3 +115,32 @@ def test_hf_decoders_on_cuda(family, dtype, replay):
     for name, t in exe.session.state.items():
         if name in ref_buffers:
             assert_same(t, ref_buffers[name], TOL[dtype], msg=f"{family} state {name}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("replay", [False, True], ids=["steps", "replay"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_whisper_encoder_and_convnet_on_cuda(dtype, replay):
+    """The Whisper encoder (dynamic batch) and the conv net of tests/models on CUDA against eager on CUDA."""
+    from replay_models import convnet, whisper
+    from torch.export import Dim
+    encoder = whisper.make_encoder().to(dtype)
+    prog = ostinato.export(encoder, (whisper.features(2).to(dtype),),
+                           dynamic_shapes=({0: Dim("batch", min=1, max=8)},))
+    exe = ostinato.compile(prog, device="cuda", replay=replay)
+    ref = copy.deepcopy(encoder).cuda()
+    for b in (2, 3, 1, 3):
+        x = whisper.features(b).to(dtype).cuda()
+        with torch.no_grad():
+            expected = ref(x).last_hidden_state
+        assert_same(exe(x).last_hidden_state, expected, TOL[dtype] * 3, msg=f"whisper {dtype} batch {b}")
+    torch.manual_seed(0)
+    net = convnet.SmallConvNet().eval().to(dtype)
+    prog = ostinato.export(net, (torch.randn(2, 3, 32, 32).to(dtype),), dynamic_shapes=({0: Dim("batch", min=1, max=16)},))
+    exe = ostinato.compile(prog, device="cuda", replay=replay)
+    ref = copy.deepcopy(net).cuda()
+    for b in (2, 5, 2):
+        x = torch.randn(b, 3, 32, 32).to(dtype).cuda()
+        with torch.no_grad():
+            expected = ref(x)
+        assert_same(exe(x), expected, TOL[dtype] * 3, msg=f"convnet {dtype} batch {b}")
