@@ -3,6 +3,7 @@ reference's arguments (ir/fused_ops.py). Ops without an entry run their referenc
 from __future__ import annotations
 
 import functools
+import os
 import logging
 from typing import Callable
 
@@ -11,7 +12,10 @@ log = logging.getLogger("ostinato")
 
 @functools.lru_cache(maxsize=None)
 def triton_kernels() -> dict[str, Callable]:
-    """op name -> launcher; empty (references everywhere) when Triton is not installed."""
+    """op name -> launcher; empty (references everywhere) when Triton is not installed or
+    OSTINATO_CUDA_REFERENCE=1 asks for the references."""
+    if os.environ.get("OSTINATO_CUDA_REFERENCE") == "1":
+        return {}
     try:
         from .kernels import attention, elementwise, norms
         from .kernel_cache import install

@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..runtime import KernelLibrary
 from .common import block_for
 
 
@@ -36,9 +37,9 @@ def _kv_write(cache: torch.Tensor, new: torch.Tensor, index: torch.Tensor, dim: 
     new = new.expand(*cache.shape[:dim], n_new, *cache.shape[dim + 1:]).contiguous()
     if outer and n_new and inner:
         block = min(block_for(inner), 1024)
-        kv_update_kernel[(outer * n_new, triton.cdiv(inner, block))](
+        LIBRARY.kernel("kv_update", RING=ring is not None, BLOCK=block)(
             cache, new, index.contiguous(), cache.shape[dim], n_new, inner, int(ring or 1),
-            RING=ring is not None, BLOCK=block)
+            grid=(outer * n_new, triton.cdiv(inner, block)))
 
 
 def kv_update_(cache, new, index, dim, ring=None):
@@ -112,9 +113,11 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, *
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     pos = q_pos.reshape(-1) if q_pos is not None else q
     pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
-    decode_attention_kernel[(B * Hq,)](
+    LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, BLOCK_N=64, BLOCK_D=block_for(D))(
         q, k, v, pos, out, D, n_rep, Hq, float(scale if scale is not None else 1.0 / math.sqrt(D)),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), pos_sb, n_keys=S, HAS_POS=q_pos is not None, BLOCK_N=64,
-        BLOCK_D=block_for(D))
+        out.stride(0), out.stride(1), pos_sb, grid=(B * Hq,))
     return out
+
+
+LIBRARY = KernelLibrary({"kv_update": kv_update_kernel, "decode_attention": decode_attention_kernel})

@@ -5,6 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..runtime import KernelLibrary
 from .common import block_for
 
 _BLOCK = 1024
@@ -51,7 +52,7 @@ def _gated(gate: torch.Tensor, up: torch.Tensor, act: int, out: torch.Tensor | N
     n = out.numel()
     if n:
         stride = 2 * cols if packed else cols
-        gated_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, n, cols, stride, ACT=act, BLOCK=_BLOCK)
+        LIBRARY.kernel("gated", ACT=act, BLOCK=_BLOCK)(gate, up, out, n, cols, stride, grid=(triton.cdiv(n, _BLOCK),))
     return out
 
 
@@ -121,6 +122,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     ss = (0,) * (4 - x.dim()) + tuple(s.stride())
     rows = shape[0] * shape[1] * shape[2]
     if rows and shape[3]:
-        rope_kernel[(rows,)](x, c, s, out, shape[3], shape[1], shape[2], cs[0], cs[1], cs[2], ss[0], ss[1], ss[2],
-                             INTERLEAVED=interleaved, BLOCK=block_for(shape[3]))
+        LIBRARY.kernel("rope", INTERLEAVED=bool(interleaved), BLOCK=block_for(shape[3]))(
+            x, c, s, out, shape[3], shape[1], shape[2], cs[0], cs[1], cs[2], ss[0], ss[1], ss[2], grid=(rows,))
     return out
+
+
+LIBRARY = KernelLibrary({"gated": gated_kernel, "rope": rope_kernel})

@@ -5,6 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..runtime import KernelLibrary
 from .common import block_for, rows_of
 
 
@@ -35,10 +36,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, compute_d
     out = torch.empty(x.shape, dtype=dtype, device=x.device) if out is None else out
     rows, n = rows_of(x)
     if rows:
-        rms_norm_kernel[(rows,)](x, x if weight is None else weight, out, n, float(eps),
-                                 HAS_WEIGHT=weight is not None,
-                                 UPCAST=compute_dtype is not None and compute_dtype != x.dtype,
-                                 BLOCK=block_for(n))
+        LIBRARY.kernel("rms_norm", HAS_WEIGHT=weight is not None,
+                       UPCAST=compute_dtype is not None and compute_dtype != x.dtype, BLOCK=block_for(n))(
+            x, x if weight is None else weight, out, n, float(eps), grid=(rows,))
     return out
 
 
@@ -67,7 +67,10 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     out = torch.empty_like(x) if out is None else out
     rows, n = rows_of(x)
     if rows:
-        layer_norm_kernel[(rows,)](x, x if weight is None else weight, x if bias is None else bias, out, n,
-                                   float(eps), HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-                                   BLOCK=block_for(n))
+        LIBRARY.kernel("layer_norm", HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+                       BLOCK=block_for(n))(x, x if weight is None else weight, x if bias is None else bias, out, n,
+                                           float(eps), grid=(rows,))
     return out
+
+
+LIBRARY = KernelLibrary({"rms_norm": rms_norm_kernel, "layer_norm": layer_norm_kernel})
