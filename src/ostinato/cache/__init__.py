@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from .bundle import LoadReport, load_artifacts, save_artifacts
 from .keys import Key, make_key
+from .op_cache import OpGraphCache, op_graph_cache
 from .service import Cache, Explanation, get_cache, set_cache
 
 
 def stats() -> dict[str, dict[str, int]]:
-    """Per-tier counters of the process-wide cache: hits, misses, puts, evictions, errors, bytes."""
-    return get_cache().stats()
+    """Per-tier counters of the process-wide cache (hits, misses, puts, evictions, errors, bytes), and
+    the op-level graph cache's under "op_graph"."""
+    return {**get_cache().stats(), "op_graph": op_graph_cache.stats()}
 
 
 def clear() -> None:
@@ -19,5 +21,5 @@ def clear() -> None:
     get_cache().clear()
 
 
-__all__ = ["Key", "make_key", "Cache", "Explanation", "LoadReport", "get_cache", "set_cache", "stats",
+__all__ = ["OpGraphCache", "op_graph_cache", "Key", "make_key", "Cache", "Explanation", "LoadReport", "get_cache", "set_cache", "stats",
            "clear", "save_artifacts", "load_artifacts"]

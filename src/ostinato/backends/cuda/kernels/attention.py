@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ....cache.op_cache import op_graph_cache, tensor_key
 from ..runtime import KernelLibrary
 from .common import block_for
 
@@ -98,26 +99,35 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, head_dim, n_r
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
-def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, *, out=None):
-    """ost.sdpa on CUDA: the decode case (one query token, positional or no mask, 4-D q/k/v with the
-    head dim dense) runs the Triton kernel; every other case runs the reference (torch's SDPA)."""
+def _decode_plan(q, k, v, mask, q_pos, is_causal) -> tuple | None:
+    """(BLOCK_N, BLOCK_D) when the Triton decode kernel handles this call (one query token, no
+    explicit mask, 4-D q/k/v with a dense head dim), else None (torch's SDPA)."""
     decode = (mask is None and not is_causal and q.dim() == 4 and q.shape[-2] == 1 and k.dim() == 4
               and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and q.shape[-1] <= 256
               and (q_pos is None or q_pos.numel() == q.shape[0] or q_pos.numel() == 1))
-    if not decode:
+    return (64, block_for(q.shape[-1])) if decode else None
+
+
+def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, *, out=None):
+    """ost.sdpa on CUDA: the decode case runs the Triton kernel; every other case runs the reference
+    (torch's SDPA). The choice is made once per shapes and layout (the op-level graph cache)."""
+    key = ("ost.sdpa", tensor_key(q), tensor_key(k), tensor_key(v), q.stride(), k.stride(), v.stride(),
+           mask is None, None if q_pos is None else tensor_key(q_pos), is_causal)
+    plan = op_graph_cache.get(key, lambda: _decode_plan(q, k, v, mask, q_pos, is_causal))
+    if plan is None:
         from ....ir.fused_ops import sdpa as reference
         res = reference(q, k, v, mask, q_pos, scale, n_rep, is_causal)
         return res if out is None else out.copy_(res)
+    block_n, block_d = plan
     B, Hq, _, D = q.shape
     S = k.shape[-2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     pos = q_pos.reshape(-1) if q_pos is not None else q
     pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
-    LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, BLOCK_N=64, BLOCK_D=block_for(D))(
+    LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, BLOCK_N=block_n, BLOCK_D=block_d)(
         q, k, v, pos, out, D, n_rep, Hq, float(scale if scale is not None else 1.0 / math.sqrt(D)),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), pos_sb, grid=(B * Hq,))
     return out
-
 
 LIBRARY = KernelLibrary({"kv_update": kv_update_kernel, "decode_attention": decode_attention_kernel})
