@@ -43,7 +43,7 @@ def naive_bytes(exe, bindings: dict[str, int]) -> tuple[int, int]:
                 numel = 1
                 for d in shape:
                     numel *= d
-                total += numel * torch.empty((), dtype=v.meta.dtype).element_size()
+                total += numel * v.meta.dtype.itemsize
                 count += 1
     return total, count
 

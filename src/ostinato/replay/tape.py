@@ -104,12 +104,12 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 class Tape:
-    """A captured Plan: ``fn()`` recomputes ``outputs`` from ``inputs`` and ``state`` in place."""
+    """A captured Plan: ``fn()`` recomputes the captured outputs from the static inputs and state in
+    place; ``arena`` holds every temporary."""
 
-    def __init__(self, fn: Callable[[], None], source: str, inputs: list, outputs: list, arena: torch.Tensor,
-                 report: MemoryReport, seconds: float):
+    def __init__(self, fn: Callable[[], None], source: str, arena: torch.Tensor, report: MemoryReport,
+                 seconds: float):
         self.fn, self.source = fn, source
-        self.inputs, self.outputs = inputs, outputs
         self.arena, self.report, self.seconds = arena, report, seconds
 
 
@@ -257,7 +257,7 @@ def capture_tape(exe, launches: list[Launch], env0: list, state: dict[str, torch
     fn, source = writer.build("replay_" + exe.backend.name)
     naive = sum(life.nbytes for life in lives)
     report = MemoryReport(signature, arena_bytes, naive, len(lives), fallbacks)
-    tape = Tape(fn, source, [], [], arena, report, time.perf_counter() - t0)
+    tape = Tape(fn, source, arena, report, time.perf_counter() - t0)
     return tape, senv
 
 
@@ -284,16 +284,16 @@ def _compute_form(launch: Launch, args: tuple, kwargs: dict, res: tuple, bufs: l
             continue
         if _close(bufs[0], res[0]):
             return w.call(fn, fargs, fkwargs, _note(launch))
-    forms: list[tuple[str, Callable, dict]] = []
+    forms: list[tuple[Callable, dict]] = []   # (callable, its out arguments), fastest first
     ov = out_overload(launch.op)
     if ov is not None and all(b is not None for b in bufs):
         fn, names = ov
         if len(names) == 1:
             pub = public_binding(launch.op)
             if pub is not None:
-                forms.append(("public", pub, {"out": bufs[0]}))
-        forms.append(("overload", fn, dict(zip(names, bufs))))
-    for _, fn, outs in forms:
+                forms.append((pub, {"out": bufs[0]}))
+        forms.append((fn, dict(zip(names, bufs))))
+    for fn, outs in forms:
         try:
             fn(*args, **kwargs, **outs)
         except (TypeError, RuntimeError, ValueError):
