@@ -56,7 +56,7 @@ def main() -> int:
         return run_saved(*args.run_saved)
     torch.manual_seed(0)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    max_seq = 8 + 2 * args.steps + 8
+    max_seq = 8 + 3 * args.steps + 8
     model = TinyDecoder(dim=args.dim, layers=args.layers, max_seq=max_seq).eval()
     eager = copy.deepcopy(model)
 
@@ -66,17 +66,19 @@ def main() -> int:
     t0 = time.perf_counter()
     exe = ostinato.compile(prog, device="cpu")
     t_compile = time.perf_counter() - t0
+    replay = ostinato.compile(prog, device="cpu", replay=True)   # captures on its first call
 
     # Correctness: 8 decode steps with the KV cache evolving on both sides.
-    worst = 0.0
+    worst = worst_replay = 0.0
     refs = []
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for step in range(CHECK_STEPS):
             inputs = decode_inputs(step, generator=gen)
-            ref, out = eager(*inputs), exe(*inputs)
+            ref, out, rep = eager(*inputs), exe(*inputs), replay(*inputs)
             refs.append(ref)
             worst = max(worst, (ref - out).abs().max().item())
+            worst_replay = max(worst_replay, (ref - rep).abs().max().item())
 
     # Save the program, then load and run it in a fresh process.
     folder = tempfile.mkdtemp(prefix="ostinato-demo-")
@@ -93,7 +95,7 @@ def main() -> int:
     fresh = json.loads(child.stdout.strip().splitlines()[-1])
     saved_outs = torch.load(os.path.join(folder, "outs.pt"))
     worst_saved = max((r - o).abs().max().item() for r, o in zip(refs, saved_outs))
-    ok = worst <= 1e-5 and worst_saved <= 1e-5 and len(saved_outs) == CHECK_STEPS
+    ok = worst <= 1e-5 and worst_replay <= 1e-5 and worst_saved <= 1e-5 and len(saved_outs) == CHECK_STEPS
 
     # Step time, eager vs ostinato, over the same positions.
     def timed(fn, start: int) -> list[float]:
@@ -108,6 +110,8 @@ def main() -> int:
 
     eager_ms = trimmed_mean_ms(timed(eager, 8))
     ost_ms = trimmed_mean_ms(timed(exe, 8 + args.steps))
+    replay_ms = trimmed_mean_ms(timed(replay, 8 + 2 * args.steps))
+    memory = replay.memory_report()[0]
 
     ops = prog.op_counts()
     rows = [
@@ -117,12 +121,15 @@ def main() -> int:
         ("export", f"{t_export:.2f} s"),
         ("compile (cpu)", f"{1000 * t_compile:.1f} ms"),
         ("max |ostinato - eager|, 8 steps", f"{worst:.2e} ({'OK' if worst <= 1e-5 else 'MISMATCH'})"),
+        ("max |replay - eager|, 8 steps", f"{worst_replay:.2e} ({'OK' if worst_replay <= 1e-5 else 'MISMATCH'})"),
         ("save .ost", f"{1000 * t_save:.0f} ms, {os.path.getsize(path) / 2**20:.1f} MiB"),
         ("fresh process: load", f"{1000 * fresh['load_seconds']:.0f} ms (weights mmapped, sha256 checked)"),
         ("fresh process: 8 steps", f"max |diff| vs eager {worst_saved:.2e} "
                                    f"({'OK' if worst_saved <= 1e-5 else 'MISMATCH'})"),
         ("eager step", f"{eager_ms:.2f} ms"),
         ("ostinato step (no replay)", f"{ost_ms:.2f} ms  ({eager_ms / ost_ms:.2f}x eager)"),
+        ("ostinato step (replay)", f"{replay_ms:.2f} ms  ({eager_ms / replay_ms:.2f}x eager)"),
+        ("replay memory", str(memory)),
         ("versions", f"ostinato {ostinato.__version__}, torch {torch.__version__}"),
     ]
     width = max(len(k) for k, _ in rows)

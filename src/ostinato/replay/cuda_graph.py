@@ -2,7 +2,7 @@
 
 The Plan's generated function runs once on a side stream to warm up (library handles, lazy kernel
 loads; the state is saved before and restored after, so the warm-up leaves no trace), then once
-under capture into the memory pool of the session: temporaries are freed after their last use inside
+under capture on that stream into the memory pool of the session: temporaries are freed after their last use inside
 the capture, so the caching allocator reuses their blocks there, as the CPU tape's arena does. The
 graph is replayed once at the end, which is this call's result.
 """
@@ -33,7 +33,9 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
     env = list(env0)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    with torch.cuda.graph(graph, pool=pool), torch.no_grad():
+    # Captured on the warm-up's stream: what the warm-up created per stream (cuBLAS's workspace) is
+    # reused, not allocated again inside the pool.
+    with torch.cuda.graph(graph, pool=pool, stream=side), torch.no_grad():
         exe._plan(env)
         for target, slot in mutations:
             new = env[slot]
