@@ -1,6 +1,7 @@
 """Executable: a Program lowered for one device, callable like the eager module."""
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -71,7 +72,8 @@ class Executable:
         self.kept_slots = keep
         # Set by ostinato.compile(..., replay=True): takes over calls (capture per shape, then replay).
         self.runner = None
-        self.capture_reports: list = []   # a MemoryReport per capture made of this executable
+        # A MemoryReport per capture made of this executable (the latest 256).
+        self.capture_reports: collections.deque = collections.deque(maxlen=256)
         self.session = self.new_session()
 
     def new_session(self) -> Session:
