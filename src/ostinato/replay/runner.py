@@ -104,7 +104,6 @@ class ReplayRunner:
             graphs[key] = cap
             self._count(plan_misses=1)
             out = cap.outputs   # the capture was this call
-
         else:
             self._count(plan_hits=1, replays=1)
             self._load(cap, leaves, bindings, padded)
