@@ -34,4 +34,5 @@ def triton_kernels() -> dict[str, Callable]:
         "ost.kv_update": attention.kv_update,
         "ost.kv_update_": attention.kv_update_,
         "ost.sdpa": attention.sdpa,
+        "ost.linear": elementwise.linear,
     }

@@ -127,4 +127,42 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     return out
 
 
-LIBRARY = KernelLibrary({"gated": gated_kernel, "rope": rope_kernel})
+_ACTS = {None: 0, "relu": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4}
+
+
+@triton.jit
+def bias_act_kernel(h_ptr, b_ptr, out_ptr, n, cols, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """out = act(h + bias) over rows of ``cols``: the epilogue a GEMM without one leaves to do."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    h = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        h = h + tl.load(b_ptr + offs % cols, mask=mask, other=0.0).to(tl.float32)
+    if ACT == 1:
+        h = tl.maximum(h, 0.0)
+    elif ACT == 2:
+        h = h * tl.sigmoid(h)
+    elif ACT == 3:
+        h = _gelu(h, False)
+    elif ACT == 4:
+        h = _gelu(h, True)
+    tl.store(out_ptr + offs, h.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def linear(x, weight, bias=None, activation=None, weight_t: bool = False, *, out=None):
+    """ost.linear on CUDA: the matmul through cuBLAS, then bias and activation in one Triton epilogue
+    (torch would run them as two more kernels). Without an activation cuBLAS fuses the bias itself."""
+    from ....ir.fused_ops import linear as reference
+    if activation is None or activation not in _ACTS:
+        return reference(x, weight, bias, activation, weight_t, out=out)
+    h = torch.matmul(x, weight) if weight_t else torch.matmul(x, weight.t())
+    out = h if out is None else out
+    n = h.numel()
+    if n:
+        LIBRARY.kernel("bias_act", HAS_BIAS=bias is not None, ACT=_ACTS[activation], BLOCK=_BLOCK)(
+            h, h if bias is None else bias, out, n, h.shape[-1], grid=(triton.cdiv(n, _BLOCK),))
+    return out
+
+
+LIBRARY = KernelLibrary({"gated": gated_kernel, "rope": rope_kernel, "bias_act": bias_act_kernel})
