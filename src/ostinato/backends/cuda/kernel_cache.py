@@ -3,8 +3,9 @@
 Triton looks compiled kernels up by its own key (source, specialization, target, Triton version) in
 a cache manager of its choosing; this plugs ostinato's cache (memory, disk, Redis, bundles) in as its
 remote backend, so a second process, or a second machine sharing the Redis server or a bundle, loads
-the binary instead of compiling. Triton still writes what it reads into its local directory, which
-is where it loads kernels from. Nothing is changed when the user set TRITON_CACHE_MANAGER.
+the binary instead of compiling. Triton still writes what it reads into a local directory, where it
+loads kernels from: ``<Triton's cache dir>/ostinato/``, apart from Triton's own entries, whose group
+files have another format. Nothing is changed when the user set TRITON_CACHE_MANAGER.
 """
 from __future__ import annotations
 
@@ -54,6 +55,26 @@ def _backend_class():
     return OstinatoTritonCache
 
 
+def _manager_class():
+    from triton import knobs
+    from triton.runtime.cache import RemoteCacheManager
+
+    class OstinatoTritonManager(RemoteCacheManager):
+        """Triton's remote manager, materializing into a directory of its own: its group files have
+        another format than the plain file cache's, and a process running Triton without ostinato
+        must never read them from Triton's usual directory."""
+
+        def __init__(self, key, override=False, dump=False):
+            super().__init__(key, override=override, dump=dump)
+            if not (override or dump):
+                local = self._file_cache_manager
+                local.cache_dir = os.path.join(knobs.cache.dir, "ostinato", key)
+                local.lock_path = os.path.join(local.cache_dir, "lock")
+                os.makedirs(local.cache_dir, exist_ok=True)
+
+    return OstinatoTritonManager
+
+
 _installed = False
 
 
@@ -68,10 +89,10 @@ def install() -> bool:
         return False
     try:
         from triton import knobs
-        from triton.runtime.cache import RemoteCacheManager
+        manager = _manager_class()
     except ImportError:
         return False
-    knobs.cache.manager_class = RemoteCacheManager
+    knobs.cache.manager_class = manager
     knobs.cache.remote_manager_class = _backend_class()
     _installed = True
     return True
