@@ -32,6 +32,23 @@ def test_replay_args_of_another_shape_static_program():
         g.replay(torch.randn(5, 8))
 
 
+def test_replay_args_on_another_device():
+    """An input on another device (meta here: this machine has no GPU) is refused, naming the input,
+    by the explicit replay and by compile(replay=True), before anything runs."""
+    _, prog = row_mlp(dynamic=False)
+    _, g, out = captured(prog, torch.randn(4, 8))
+    kept = out.clone()
+    with pytest.raises(InputError, match=r"input 0 \(x\): wrong device; expected a tensor on cpu, got f32 tensor "
+                                         r"of shape \[4, 8\] on meta"):
+        g.replay(torch.empty(4, 8, device="meta"))
+    assert torch.equal(out, kept), "a refused replay must not run"
+    exe = ostinato.compile(prog, device="cpu", replay=True)
+    exe(torch.randn(4, 8))
+    with pytest.raises(InputError, match=r"input 0 \(x\): wrong device"):
+        exe(torch.empty(4, 8, device="meta"))
+    assert exe.stats()["replays"] == 0
+
+
 def test_replay_args_of_another_shape_dynamic_program():
     """The program accepts batch 4, but the graph captured batch 3: ReplayError, not a silent resize."""
     model, prog = row_mlp(dynamic=True)
