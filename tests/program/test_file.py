@@ -245,3 +245,22 @@ def test_program_loads_and_runs_in_a_fresh_process(tmp_path):
     with torch.no_grad():
         expected = model(*args)
     assert_same(torch.load(tmp_path / "out.pt"), expected)
+
+
+def test_verify_checksums_mode(tmp_path):
+    """verify="checksums": both hashes checked, structural rules kept, no shape re-derivation (so no
+    torch._dynamo import in a fresh process); anything else is refused."""
+    _, data = _blob(tmp_path)
+    tail = bytearray(data)
+    tail[-3] ^= 0xFF
+    with pytest.raises(ChecksumError, match="data segment"):
+        ostinato.load(_write(tmp_path, tail, "data.ost"), verify="checksums")
+    good = _write(tmp_path, bytes(data), "good.ost")
+    code = ("import sys, ostinato; p = ostinato.load(sys.argv[1], verify='checksums'); "
+            "print(p.num_nodes, 'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    nodes, dynamo = out.stdout.split()
+    assert int(nodes) > 0 and dynamo == "False"
+    with pytest.raises(ValueError, match="verify must be True, False or 'checksums'"):
+        ostinato.load(good, verify="yes")

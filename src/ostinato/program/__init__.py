@@ -2,14 +2,18 @@
 from .program import InputSlot, Program, spec_structure
 
 
-def load(path, verify: bool = True) -> Program:
+def load(path, verify: bool | str = True) -> Program:
     """Load a .ost file; weights are mmapped, not read.
 
-    ``verify=True`` checks both segments' sha256 and re-derives every shape; ``verify=False`` skips
-    both (the bounded decoding and the IR's structural checks always run).
+    ``verify=True`` checks both segments' sha256 and re-derives every shape (on fake tensors, which
+    costs torch._dynamo's import, about a second, in a fresh process); ``verify="checksums"`` checks the
+    sha256 only (the fast path for a file this fleet wrote); ``verify=False`` skips both. The bounded
+    decoding and the IR's structural checks always run.
     """
     from .reader import load as _load
-    return _load(path, verify_checksums=verify)
+    if verify not in (True, False, "checksums"):
+        raise ValueError(f"verify must be True, False or 'checksums', not {verify!r}")
+    return _load(path, verify_checksums=bool(verify), check_shapes=verify is True)
 
 
 __all__ = ["InputSlot", "Program", "load", "spec_structure"]

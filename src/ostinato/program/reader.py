@@ -265,13 +265,16 @@ def _tensors_from(mapped: mmap.mmap, data_offset: int, data_size: int, entries, 
     return weights, state
 
 
-def load(path: str | os.PathLike, verify_checksums: bool = True) -> Program:
+def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: bool | None = None) -> Program:
     """Load a program file.
 
     Always: header, layout and tensor extents checked, the FlatBuffer decoded with bounds, the IR's
-    structural rules verified. With ``verify_checksums`` (the default) also: sha256 of both segments,
-    and every op's output shape and dtype re-derived on fake tensors.
+    structural rules verified. With ``verify_checksums`` (the default) also: sha256 of both segments.
+    With ``check_shapes`` (default: as ``verify_checksums``): every op's output shape and dtype
+    re-derived on fake tensors.
     """
+    if check_shapes is None:
+        check_shapes = verify_checksums
     path = os.fspath(path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -305,7 +308,7 @@ def load(path: str | os.PathLike, verify_checksums: bool = True) -> Program:
     try:
         # The structural rules always; re-deriving every shape (fake tensors: ~1 s of torch imports
         # in a fresh process) only when the caller asks for verification.
-        verify(graph, check_shapes=verify_checksums, hints=hints)
+        verify(graph, check_shapes=check_shapes, hints=hints)
     except Exception as e:  # noqa: BLE001 - GraphError, or a decoder error on a hostile expression
         raise InconsistentGraphError(f"{path}: the graph fails verification: {e}") from None
     graph.assign_slots()
