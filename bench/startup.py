@@ -53,7 +53,7 @@ if mode.startswith("ostinato"):
     else:
         # verify=True checks both segments' sha256 and re-derives every shape on fake tensors
         # (importing torch._dynamo, ~1 s); "checksums" only hashes; False keeps the structural checks.
-        prog = ostinato.load(path, verify={"ostinato_warm": True, "ostinato_warm_checksums": "checksums"}.get(mode, False))
+        prog = ostinato.load(path, verify={{"ostinato_warm": True, "ostinato_warm_checksums": "checksums"}}.get(mode, False))
         out["load_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     exe = ostinato.compile(prog, device=device, replay=True)
