@@ -59,14 +59,20 @@ _MODULES = {1: _OneOp1, 2: _OneOp2, 3: _OneOp3, 4: _OneOp4, 5: _OneOp5}
 TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_op(case):
+def _export(case):
+    """The row's one-op module exported at its first sizes: (program, example args, whether dynamic).
+    Without the fused patterns: a row tests the ATen op it claims (patterns have their own tests)."""
     model = _MODULES[len(case.ins)](case.fn).eval()
     args = case.args(0, case.seed)
     dyn = case.dyn and TORCH >= case.dyn_torch
-    # Without the fused patterns: a row tests the ATen op it claims (patterns have their own tests).
     prog = ostinato.export(model, args, dynamic_shapes=case.dynamic_shapes() if dyn else None,
                            passes=GENERIC_PIPELINE)
+    return prog, args, dyn
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_op(case):
+    prog, args, dyn = _export(case)
     counts = prog.op_counts()
     assert counts.get(case.op, 0) > 0, f"{case.id}: exported program lacks {case.op}; it has {dict(counts)}"
     exe = ostinato.compile(prog, device="cpu")
@@ -116,11 +122,7 @@ def _to_cuda(x):
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_op_cuda(case):
     """Each row on the CUDA backend (exported on the CPU, compiled for CUDA) against eager on CUDA."""
-    model = _MODULES[len(case.ins)](case.fn).eval()
-    args = case.args(0, case.seed)
-    dyn = case.dyn and TORCH >= case.dyn_torch
-    prog = ostinato.export(model, args, dynamic_shapes=case.dynamic_shapes() if dyn else None,
-                           passes=GENERIC_PIPELINE)
+    prog, args, dyn = _export(case)
     exe = ostinato.compile(prog, device="cuda", cache=False)
     for inputs in (args, case.args(1 if dyn else 0, case.seed + 1)):
         inputs = tuple(_to_cuda(x) for x in inputs)

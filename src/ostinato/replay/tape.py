@@ -128,12 +128,12 @@ class _TapeWriter:
         self.namespace[name] = a
         return name
 
-    def call(self, fn: Callable, args: tuple, kwargs: dict, note: str) -> str:
+    def call(self, fn: Callable, args: tuple, kwargs: dict) -> str:
         parts = [self.ref(a) for a in args] + [f"{k}={self.ref(a)}" for k, a in kwargs.items()]
-        return f"{self.ref(fn)}({', '.join(parts)})  # {note}"
+        return f"{self.ref(fn)}({', '.join(parts)})"
 
-    def add(self, line: str) -> None:
-        self.lines.append("    " + line)
+    def add(self, line: str, note: str) -> None:
+        self.lines.append(f"    {line}  # {note}")
 
     def build(self, name: str) -> tuple[Callable[[], None], str]:
         source = f"def {name}():\n" + "\n".join(self.lines or ["    pass"]) + "\n    return None\n"
@@ -154,7 +154,6 @@ def capture_tape(exe, launches: list[Launch], env0: list, state: dict[str, torch
     session's tapes). Returns the tape and the static environment (this call's results)."""
     t0 = time.perf_counter()
     check_capturable(exe, launches)
-    n = len(launches)
 
     # 1. Probe: the plan as it runs today, every result kept; the state is restored afterwards.
     snapshot = {name: t.clone() for name, t in state.items()}
@@ -238,7 +237,7 @@ def capture_tape(exe, launches: list[Launch], env0: list, state: dict[str, torch
                         raise CaptureError(f"{launch.op} (node {launch.name}) writes an argument but returns a "
                                            "new tensor; a replay could not keep it static")
                 _store(launch, got, senv)
-                writer.add(writer.call(launch.fn, args, kwargs, _note(launch)))
+                writer.add(writer.call(launch.fn, args, kwargs), _note(launch))
                 continue
             bufs = [static_bufs[out_buffer[(i, k)]] if (i, k) in out_buffer else None for k in range(len(res))]
             line = _compute_form(launch, args, kwargs, res, bufs, writer)
@@ -246,14 +245,14 @@ def capture_tape(exe, launches: list[Launch], env0: list, state: dict[str, torch
                 raise CaptureError(f"{launch.op} (node {launch.name}) gives other results on static buffers "
                                    "than in the plan; it cannot be captured")
             fallbacks += line.startswith("_r = ")
-            writer.add(line)
+            writer.add(line, _note(launch))
             _store(launch, tuple(bufs), senv)
         # State and input writes the plan leaves to the caller: the tape does them itself.
         for target, slot in mutations:
             new = senv[slot]
             if new is not target:
                 target.copy_(new)
-                writer.add(f"{writer.ref(target)}.copy_({writer.ref(new)})  # write back")
+                writer.add(f"{writer.ref(target)}.copy_({writer.ref(new)})", "write back")
     fn, source = writer.build("replay_" + exe.backend.name)
     naive = sum(life.nbytes for life in lives)
     report = MemoryReport(signature, arena_bytes, naive, len(lives), fallbacks)
@@ -283,7 +282,7 @@ def _compute_form(launch: Launch, args: tuple, kwargs: dict, res: tuple, bufs: l
         except (TypeError, RuntimeError, ValueError):
             continue
         if _close(bufs[0], res[0]):
-            return w.call(fn, fargs, fkwargs, _note(launch))
+            return w.call(fn, fargs, fkwargs)
     forms: list[tuple[Callable, dict]] = []   # (callable, its out arguments), fastest first
     ov = out_overload(launch.op)
     if ov is not None and all(b is not None for b in bufs):
@@ -299,7 +298,7 @@ def _compute_form(launch: Launch, args: tuple, kwargs: dict, res: tuple, bufs: l
         except (TypeError, RuntimeError, ValueError):
             continue
         if all(b is None or _close(b, r) for b, r in zip(bufs, res)):
-            return w.call(fn, args, {**kwargs, **outs}, _note(launch))
+            return w.call(fn, args, {**kwargs, **outs})
     # No out= form (fused references, sdpa, ...): compute, then copy into the arena buffer.
     got = _results(launch, launch.fn(*args, **kwargs))
     for b, g in zip(bufs, got):
@@ -307,9 +306,9 @@ def _compute_form(launch: Launch, args: tuple, kwargs: dict, res: tuple, bufs: l
             b.copy_(g)
     if not all(b is None or _close(b, r) for b, r in zip(bufs, res)):
         return None
-    call = w.call(launch.fn, args, kwargs, _note(launch))
+    call = w.call(launch.fn, args, kwargs)
     if launch.unpack:
         copies = "; ".join(f"{w.ref(b)}.copy_(_r[{k}])" for k, b in enumerate(bufs) if b is not None)
     else:
         copies = f"{w.ref(bufs[0])}.copy_(_r)"
-    return f"_r = {call.split('  # ')[0]}; {copies}  # {_note(launch)}"
+    return f"_r = {call}; {copies}"
