@@ -57,7 +57,7 @@ def _export(family: str, layers: int):
         return model, ostinato.export(copy.deepcopy(model), tiny_inputs(0, vocab=64))
     model = _hf(family, layers)
     gen = torch.Generator().manual_seed(1)
-    return model, ostinato.export(copy.deepcopy(model), (), decode_inputs(0, gen), strict=True)
+    return model, ostinato.export(copy.deepcopy(model), (), decode_inputs(0, gen), trace_strict=True)
 
 
 @pytest.mark.parametrize("family", list(PER_LAYER))

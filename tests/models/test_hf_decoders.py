@@ -5,8 +5,8 @@ builds a StaticCache and registers its key/value/cumulative-length tensors as mo
 turns those buffers into program state. 8 successive single-token decode steps are compared with the
 eager wrapper (a deep copy, so both caches evolve independently), then the caches themselves.
 
-The export uses ``strict=True``, as transformers' recipe does (TorchExportableModuleForDecoderOnlyLM.export
-defaults to strict). In non-strict mode torch.export does not see that the StaticCache layers' tensors
+The export uses ``trace_strict=True`` (torch.export's strict mode), as transformers' recipe does
+(TorchExportableModuleForDecoderOnlyLM.export defaults to strict). In non-strict mode torch.export does not see that the StaticCache layers' tensors
 are the registered buffers (the layers hold the tensors directly), lifts them as constants with in-place
 index_copy_ on them, and torch's own run_decompositions then fails with "expected compiled_fn to be
 GraphModule" -- with or without ostinato's decomposition table.
@@ -73,7 +73,7 @@ def test_decode_with_static_cache(family):
     wrapper = make_wrapper(family)
     ref = copy.deepcopy(wrapper)
     gen = torch.Generator().manual_seed(1)
-    prog = ostinato.export(wrapper, (), decode_inputs(0, gen), strict=True)
+    prog = ostinato.export(wrapper, (), decode_inputs(0, gen), trace_strict=True)
     cache_names = [n for n, _ in wrapper.named_buffers() if n.startswith(("key_cache", "value_cache"))]
     assert cache_names and set(cache_names) <= set(prog.state_init), \
         f"KV caches are not program state: state={sorted(prog.state_init)}"

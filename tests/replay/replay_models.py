@@ -106,7 +106,7 @@ def hf_decoder(family: str) -> tuple[nn.Module, ostinato.Program]:
     wrapper = hf_decoders.make_wrapper(family)
     pristine = copy.deepcopy(wrapper)
     gen = torch.Generator().manual_seed(0)
-    prog = ostinato.export(wrapper, (), hf_decoders.decode_inputs(0, gen), strict=True)
+    prog = ostinato.export(wrapper, (), hf_decoders.decode_inputs(0, gen), trace_strict=True)
     return pristine, prog
 
 

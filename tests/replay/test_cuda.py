@@ -104,7 +104,7 @@ def test_hf_decoders_on_cuda(family, dtype, replay):
     wrapper = hf_decoders.make_wrapper(family, dtype=dtype)
     ref = hf_decoders.make_wrapper(family, device="cuda", dtype=dtype)
     gen = torch.Generator().manual_seed(1)
-    prog = ostinato.export(wrapper, (), hf_decoders.decode_inputs(0, gen), strict=True)
+    prog = ostinato.export(wrapper, (), hf_decoders.decode_inputs(0, gen), trace_strict=True)
     exe = ostinato.compile(prog, device="cuda", replay=replay)
     for s in range(hf_decoders.STEPS):
         kwargs = {k: v.cuda() for k, v in hf_decoders.decode_inputs(s, gen).items()}

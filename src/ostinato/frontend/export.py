@@ -52,11 +52,12 @@ def _first_line(e: BaseException) -> str:
 
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
            dynamic_shapes: Any = None, *, strict: bool = False,
+           trace_strict: bool = False,
            passes: Sequence[tuple[str, Callable]] | None = None) -> Program:
     """Trace ``model`` with torch.export and return an ostinato Program.
 
     ``args``/``kwargs`` are example inputs; ``dynamic_shapes`` takes torch.export's ``Dim`` specs and
-    makes those sizes symbolic. ``strict`` is passed to torch.export (TorchDynamo tracing).
+    makes those sizes symbolic. ``trace_strict`` is torch.export's ``strict`` (TorchDynamo tracing).
     ``passes`` replaces the default graph pipeline (``ostinato.passes.DEFAULT_PIPELINE``); ``[]`` keeps
     the graph exactly as torch.export gave it.
     Raises ExportError when the model cannot be traced and UnsupportedOpError listing every op ostinato
@@ -72,7 +73,8 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     t0 = time.perf_counter()
     try:
         with torch.no_grad():
-            ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+            ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes,
+                                    strict=trace_strict)
             ep = ep.run_decompositions(decomposition_table())
     except OstinatoError:
         raise
@@ -81,8 +83,8 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             f"torch.export could not trace {name}: {type(e).__name__}: {_first_line(e)}\n"
             "Fix: make forward() traceable (no data-dependent Python control flow, no unsupported "
             "Python objects); for sizes that vary, pass dynamic_shapes with torch.export.Dim; "
-            f"or try strict={not strict}, which some models need (transformers' static caches want "
-            "strict=True). "
+            f"or try trace_strict={not trace_strict}, which some models need (transformers' static "
+            "caches want trace_strict=True). "
             "The original error is chained below (raise ... from).") from e
     t_export = time.perf_counter() - t0
     graph, weights, state_init, slots = convert(ep)
