@@ -33,6 +33,11 @@ class UnsupportedOpError(ExportError):
         super().__init__(msg)
 
 
+class MissingOpError(OstinatoError, LookupError):
+    """A program names an op this process cannot run: a fallback op whose torch.library registration
+    was not imported, or an op of another ostinato version (the message names the op and the fix)."""
+
+
 class GraphError(OstinatoError):
     """The IR graph is malformed (the verifier names the node and the rule it breaks)."""
 

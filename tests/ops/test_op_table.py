@@ -66,7 +66,7 @@ def _export(case):
     args = case.args(0, case.seed)
     dyn = case.dyn and TORCH >= case.dyn_torch
     prog = ostinato.export(model, args, dynamic_shapes=case.dynamic_shapes() if dyn else None,
-                           passes=GENERIC_PIPELINE)
+                           passes=GENERIC_PIPELINE, strict=True)
     return prog, args, dyn
 
 

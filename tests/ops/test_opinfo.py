@@ -343,7 +343,7 @@ def run_samples(op, items, meta_only: bool):
     with torch.no_grad():
         ref = model(*inputs)
     try:
-        prog = ostinato.export(model, tuple(inputs))
+        prog = ostinato.export(model, tuple(inputs), strict=True)   # ostinato's own kernels, no fallback
     except ExportError as e:
         if _is_torch_export_failure(e):
             return "not_exportable", e.__cause__

@@ -15,6 +15,7 @@ from torch.export.graph_signature import (ConstantArgument, InputKind, OutputKin
 
 from ..errors import ExportError, UnsupportedOpError
 from ..ir import Graph, ScalarMeta, SymbolRange, SymDim, TensorMeta, Value, get_op
+from ..ir.fallback import register_fallback
 from ..ir.ops import SYM_OPS, aten_name
 from ..program import InputSlot
 
@@ -62,11 +63,13 @@ def _finite_int(x) -> int | None:
 
 
 class _Converter:
-    def __init__(self, ep: ExportedProgram):
+    def __init__(self, ep: ExportedProgram, strict: bool):
         self.ep = ep
+        self.strict = strict
         self.g = Graph()
         self.env: dict[torch.fx.Node, Any] = {}
         self.unsupported: list[tuple[str, str]] = []
+        self.higher_order = False
 
     # -- metadata -------------------------------------------------------------------------------
     def _declare(self, sym: sympy.Symbol, vr=None) -> None:
@@ -129,9 +132,13 @@ class _Converter:
         if name in DROPPED_TARGETS:
             return
         if get_op(name) is None:
-            self.unsupported.append((name, source_line(n)))
-            self.env[n] = None
-            return
+            if self.strict or not isinstance(t, torch._ops.OpOverload):
+                self.unsupported.append((name, source_line(n)))
+                self.higher_order |= isinstance(t, torch._ops.HigherOrderOperator)
+                self.env[n] = None
+                return
+            # An op ostinato lacks: the node runs it through eager torch (see ir/fallback.py).
+            name = register_fallback(t).name
         val = n.meta.get("val")
         multi = isinstance(val, (tuple, list))
         metas = [self.meta_of(v) for v in val] if multi else [self.meta_of(val)]
@@ -188,7 +195,7 @@ class _Converter:
                 if item not in seen:
                     seen.add(item)
                     ops.append(item)
-            raise UnsupportedOpError(ops)
+            raise UnsupportedOpError(ops, _unsupported_hint(self.strict, self.higher_order))
         for spec, r in zip(sig.output_specs, results):
             value = self.env.get(r) if isinstance(r, torch.fx.Node) else r
             if spec.kind == OutputKind.USER_OUTPUT:
@@ -208,9 +215,27 @@ class _Converter:
         return g, weights, state_init, slots
 
 
-def convert(ep: ExportedProgram):
-    """Return (graph, weights, state_init, input_slots) for a core-ATen ExportedProgram."""
-    return _Converter(ep).run()
+def _unsupported_hint(strict: bool, higher_order: bool) -> str:
+    if strict:
+        return ("Fix: rewrite those lines with supported ops, register a decomposition for the op "
+                "(torch.library / torch._decomp) so torch.export lowers it to core ATen ops, or export "
+                "with strict=False to run such ops through eager torch between ostinato's plans.")
+    more = (" Higher-order ops (torch.cond, while_loop, auto_functionalized: a torch.library op that "
+            "mutates its arguments) cannot run through eager torch either; use torch.where for a "
+            "cond, and custom ops that return new tensors instead of mutating arguments."
+            if higher_order else "")
+    return ("Only torch ops (OpOverloads, such as torch.library custom ops) can run through eager torch "
+            "when ostinato lacks them." + more + " Fix: rewrite those lines with supported ops, or "
+            "wrap the code in a torch.library.custom_op (with a fake implementation) so it runs eagerly.")
+
+
+def convert(ep: ExportedProgram, strict: bool = False):
+    """Return (graph, weights, state_init, input_slots) for a core-ATen ExportedProgram.
+
+    Ops ostinato lacks become ``fallback.*`` nodes that run through eager torch, unless ``strict``:
+    then, as for ops that are not torch ops at all, UnsupportedOpError lists them with their source lines.
+    """
+    return _Converter(ep, strict).run()
 
 
 __all__ = ["convert", "source_line", "SymIntArgument"]

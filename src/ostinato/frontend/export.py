@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 from .. import __version__
 from ..errors import ExportError, OstinatoError
 from ..ir import SymDim, TensorMeta, verify
+from ..ir.fallback import fallback_nodes
 from ..passes import DEFAULT_PIPELINE, run_passes
 from ..program import Program
 from .convert import convert
@@ -57,11 +58,14 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     """Trace ``model`` with torch.export and return an ostinato Program.
 
     ``args``/``kwargs`` are example inputs; ``dynamic_shapes`` takes torch.export's ``Dim`` specs and
-    makes those sizes symbolic. ``trace_strict`` is torch.export's ``strict`` (TorchDynamo tracing).
+    makes those sizes symbolic. Ops ostinato has no kernel for (a ``torch.library`` custom op, an ATen
+    op outside its table) run through eager torch between ostinato's plans, with one warning per export
+    (``ostinato inspect`` lists them); ``strict=True`` refuses them instead. ``trace_strict`` is
+    torch.export's ``strict`` (TorchDynamo tracing).
     ``passes`` replaces the default graph pipeline (``ostinato.passes.DEFAULT_PIPELINE``); ``[]`` keeps
     the graph exactly as torch.export gave it.
-    Raises ExportError when the model cannot be traced and UnsupportedOpError listing every op ostinato
-    lacks, with the model's source line of each.
+    Raises ExportError when the model cannot be traced and UnsupportedOpError listing every op that
+    cannot run (with ``strict``: every op ostinato lacks), with the model's source line of each.
     """
     if not isinstance(model, torch.nn.Module):
         raise ExportError(f"ostinato.export takes a torch.nn.Module, got {type(model).__name__}; "
@@ -87,7 +91,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             "caches want trace_strict=True). "
             "The original error is chained below (raise ... from).") from e
     t_export = time.perf_counter() - t0
-    graph, weights, state_init, slots = convert(ep)
+    graph, weights, state_init, slots = convert(ep, strict=strict)
     hints = _size_hints(graph, slots, args, kwargs)
     if dynamic_shapes is not None:
         _label_symbols(model, graph, slots, args, kwargs, dynamic_shapes)
@@ -95,6 +99,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     exported_nodes = len(graph.nodes)
     graph, pass_report = run_passes(graph, DEFAULT_PIPELINE if passes is None else passes)
     graph.assign_slots()
+    _warn_fallbacks(name, graph)
     # Node counts are saved (the file says how it was optimized); seconds are not: the same model
     # exported twice must give the same bytes.
     info = {"model": name, "ostinato": __version__, "torch": torch.__version__,
@@ -106,6 +111,18 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     log.info("exported %s: %d nodes in %.2fs", name, len(graph.nodes), timings["total"])
     return Program(graph, weights, state_init, ep.call_spec.in_spec, ep.call_spec.out_spec, slots,
                    hints, info, timings)
+
+
+def _warn_fallbacks(model_name: str, graph) -> None:
+    rows = fallback_nodes(graph)
+    if not rows:
+        return
+    ops = sorted({op[len("fallback."):] for op, _, _, _ in rows})
+    sites = "; ".join(f"{op[len('fallback.'):]} at {src or name}" for op, name, src, _ in rows[:8])
+    more = f" (and {len(rows) - 8} more)" if len(rows) > 8 else ""
+    log.warning("%s: %d node(s) run through eager torch, no ostinato kernel for %s: %s%s. Replay "
+                "captures the regions between them; export with strict=True to refuse such ops instead",
+                model_name, len(rows), ", ".join(ops), sites, more)
 
 
 def _size_hints(graph, slots, args, kwargs) -> dict[str, int]:

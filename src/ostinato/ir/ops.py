@@ -2,7 +2,8 @@
 
 ATen ops are named by their overload, ``aten.<op>`` for the default overload and ``aten.<op>.<overload>``
 otherwise; their implementation is torch's. Host scalar arithmetic on sizes is ``sym.<op>``. Fused ops
-(``ost.*``) carry a reference implementation in plain torch, the oracle for every backend.
+(``ost.*``) carry a reference implementation in plain torch, the oracle for every backend. Ops ostinato
+lacks run through eager torch as ``fallback.*`` ops (``fallback.py``), registered on first use.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class OpDef:
     random: bool = False       # draws random numbers: never merged, cannot be replayed bit-exactly
     host_sync: bool = False    # reads tensor data on the host (.item(), data-dependent output shapes)
     category: str = ""
+    reason: str = ""           # why a "fallback" op runs through eager torch (shown by inspect)
 
 
 _REGISTRY: dict[str, OpDef] = {}
@@ -35,7 +37,12 @@ def register_op(opdef: OpDef) -> OpDef:
 
 
 def get_op(name: str) -> OpDef | None:
-    return _REGISTRY.get(name)
+    op = _REGISTRY.get(name)
+    if op is None and name.startswith("fallback."):
+        # Ops ostinato lacks are registered on first use, in the exporting and the loading process.
+        from .fallback import resolve_fallback
+        op = resolve_fallback(name)
+    return op
 
 
 def registered_ops() -> dict[str, OpDef]:

@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ProgramFormatError
 from ..ir import Graph, Node, ScalarMeta, SymbolRange, SymDim, TensorMeta, Value, verify
+from ..ir.fallback import require_fallback_ops
 from ..ir.types import DTYPES_BY_NAME
 from .fb.ArgKind import ArgKind
 from .fb.InputKind import InputKind
@@ -305,6 +306,7 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
         raise InconsistentGraphError(f"{path}: the pytree specs do not match the graph's inputs and outputs")
     weights, state = _tensors_from(mapped, header.data_offset, header.data_size, entries, graph, path)
     hints = extra["hints"]
+    require_fallback_ops(graph, path)   # ops run through eager torch must be registered in this process
     try:
         # The structural rules always; re-deriving every shape (fake tensors: ~1 s of torch imports
         # in a fresh process) only when the caller asks for verification.

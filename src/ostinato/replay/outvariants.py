@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from ..ir import get_op
+from ..ir.fallback import is_fallback
 
 
 def _schema(op: str):
@@ -36,7 +37,11 @@ def writes_argument(op: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def out_overload(op: str) -> tuple[Callable, tuple[str, ...]] | None:
-    """The out= form of an ATen op and the names of its out arguments, or None."""
+    """The out= form of an ATen op and the names of its out arguments, or None. None for ops run
+    through eager torch (``fallback.*``): a user's ``.out`` overload of a custom op promises nothing
+    about matching the op, so the tape runs them as they are and copies their results in."""
+    if is_fallback(op):
+        return None
     target = get_op(op).target
     schema = getattr(target, "_schema", None)
     if schema is None or not isinstance(target, torch._ops.OpOverload):
@@ -64,7 +69,7 @@ def out_overload(op: str) -> tuple[Callable, tuple[str, ...]] | None:
 def public_binding(op: str) -> Callable | None:
     """torch's Python binding of the op's name (``torch.add``, ``torch._C._nn.gelu``), or None."""
     target = get_op(op).target
-    if not isinstance(target, torch._ops.OpOverload):
+    if not isinstance(target, torch._ops.OpOverload) or is_fallback(op):
         return None
     base = target._schema.name.split("::", 1)[1]
     for module in (torch._C._VariableFunctions, torch._C._nn, torch._C._special, torch._C._linalg):

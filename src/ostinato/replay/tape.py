@@ -8,7 +8,9 @@ buffers:
 - host scalars (sizes) and views of static buffers are computed once and frozen: they leave the tape;
 - ops that write an argument (KV-cache updates) stay on the tape as they are;
 - every other op writes its result into its arena buffer through its ``out=`` form (torch's public
-  binding, else the overload); an op with no ``out=`` form runs as is and is copied into its buffer.
+  binding, else the overload); an op with no ``out=`` form runs as is and is copied into its buffer;
+- ops ostinato lacks (``fallback.*``, run through eager torch) are never frozen, as their effects are
+  unknown, and never given an ``out=`` form: they run as is on every replay.
 
 Each form is checked against the probe's result before it is kept, so a wrong ``out=`` binding falls
 back instead of corrupting a replay. The tape is one generated function with every tensor bound as a
@@ -25,6 +27,7 @@ import torch
 from ..backends.base import Launch, _Slot, _SlotList
 from ..errors import CaptureError
 from ..ir import get_op
+from ..ir.fallback import is_fallback
 from ..runtime.codegen import _literal
 from ..runtime.memory import BufferLife, MemoryReport, plan_memory
 from .outvariants import out_overload, public_binding, special_forms, writes_argument
@@ -175,9 +178,10 @@ def capture_tape(exe, launches: list[Launch], env0: list, state: dict[str, torch
     buffers: list[tuple[int, torch.Tensor]] = []   # (producing launch, probe tensor)
     out_buffer: dict[tuple[int, int], int] = {}    # (launch, result index) -> buffer id
     for i, (launch, res) in enumerate(zip(launches, probe)):
-        if writes_argument(launch.op):
-            kind = "inplace"
-        elif all(not isinstance(r, torch.Tensor) or _aliased(r, launch, env) is not None for r in res):
+        fresh = any(isinstance(r, torch.Tensor) and _aliased(r, launch, env) is None for r in res)
+        if writes_argument(launch.op) or (is_fallback(launch.op) and not fresh):
+            kind = "inplace"    # stays on the tape as it is
+        elif not fresh:
             kind = "frozen"
         else:
             kind = "compute"
