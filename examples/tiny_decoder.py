@@ -100,3 +100,9 @@ def tiny_llama(layers: int = 64):
     ``ostinato inspect --passes examples.tiny_decoder:tiny_llama``."""
     torch.manual_seed(0)
     return TinyDecoder(dim=128, layers=layers).eval(), decode_inputs(0)
+
+
+def tiny_llama_4_layers():
+    """The tiny Llama cut to 4 layers (exports in about a second): the README's quick start uses it,
+    ``ostinato export examples.tiny_decoder:tiny_llama_4_layers -o m.ost``."""
+    return tiny_llama(layers=4)

@@ -6,12 +6,21 @@ import importlib
 import logging
 import sys
 
-from ..errors import OstinatoError
+from ..errors import OstinatoError, ProgramFormatError
 
 SUBCOMMANDS = {
     "inspect": "ostinato.cli.inspect",
     "cache": "ostinato.cli.cache",
+    "export": "ostinato.cli.export",
+    "run": "ostinato.cli.run",
 }
+
+# The hint for errors whose message carries no "Fix:" line of its own.
+DEFAULT_HINTS = (
+    (FileNotFoundError, "Fix: check the path (a relative one starts from the current directory)"),
+    (ProgramFormatError, "Fix: pass a program file written by `ostinato export` or Program.save; "
+                         "re-export the model if the file is damaged or from another version"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(module)
         p = sub.add_parser(name, help=mod.HELP, description=mod.__doc__)
         mod.add_arguments(p)
+        # Also after the subcommand (`ostinato run m.ost --verbose`); SUPPRESS keeps the top-level value.
+        p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         p.set_defaults(_run=mod.run)
     return ap
 
@@ -37,8 +48,19 @@ def main(argv: list[str] | None = None) -> int:
         first, *rest = str(e).strip().splitlines() or [type(e).__name__]
         sys.stderr.write(f"ostinato {args.command}: error: {first}\n")
         hint = next((line for line in rest if line.strip().startswith("Fix")), "")
-        sys.stderr.write(f"  {hint.strip() or 'run with --verbose for details'}\n")
+        default = next((h for kind, h in DEFAULT_HINTS if isinstance(e, kind)), "run with --verbose for details")
+        sys.stderr.write(f"  {hint.strip() or default}\n")
         return 2
+    except KeyboardInterrupt:
+        sys.stderr.write(f"ostinato {args.command}: interrupted\n")
+        return 130
+    except Exception as e:  # not one of ours: still one line, but say it may be a bug
+        if args.verbose:
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        sys.stderr.write(f"ostinato {args.command}: error: {type(e).__name__}: {first}\n"
+                         "  unexpected: run with --verbose for the traceback, and report it if ostinato is at fault\n")
+        return 1
 
 
 if __name__ == "__main__":
