@@ -1,17 +1,18 @@
 """CUDA runtime primitives: a stream, a library of Triton kernels created lazily by name and
 specialization, a kernel that binds its arguments and launches, and bounds-checked copies.
 
-Device memory always comes from torch's caching allocator; compiled kernels come from Triton's
-cache, which ``kernel_cache`` routes through ostinato's tiers.
+Device memory always comes from torch's caching allocator; compiled kernels are cubins kept in
+ostinato's cache tiers and launched without Triton's runtime (binaries.py).
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from ...errors import BackendError
+from .binaries import LoadedBinary, get_binary, jit_function, static_launcher
 
 
 class Stream:
@@ -43,44 +44,111 @@ class Stream:
         return self._ctx.__exit__(*exc)
 
 
-class Kernel:
-    """A Triton kernel with a fixed grid rule: ``kernel(*args, grid=..., **constexprs)`` launches it on
-    the current stream. A failure to compile or launch names the kernel and its specialization."""
+_TRITON_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+                  torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+                  torch.uint8: "u8", torch.bool: "i1"}
 
-    def __init__(self, name: str, fn, specialization: dict[str, Any]):
-        self.name, self.fn, self.specialization = name, fn, dict(specialization)
+
+def arg_type(a: Any) -> str:
+    """The Triton type of one launch argument, with ``:D`` where Triton's JIT would assume 16-divisibility
+    (an aligned pointer, an int multiple of 16): the part of a binary's key that depends on values."""
+    if isinstance(a, torch.Tensor):
+        return f"*{_TRITON_DTYPES[a.dtype]}" + (":D" if a.data_ptr() % 16 == 0 else "")
+    if isinstance(a, bool):
+        return "i1"
+    if isinstance(a, int):
+        base = "i32" if -2**31 <= a < 2**31 else "i64"
+        return base + (":D" if a % 16 == 0 else "")
+    if isinstance(a, float):
+        return "fp32"
+    raise BackendError(f"a Triton kernel argument of type {type(a).__name__} ({a!r}) has no launch type")
+
+
+class Kernel:
+    """One Triton kernel with its constexprs fixed: ``kernel(*args, grid=...)`` launches it on the current
+    stream. Each set of argument types gets a binary, compiled once for the device's arch and kept in
+    ostinato's cache tiers (binaries.py), and launched without Triton's runtime. Tensors on the CPU (Triton's
+    interpreter, ``TRITON_INTERPRET=1``) and builds of torch without the static launcher go through Triton's
+    JIT. A failure to compile or launch names the kernel and its specialization."""
+
+    def __init__(self, library: "KernelLibrary", name: str, specialization: dict[str, Any]):
+        self.library, self.name, self.specialization = library, name, dict(specialization)
         self.launches = 0
+        self._binaries: dict[tuple, LoadedBinary] = {}
+        self._lock = threading.Lock()
+
+    def _fail(self, e: Exception, what: str) -> BackendError:
+        spec = ", ".join(f"{k}={v}" for k, v in self.specialization.items())
+        return BackendError(f"Triton kernel {self.name} [{spec}] failed to {what}: {type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}. Fix: report it with this message; "
+                            "the op's reference runs on torch (set OSTINATO_CUDA_REFERENCE=1)")
+
+    def _binary(self, types: tuple, device: torch.device) -> LoadedBinary:
+        with self._lock:
+            b = self._binaries.get(types)
+            if b is None:
+                index = device.index if device.index is not None else torch.cuda.current_device()
+                major, minor = torch.cuda.get_device_capability(index)
+                meta, cubin, origin = get_binary(self.library.module, self.library.function_name(self.name),
+                                                 types, self.specialization, major * 10 + minor)
+                b = self._binaries[types] = LoadedBinary(meta, cubin, index, len(types))
+                self.library.count(origin)
+            return b
 
     def __call__(self, *args, grid: tuple[int, ...]) -> None:
+        first = args[0]
+        if not first.is_cuda or static_launcher() is None:
+            self._run_jit(args, grid)
+            return
+        types = tuple(map(arg_type, args))
+        b = self._binaries.get(types)
         try:
-            self.fn[grid](*args, **self.specialization)
+            if b is None:
+                b = self._binary(types, first.device)
+            b.launch(grid, args, torch.cuda.current_stream(first.device).cuda_stream)
+        except BackendError:
+            raise
         except Exception as e:  # noqa: BLE001 - re-raised with the kernel named; the cause is chained
-            spec = ", ".join(f"{k}={v}" for k, v in self.specialization.items())
-            raise BackendError(f"Triton kernel {self.name} [{spec}] failed to compile or launch: "
-                               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
-                               "Fix: report it with this message; the op's reference runs on torch "
-                               "(set OSTINATO_CUDA_REFERENCE=1)") from e
+            raise self._fail(e, "compile or launch") from e
+        self.launches += 1
+
+    def _run_jit(self, args: tuple, grid: tuple[int, ...]) -> None:
+        try:
+            jit_function(self.library.module, self.library.function_name(self.name))[grid](
+                *args, **self.specialization)
+        except Exception as e:  # noqa: BLE001 - re-raised with the kernel named; the cause is chained
+            raise self._fail(e, "compile or launch") from e
         self.launches += 1
 
 
 class KernelLibrary:
-    """Kernels by name and specialization, created on first use (thread-safe); Triton compiles each
-    specialization once per process and caches the binary (through ostinato's tiers)."""
+    """The kernels of one Triton source module (``kernels/source/<module>.py``) by name and
+    specialization, created on first use (thread-safe). The module itself is imported only when a
+    binary must be compiled, or a kernel runs through Triton's JIT."""
 
-    def __init__(self, sources: dict[str, Callable]):
-        self._sources = dict(sources)
+    counts = {"compiled": 0, "cache": 0}    # binaries obtained in this process, over all libraries
+
+    def __init__(self, module: str, functions: dict[str, str]):
+        self.module = module
+        self._functions = dict(functions)
         self._kernels: dict[tuple, Kernel] = {}
         self._lock = threading.Lock()
+
+    def function_name(self, name: str) -> str:
+        return self._functions[name]
+
+    def count(self, origin: str) -> None:
+        KernelLibrary.counts[origin] = KernelLibrary.counts.get(origin, 0) + 1
 
     def kernel(self, name: str, **specialization) -> Kernel:
         key = (name, tuple(sorted(specialization.items())))
         k = self._kernels.get(key)
         if k is None:
-            fn = self._sources.get(name)
-            if fn is None:
-                raise BackendError(f"no Triton kernel named {name!r}; known: {', '.join(sorted(self._sources))}")
+            if name not in self._functions:
+                raise BackendError(f"no Triton kernel named {name!r} in {self.module}; known: "
+                                   f"{', '.join(sorted(self._functions))}")
             with self._lock:
-                k = self._kernels.setdefault(key, Kernel(name, fn, specialization))
+                k = self._kernels.setdefault(key, Kernel(self, name, specialization))
         return k
 
     def __len__(self) -> int:

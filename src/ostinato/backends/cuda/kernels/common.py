@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 MAX_BLOCK = 1 << 16   # one program holds a whole row; rows longer than this are not for these kernels
 
 
 def block_for(n: int) -> int:
     """The power-of-two block that holds ``n`` elements."""
-    block = triton.next_power_of_2(max(int(n), 1))
+    block = 1 << (max(int(n), 1) - 1).bit_length()
     if block > MAX_BLOCK:
         raise ValueError(f"a row of {n} elements is longer than these kernels handle ({MAX_BLOCK})")
     return block
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def rows_of(x: torch.Tensor) -> tuple[int, int]:

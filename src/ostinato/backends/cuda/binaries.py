@@ -1,0 +1,184 @@
+"""Compiled kernels as plain data: a cubin and what launching it needs, cached in ostinato's tiers.
+
+A kernel is compiled once per (Triton source file, kernel, argument types, constexprs, arch) with
+``triton.compile`` and an explicit signature, so its parameters are exactly the launcher's arguments
+and no Triton runtime is needed to launch it: a warm process reads the cubin from a cache tier and
+launches it through torch's static CUDA launcher, without importing Triton (whose import and source
+hashing cost ~0.8 s per process). Where that launcher is missing the kernel runs through Triton's JIT.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import json
+import logging
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ...cache import get_cache, make_key
+from ...errors import BackendError
+
+log = logging.getLogger("ostinato")
+
+KIND = "cubin"
+SOURCE_PACKAGE = "ostinato.backends.cuda.kernels.source"
+_SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "source")
+# Launch-type letters of torch's static launcher, by Triton scalar type.
+_LAUNCH_TYPE = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u8": "B", "u16": "H", "u32": "I",
+                "u64": "K", "fp16": "f", "bf16": "f", "fp32": "f", "fp64": "d"}
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest(module: str) -> str:
+    """sha256 of a kernel source file: the content half of its binaries' cache keys (read, not imported)."""
+    with open(os.path.join(_SOURCE_DIR, f"{module}.py"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@dataclass(frozen=True)
+class BinaryMeta:
+    """What a launch of a cubin needs besides its arguments."""
+
+    name: str                 # the kernel's symbol in the cubin
+    num_warps: int
+    shared: int               # dynamic shared memory, bytes
+    arg_types: str            # one launch-type letter per parameter (scratch pointers included)
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.__dict__, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "BinaryMeta":
+        d = json.loads(data)
+        return cls(str(d["name"]), int(d["num_warps"]), int(d["shared"]), str(d["arg_types"]))
+
+
+def pack(meta: BinaryMeta, cubin: bytes) -> bytes:
+    head = meta.to_json()
+    return struct.pack("<I", len(head)) + head + cubin
+
+
+def unpack(blob: bytes) -> tuple[BinaryMeta, bytes]:
+    (n,) = struct.unpack_from("<I", blob)
+    return BinaryMeta.from_json(blob[4:4 + n]), blob[4 + n:]
+
+
+def binary_key(module: str, kernel: str, arg_types: Sequence[str], constexprs: dict[str, Any], arch: int):
+    spec = json.dumps({"kernel": kernel, "args": list(arg_types),
+                       "constexprs": {k: repr(v) for k, v in sorted(constexprs.items())}}, sort_keys=True)
+    content = hashlib.sha256(f"{source_digest(module)}:{spec}".encode()).hexdigest()
+    return make_key(KIND, content, {"backend": "cuda", "arch": f"sm_{arch}"})
+
+
+def jit_function(module: str, kernel: str):
+    """The ``@triton.jit`` function (imports Triton)."""
+    return getattr(importlib.import_module(f"{SOURCE_PACKAGE}.{module}"), kernel)
+
+
+def compile_binary(module: str, kernel: str, arg_types: Sequence[str], constexprs: dict[str, Any],
+                   arch: int) -> tuple[BinaryMeta, bytes]:
+    """Compile one specialization with Triton for ``sm_<arch>``. ``arg_types`` holds one Triton type per
+    runtime parameter (``*bf16``, ``i32``, ``fp32``), with ``:D`` where the value is 16-divisible (a
+    pointer 16-byte aligned, an int a multiple of 16): the hints Triton's JIT would give."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = jit_function(module, kernel)
+    runtime = [p.name for p in fn.params if not p.is_constexpr]
+    if len(runtime) != len(arg_types):
+        raise BackendError(f"Triton kernel {kernel} takes {len(runtime)} runtime arguments "
+                           f"({', '.join(runtime)}), got {len(arg_types)}")
+    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs]
+    if missing:
+        raise BackendError(f"Triton kernel {kernel}: no value for constexpr {', '.join(missing)}")
+    signature, attrs = {}, {}
+    for p in fn.params:
+        if p.is_constexpr:
+            signature[p.name] = "constexpr"
+    for name, ty in zip(runtime, arg_types):
+        base, _, hint = ty.partition(":")
+        signature[name] = base
+        if hint == "D":
+            attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
+    signature = {p.name: signature[p.name] for p in fn.params}
+    try:
+        compiled = triton.compile(ASTSource(fn, signature, dict(constexprs), attrs),
+                                  target=GPUTarget("cuda", arch, 32))
+    except Exception as e:  # noqa: BLE001 - re-raised naming the kernel; the cause is chained
+        spec = ", ".join(f"{k}={v}" for k, v in constexprs.items())
+        raise BackendError(f"Triton kernel {kernel} [{spec}] for sm_{arch} failed to compile: "
+                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    md = compiled.metadata
+    if getattr(md, "num_ctas", 1) != 1:
+        raise BackendError(f"Triton kernel {kernel}: num_ctas {md.num_ctas} is not supported")
+    letters = "".join("O" if t.startswith("*") else _LAUNCH_TYPE[t.partition(":")[0]] for t in arg_types)
+    for scratch in ("global_scratch_size", "profile_scratch_size"):
+        if hasattr(md, scratch):
+            if getattr(md, scratch) > 0:   # the launcher would have to allocate it: not for these kernels
+                raise BackendError(f"Triton kernel {kernel} needs {scratch}={getattr(md, scratch)}")
+            letters += "O"      # the parameter exists; a null pointer fills it
+    return BinaryMeta(md.name, int(md.num_warps), int(md.shared), letters), compiled.asm["cubin"]
+
+
+def get_binary(module: str, kernel: str, arg_types: Sequence[str], constexprs: dict[str, Any],
+               arch: int) -> tuple[BinaryMeta, bytes, str]:
+    """(meta, cubin, where from: "cache" | "compiled") through ostinato's cache tiers."""
+    key = binary_key(module, kernel, arg_types, constexprs, arch)
+    cache = get_cache()
+    blob = cache.get(key)
+    if blob is not None:
+        try:
+            meta, cubin = unpack(blob)
+            return meta, cubin, "cache"
+        except Exception as e:  # noqa: BLE001 - a malformed entry is a miss
+            log.warning("ostinato cache: discarding cubin entry %s: %s", key.digest[:12], e)
+    meta, cubin = compile_binary(module, kernel, arg_types, constexprs, arch)
+    cache.put(key, pack(meta, cubin))
+    return meta, cubin, "compiled"
+
+
+@functools.lru_cache(maxsize=1)
+def static_launcher():
+    """torch's C++ launcher of cubins (``torch._C._StaticCudaLauncher``), or None where this build
+    lacks it (then kernels launch through Triton's JIT)."""
+    return getattr(__import__("torch")._C, "_StaticCudaLauncher", None)
+
+
+def _cubin_file(digest: str, cubin: bytes) -> str:
+    """The launcher loads modules from files: one per binary, written once (atomically)."""
+    folder = os.path.join(tempfile.gettempdir(), f"ostinato-cubin-{os.getuid()}")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{digest}.cubin")
+    if not os.path.exists(path) or os.path.getsize(path) != len(cubin):
+        fd, tmp = tempfile.mkstemp(dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        os.replace(tmp, path)
+    return path
+
+
+class LoadedBinary:
+    """A cubin loaded on one device: ``launch(grid, args, stream)``."""
+
+    __slots__ = ("meta", "function", "module", "pad", "_launch")
+
+    def __init__(self, meta: BinaryMeta, cubin: bytes, device_index: int, n_args: int):
+        launcher = static_launcher()
+        digest = hashlib.sha256(cubin).hexdigest()
+        self.module, self.function, _, _ = launcher._load_kernel(_cubin_file(digest, cubin), meta.name,
+                                                                 meta.shared, device_index)
+        self.meta = meta
+        self._launch = launcher._launch_kernel
+        self.pad = (None,) * (len(meta.arg_types) - n_args)   # null scratch pointers
+
+    def launch(self, grid: tuple[int, ...], args: tuple, stream: int) -> None:
+        m = self.meta
+        gx = grid[0]
+        gy = grid[1] if len(grid) > 1 else 1
+        gz = grid[2] if len(grid) > 2 else 1
+        self._launch(self.function, gx, gy, gz, m.num_warps, m.shared, m.arg_types, args + self.pad, stream)

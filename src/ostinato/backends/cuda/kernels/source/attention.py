@@ -1,0 +1,62 @@
+"""KV-cache writes and decode attention (one query token over a static cache). Only Triton source: the
+launchers (../attention.py) never import this module unless a kernel must be compiled."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kv_update_kernel(cache_ptr, new_ptr, index_ptr, n_slots, n_new, inner, ring, RING: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """cache [outer, n_slots, inner] <- new [outer, n_new, inner] at rows index[j] (negative counts from
+    the end; with RING, modulo the ring length). One program per (outer, j) and inner block."""
+    pid = tl.program_id(0).to(tl.int64)
+    o = pid // n_new
+    j = pid % n_new
+    slot = tl.load(index_ptr + j).to(tl.int64)
+    if RING:
+        slot = ((slot % ring) + ring) % ring
+    slot = tl.where(slot < 0, slot + n_slots, slot)
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < inner
+    v = tl.load(new_ptr + (o * n_new + j) * inner + offs, mask=mask)
+    tl.store(cache_ptr + (o * n_slots + slot) * inner + offs, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, head_dim, n_rep, hq, scale,
+                            q_sb, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, pos_sb,
+                            n_keys: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_D: tl.constexpr):
+    """One (batch, query head): softmax(q k^T * scale, keys j <= pos) v, online over key blocks.
+    The cache length is a compile-time constant: a static cache has one."""
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // hq
+    h = pid % hq
+    kvh = h // n_rep
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < head_dim
+    q = tl.load(q_ptr + b * q_sb + h * q_sh + d, mask=dmask, other=0.0).to(tl.float32)
+    limit = n_keys - 1
+    if HAS_POS:
+        limit = tl.load(pos_ptr + b * pos_sb).to(tl.int64)
+    m = tl.full((), float("-inf"), tl.float32)
+    l = tl.full((), 0.0, tl.float32)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for start in range(0, n_keys, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        nmask = (n < n_keys) & (n <= limit)
+        kt = tl.load(k_ptr + b * k_sb + kvh * k_sh + n[:, None] * k_ss + d[None, :],
+                     mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        s = tl.sum(kt * q[None, :], axis=1) * scale
+        s = tl.where(nmask, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        # A block with no visible key leaves m at -inf: keep the exponentials at 0 then.
+        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+        p = tl.where(nmask, tl.exp(s - m_new), 0.0)
+        vt = tl.load(v_ptr + b * v_sb + kvh * v_sh + n[:, None] * v_ss + d[None, :],
+                     mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
+        l = l * alpha + tl.sum(p, axis=0)
+        m = m_new
+    out = acc / l
+    tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
