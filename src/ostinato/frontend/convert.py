@@ -46,7 +46,9 @@ def _frames(trace: str) -> list[tuple[str, str, str]]:
 def source_line(fx_node: torch.fx.Node) -> str:
     """The innermost frame of the model's own code that produced ``fx_node``: ``file:line code``."""
     frames = _frames(fx_node.meta.get("stack_trace") or "")
-    own = [f for f in frames if not f[0].startswith(_TORCH_DIR)] or frames
+    # Not torch's frames, nor code torch generated (``<eval_with_key>.5``: the graph of a torch.cond).
+    own = [f for f in frames if not f[0].startswith(_TORCH_DIR) and not f[0].startswith("<")] \
+        or [f for f in frames if not f[0].startswith(_TORCH_DIR)] or frames
     if not own:
         return ""
     file, line, code = own[-1]

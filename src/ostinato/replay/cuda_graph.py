@@ -1,15 +1,20 @@
-"""Capturing a Plan into a CUDA graph (through torch.cuda.CUDAGraph).
+"""Capturing a Plan into CUDA graphs (through torch.cuda.CUDAGraph).
 
 The Plan's generated function runs once on a side stream to warm up (library handles, lazy kernel
-loads; the state is saved before and restored after, so the warm-up leaves no trace), then once
-under capture on that stream into the memory pool of the session: temporaries are freed after their last use inside
-the capture, so the caching allocator reuses their blocks there, as the CPU tape's arena does. The
-graph is replayed once at the end, which is this call's result.
+loads; the state is saved before and restored after, so the warm-up leaves no trace), then under
+capture on that stream into the memory pool of the session: temporaries are freed after their last use inside
+the capture, so the caching allocator reuses their blocks there, as the CPU tape's arena does.
+
+A plan with ops run through eager torch (``fallback.*``: they may do host work a graph cannot hold) is
+captured region by region (``regions.py``): one graph per region, all in the same pool, replayed in
+capture order with those ops run eagerly between them. Without such ops it is one region, one graph.
+Each graph is replayed once right after its capture, which makes this call's result.
 """
 from __future__ import annotations
 
 import torch
 
+from .regions import capture_steps, chain, write_back
 from .tape import check_capturable
 
 
@@ -29,18 +34,25 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
             state[name].copy_(t)
     del snapshot
     torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
+    graphs: list[torch.cuda.CUDAGraph] = []
+
+    def capture_region(segment, env: list, writes: list):
+        graph = torch.cuda.CUDAGraph()
+        # Captured on the warm-up's stream: what the warm-up created per stream (cuBLAS's workspace)
+        # is reused, not allocated again inside the pool.
+        with torch.cuda.graph(graph, pool=pool, stream=side):
+            segment.run(env)
+            write_back(env, writes)
+        graph.replay()
+        graphs.append(graph)
+        return graph.replay
+
     env = list(env0)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    # Captured on the warm-up's stream: what the warm-up created per stream (cuBLAS's workspace) is
-    # reused, not allocated again inside the pool.
-    with torch.cuda.graph(graph, pool=pool, stream=side), torch.no_grad():
-        exe._plan(env)
-        for target, slot in mutations:
-            new = env[slot]
-            if new is not target:
-                target.copy_(new)
+    side.wait_stream(current)
+    with torch.cuda.stream(side), torch.no_grad():
+        steps = capture_steps(exe.segments, env, capture_region, mutations)
+    current.wait_stream(side)
     peak = torch.cuda.max_memory_allocated(device) - before
-    graph.replay()
-    return graph.replay, env, peak
+    return (chain(steps) if steps else (lambda: None)), env, peak

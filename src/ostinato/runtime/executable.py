@@ -13,10 +13,12 @@ from torch.utils import _pytree as pytree
 from ..backends import Backend, Launch, get_backend
 from ..errors import OstinatoError
 from ..ir import Value
+from ..ir.fallback import is_fallback
 from ..program import Program
 from .codegen import compile_launches
 from .inputs import InputChecker
 from .plan_cache import cached_plan
+from .segments import Segment, split_plan
 from .session import Session
 
 log = logging.getLogger("ostinato")
@@ -74,7 +76,17 @@ class Executable:
         self.runner = None
         # A MemoryReport per capture made of this executable (the latest 256).
         self.capture_reports: collections.deque = collections.deque(maxlen=256)
+        self._segments: list[Segment] | None = None
         self.session = self.new_session()
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The plan split at the ops run through eager torch (``fallback.*``), which a CUDA graph
+        cannot hold: regions captured one by one, those ops run between them (made on first use)."""
+        if self._segments is None:
+            self._segments = split_plan(self.launches, self.kept_slots, lambda l: is_fallback(l.op),
+                                        name="segment_" + self.backend.name + "_")
+        return self._segments
 
     def new_session(self) -> Session:
         """A fresh session: state buffers copied from the program's initial values onto the device."""
