@@ -9,7 +9,9 @@ when it is given (its kwargs are kept).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
+import io
 import os
 import re
 import sys
@@ -17,7 +19,7 @@ import sys
 import torch
 
 from .. import passes as ost_passes
-from ..errors import OstinatoError
+from ..errors import ExportError, OstinatoError, UnsupportedOpError
 from ..frontend import export
 from .factory import SPEC_HELP, call_factory, example_inputs
 from .progress import Stages
@@ -109,16 +111,21 @@ def dynamic_shapes(texts: list[str], model: torch.nn.Module, args: tuple, kwargs
     return {n: per_input.get(i, per_input.get(n)) for i, n in enumerate(names)}
 
 
-def _export_flags(trace_strict: bool, strict: bool) -> dict:
-    """The strictness keywords of the ostinato.export this process has.
-
-    ``trace_strict`` (torch.export's strict tracing) used to be called ``strict``; before the
-    rename, unsupported ops always raised, which is what --strict asks for anyway.
-    """
-    params = inspect.signature(export).parameters
-    if "trace_strict" in params:
-        return {"trace_strict": trace_strict, "strict": strict}
-    return {"strict": trace_strict}
+def _cli_wording(e: ExportError, args: argparse.Namespace) -> ExportError:
+    """The same failure, with a fix in command-line flags instead of export()'s keywords."""
+    if isinstance(e, UnsupportedOpError):
+        if not args.strict:
+            return e
+        return UnsupportedOpError(e.ops, "Fix: rewrite those lines with supported ops, register a "
+                                  "decomposition for the op, or drop --strict to run such ops through "
+                                  "eager torch between ostinato's plans")
+    if e.__cause__ is None or isinstance(e.__cause__, OstinatoError):
+        return e
+    first = str(e).strip().splitlines()[0]
+    return ExportError(f"{first}\nFix: make forward() traceable (no data-dependent Python control flow); "
+                       "mark sizes that vary with --dynamic; or retry "
+                       f"{'without' if args.trace_strict else 'with'} --trace-strict "
+                       "(--verbose shows torch's error)")
 
 
 def _tracked(pipeline, stages: Stages) -> list:
@@ -150,15 +157,26 @@ def run(args: argparse.Namespace) -> int:
         elif built.args is not None:
             ex_args = built.args
         else:
-            raise OstinatoError(f"{args.factory} returned a model without example inputs\n"
+            raise ExportError(f"{args.factory} returned a model without example inputs\n"
                                 "Fix: pass --example-inputs SPEC (e.g. \"2x16:float32\"), or return "
                                 "(model, args) from the factory")
         model = built.model.eval()
         dyn = dynamic_shapes(args.dynamic, model, ex_args, built.kwargs)
         stages.begin("torch.export")
-        prog = export(model, ex_args, built.kwargs, dynamic_shapes=dyn,
-                      passes=_tracked(PIPELINES[args.passes], stages),
-                      **_export_flags(args.trace_strict, args.strict))
+        # torch.export prints a failed trace's partial graph to stderr, which would bury the one-line
+        # error: held back, and passed on only if the export succeeds (or with --verbose, as it comes).
+        held = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(sys.stderr if args.verbose else held):
+                prog = export(model, ex_args, built.kwargs, dynamic_shapes=dyn,
+                              passes=_tracked(PIPELINES[args.passes], stages),
+                              trace_strict=args.trace_strict, strict=args.strict)
+        except ExportError as e:
+            better = _cli_wording(e, args)
+            if better is e:
+                raise
+            raise better from e
+        sys.stderr.write(held.getvalue())
         stages.begin("save")
         prog.save(output)
     exported = prog.info["passes"][0]["nodes"] if prog.info.get("passes") else prog.num_nodes

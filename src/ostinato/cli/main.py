@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
+    # torch's own warnings (graph dumps of a failed trace) would bury the one-line error; --verbose keeps them.
+    torch_log = logging.getLogger("torch")
+    torch_level = torch_log.level
+    if not args.verbose:
+        torch_log.setLevel(logging.ERROR)
     try:
         return int(args._run(args) or 0)
     except (OstinatoError, OSError) as e:
@@ -47,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         first, *rest = str(e).strip().splitlines() or [type(e).__name__]
         sys.stderr.write(f"ostinato {args.command}: error: {first}\n")
-        hint = next((line for line in rest if line.strip().startswith("Fix")), "")
+        hint = next((line[line.index("Fix:"):] for line in rest if "Fix:" in line), "")
         default = next((h for kind, h in DEFAULT_HINTS if isinstance(e, kind)), "run with --verbose for details")
         sys.stderr.write(f"  {hint.strip() or default}\n")
         return 2
@@ -61,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"ostinato {args.command}: error: {type(e).__name__}: {first}\n"
                          "  unexpected: run with --verbose for the traceback, and report it if ostinato is at fault\n")
         return 1
+    finally:
+        torch_log.setLevel(torch_level)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ class Stages:
         self._progress = Progress(
             SpinnerColumn(finished_text="[green]✓[/]"), TextColumn("{task.description}"), BarColumn(),
             TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-            console=console or Console(stderr=True)) if enabled else None
+            # The stream now, not whatever sys.stderr is later: export quiets torch's prints by swapping it.
+            console=console or Console(file=sys.stderr)) if enabled else None
         self._name: str | None = None
         self._task = None
         self._t0 = 0.0
