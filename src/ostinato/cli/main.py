@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "cache": "ostinato.cli.cache",
     "export": "ostinato.cli.export",
     "run": "ostinato.cli.run",
+    "bench": "ostinato.cli.bench",
 }
 
 # The hint for errors whose message carries no "Fix:" line of its own.

@@ -1,0 +1,94 @@
+"""One fresh-process measurement of time to first output (bench/startup.py's method, for any
+configuration of the matrix): ``python -m bench.suite.child MODE CONFIG WORKDIR``; the last line of
+stdout is a JSON object.
+
+Clocks start after ``import torch``, CUDA initialisation and building the model (a fresh process of a
+user has those too, whichever tool it uses); ``import ostinato`` and torch.compile's imports are inside
+them. Modes:
+  ostinato_cold        export, save the .ost to WORKDIR, compile(replay=True), first output
+  ostinato_warm        load the .ost (verify="checksums") with the cache the cold process filled,
+                       compile(replay=True), first output; no model is built
+  torch_compile_cold   torch.compile(mode="reduce-overhead") first call with empty caches, then the
+                       steady-state cell of that runner (outputs checked, trials), so its compile is
+                       paid once per configuration
+  torch_compile_warm   the same first call with the caches the cold process filled
+The cache directories come from the environment the parent sets (bench/suite/startup.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main(mode: str, name: str, workdir: str) -> dict:
+    import torch
+    from bench.suite import configs, measure, workloads
+    cfg = configs.by_name(name)
+    device = torch.device(cfg.device)
+    if device.type == "cuda":
+        torch.cuda.init()
+        torch.empty(1, device=device)
+        torch.cuda.synchronize()
+    io = torch.load(os.path.join(workdir, "io.pt"), weights_only=True)
+    from torch.utils import _pytree as pytree
+    to_dev = lambda x: x.to(device) if isinstance(x, torch.Tensor) else x   # noqa: E731
+    steps = [(tuple(a), dict(kw)) for a, kw in pytree.tree_map(to_dev, io["steps"])]
+    path = os.path.join(workdir, "model.ost")
+    out: dict = {"mode": mode}
+    if mode == "ostinato_warm":
+        t0 = time.perf_counter()
+        import ostinato
+        prog = ostinato.load(path, verify="checksums")
+        out["load_s"] = time.perf_counter() - t0
+        exe = ostinato.compile(prog, device=device, replay=True)
+        t1 = time.perf_counter()
+        measure.call(exe, steps[0])
+        measure.sync(device)
+        out["first_output_s"] = time.perf_counter() - t1
+        out["total_s"] = time.perf_counter() - t0
+        out["cache"] = ostinato.cache.stats()
+        return out
+    wl = workloads.build(cfg.builder, cfg.params, cfg.device, cfg.dtype)
+    if mode == "ostinato_cold":
+        t0 = time.perf_counter()
+        import ostinato
+        args, kwargs = wl.steps[0]
+        prog = ostinato.export(wl.model, args, kwargs, **wl.export_options)
+        out["export_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        prog.save(path)
+        save_s = time.perf_counter() - t1
+        exe = ostinato.compile(prog, device=device, replay=True)
+        t2 = time.perf_counter()
+        measure.call(exe, steps[0])
+        measure.sync(device)
+        out["first_output_s"] = time.perf_counter() - t2
+        out["total_s"] = time.perf_counter() - t0 - save_s
+        return out
+    if mode in ("torch_compile_cold", "torch_compile_warm"):
+        def make():
+            import torch._dynamo  # noqa: F401  (inside the clock: a user's process pays it)
+            return torch.compile(wl.model, mode="reduce-overhead")
+        if mode == "torch_compile_warm":
+            t0 = time.perf_counter()
+            fn = make()
+            measure.call(fn, steps[0])
+            measure.sync(device)
+            out["total_s"] = time.perf_counter() - t0
+            return out
+        ref = measure.Reference(pytree.tree_map(to_dev, io["refs"]), io["tolerance"])
+        cell = measure.measure_cell(make, steps, ref, device, wl.model_bytes(), **io["timing"])
+        out["cell"] = cell
+        if "first_call_s" in cell:
+            out["total_s"] = cell["build_s"] + cell["first_call_s"]
+        else:
+            out["error"] = cell.get("error", "no first output")
+        return out
+    raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    result = main(*sys.argv[1:4])
+    sys.stdout.write("\n" + json.dumps(result) + "\n")

@@ -1,0 +1,200 @@
+"""Measuring one runner on one workload: outputs checked against eager first (a wrong runner is
+reported with its error and never timed), then warm-ups and trials, a 10% trimmed mean with min and
+max, and the memory the runner needs.
+
+Memory: on CUDA, ``torch.cuda.max_memory_allocated`` from the runner's creation to its last trial,
+above what was allocated before it, plus the model's own bytes (weights and caches, counted once: the
+runners share the model's tensors). On the CPU, the process's resident set (``/proc/self/statm``) after
+the trials above before the runner, plus the model's bytes: a rough figure, since the allocator keeps
+freed memory.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+WARMUPS, TRIALS, TRIM = 5, 10, 0.1
+CHECK_STEPS = 3
+TRIAL_SECONDS = 0.05     # a trial runs enough steps to last about this long
+TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 5e-3}   # max |out - ref| / max(1, max |ref|)
+MEMORY_METRIC = {"cuda": "torch.cuda.max_memory_allocated during the runner above the memory before it, "
+                         "plus the model's weights and caches",
+                 "cpu": "resident set size after the trials above before the runner, plus the model's "
+                        "weights and caches (rough: the CPU allocator keeps freed memory)"}
+
+
+def trimmed_stats(samples: list[float], trim: float = TRIM) -> dict[str, float]:
+    """Mean after dropping ``floor(trim * n)`` samples from each end, with min and max of all samples."""
+    if not samples:
+        raise ValueError("no samples")
+    s = sorted(samples)
+    k = int(math.floor(trim * len(s)))
+    kept = s[k:len(s) - k] if len(s) - 2 * k > 0 else s
+    return {"mean": sum(kept) / len(kept), "min": s[0], "max": s[-1], "n": len(s), "trimmed": 2 * k}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class MemoryWatch:
+    """Memory a runner adds, from ``start()`` to ``stop()`` (see the module's note)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def start(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            self.base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self.base = _rss_bytes()
+
+    def stop(self) -> int | None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.max_memory_allocated(self.device) - self.base
+        now = _rss_bytes()
+        return None if now is None or self.base is None else max(0, now - self.base)
+
+
+def max_error(out: Any, ref: Any) -> float:
+    """Largest |out - ref| / max(1, max |ref|) over the tensors of two outputs of the same structure;
+    inf when structure, shapes or dtypes differ or integer outputs are not equal."""
+    o_leaves, o_spec = pytree.tree_flatten(out)
+    r_leaves, r_spec = pytree.tree_flatten(ref)
+    if o_spec != r_spec and len(o_leaves) != len(r_leaves):
+        return math.inf
+    worst = 0.0
+    for o, r in zip(o_leaves, r_leaves):
+        if not isinstance(r, torch.Tensor):
+            continue
+        if not isinstance(o, torch.Tensor) or o.shape != r.shape:
+            return math.inf
+        if not r.dtype.is_floating_point:
+            if not torch.equal(o.cpu(), r.cpu()):
+                return math.inf
+            continue
+        of, rf = o.detach().float(), r.detach().float().to(o.device)
+        if not torch.isfinite(of).all():
+            return math.inf
+        scale = max(1.0, rf.abs().max().item())
+        worst = max(worst, (of - rf).abs().max().item() / scale)
+    return worst
+
+
+def describe_error(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def snapshot(out: Any) -> Any:
+    """A copy of an output: replayed runners return their static buffers, overwritten by the next call."""
+    return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, out)
+
+
+def call(fn: Callable, step: tuple[tuple, dict]) -> Any:
+    args, kwargs = step
+    with torch.no_grad():
+        return fn(*args, **kwargs)
+
+
+def time_runner(fn: Callable, steps: list, device: torch.device, warmups: int = WARMUPS,
+                trials: int = TRIALS, trial_seconds: float = TRIAL_SECONDS) -> dict[str, Any]:
+    """``warmups`` untimed calls, then ``trials`` trials of k steps each (k so a trial lasts about
+    ``trial_seconds``); statistics of the per-step time of each trial, in milliseconds."""
+    for i in range(warmups):
+        sync(device)
+        t0 = time.perf_counter()
+        call(fn, steps[i % len(steps)])
+        sync(device)
+        last = time.perf_counter() - t0
+    k = max(1, min(200, int(math.ceil(trial_seconds / max(last, 1e-6)))))
+    per_step = []
+    for t in range(trials):
+        sync(device)
+        t0 = time.perf_counter()
+        for i in range(k):
+            call(fn, steps[(t * k + i) % len(steps)])
+        sync(device)
+        per_step.append((time.perf_counter() - t0) / k * 1e3)
+    st = trimmed_stats(per_step)
+    return {"mean_ms": st["mean"], "min_ms": st["min"], "max_ms": st["max"], "steps_per_trial": k,
+            "trials_ms": per_step}
+
+
+@dataclass
+class Reference:
+    """Eager's outputs for the first CHECK_STEPS steps, from the model's initial state."""
+
+    outputs: list
+    tolerance: float
+
+
+def check_runner(fn: Callable, steps: list, ref: Reference) -> tuple[float, list]:
+    """The runner's worst error over the check steps (run from the initial state) and its outputs."""
+    worst, outs = 0.0, []
+    for i, expected in enumerate(ref.outputs):
+        out = snapshot(call(fn, steps[i % len(steps)]))
+        outs.append(out)
+        worst = max(worst, max_error(out, expected))
+    return worst, outs
+
+
+def measure_cell(make: Callable[[], Callable], steps: list, ref: Reference | None, device: torch.device,
+                 model_bytes: int, **timing) -> dict[str, Any]:
+    """One cell of the table: build the runner with ``make()``, check it (unless it is the reference),
+    time it. Failures become ``{"status": "error"}``, wrong outputs ``{"status": "wrong"}``; neither
+    is timed. ``first_call_s`` is the first call's time, compilation or capture included."""
+    t_start = time.perf_counter()
+    cell: dict[str, Any] = {}
+    watch = MemoryWatch(device)
+    fn = None
+    try:
+        watch.start()
+        t0 = time.perf_counter()
+        fn = make()
+        cell["build_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        first = snapshot(call(fn, steps[0]))
+        sync(device)
+        cell["first_call_s"] = time.perf_counter() - t0
+        if ref is not None:
+            err, _ = check_runner(fn, steps, ref)
+            cell["max_error"] = err
+            if not err <= ref.tolerance:
+                cell.update(status="wrong", tolerance=ref.tolerance)
+                return cell
+        del first
+        cell.update(time_runner(fn, steps, device, **timing))
+        mem = watch.stop()
+        cell["peak_mem_bytes"] = None if mem is None else mem + model_bytes
+        cell["status"] = "ok"
+    except Exception as e:   # a runner that fails (compile error, OOM, capture error) is a result too
+        cell.update(status="error", error=describe_error(e))
+    finally:
+        cell["wall_s"] = time.perf_counter() - t_start
+        del fn
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return cell

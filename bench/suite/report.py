@@ -1,0 +1,191 @@
+"""The suite's outputs: JSON (everything measured, with device, versions and date), a markdown table,
+a PNG chart of speed-up over eager per configuration and runner, and the regression list (every
+configuration where ostinato replay is slower than eager or than torch.compile reduce-overhead)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from .configs import RUNNERS
+
+STARTUP_MODES = ("ostinato_cold", "ostinato_warm", "torch_compile_cold", "torch_compile_warm")
+
+
+def _ms(rec: dict, runner: str) -> float | None:
+    cell = rec.get("cells", {}).get(runner)
+    return cell["mean_ms"] if cell and cell.get("status") == "ok" else None
+
+
+def regressions(doc: dict) -> list[dict]:
+    """Configurations where ostinato replay's trimmed mean is above eager's or reduce-overhead's."""
+    out = []
+    for rec in doc["configs"]:
+        mine = _ms(rec, "ostinato_replay")
+        if mine is None:
+            continue
+        for other in ("eager", "torch_compile_ro"):
+            theirs = _ms(rec, other)
+            if theirs is not None and mine > theirs:
+                out.append({"config": rec["config"]["name"], "slower_than": other, "ostinato_replay_ms": mine,
+                            f"{other}_ms": theirs, "ratio": mine / theirs})
+    return out
+
+
+def failures(doc: dict) -> list[dict]:
+    """Cells that are wrong or failed, and configurations that could not be built or exported."""
+    out = []
+    for rec in doc["configs"]:
+        name = rec["config"]["name"]
+        for key in ("error", "export_error"):
+            if key in rec:
+                out.append({"config": name, "runner": key, "status": "error", "detail": rec[key]})
+        for runner, cell in rec.get("cells", {}).items():
+            if cell.get("status") == "wrong":
+                out.append({"config": name, "runner": runner, "status": "wrong",
+                            "detail": f"max error {float(cell['max_error']):.3g} > tolerance {cell['tolerance']:.3g}"})
+            elif cell.get("status") == "error":
+                out.append({"config": name, "runner": runner, "status": "error", "detail": cell.get("error")})
+        for mode, r in rec.get("startup", {}).items():
+            if r.get("status") == "error":
+                out.append({"config": name, "runner": mode, "status": "error", "detail": r.get("error")})
+    return out
+
+
+def finish(doc: dict) -> dict:
+    doc["regressions"] = regressions(doc)
+    doc["failures"] = failures(doc)
+    return doc
+
+
+def merge(docs: list[dict]) -> dict:
+    """One document from several parts' (a configuration measured twice keeps its later record).
+    The header is the first part's; every part's header is kept under ``parts``."""
+    if not docs:
+        raise ValueError("nothing to merge")
+    by_name: dict[str, dict] = {}
+    for d in docs:
+        for rec in d["configs"]:
+            by_name[rec["config"]["name"]] = rec
+    head = {k: v for k, v in docs[0].items() if k not in ("configs", "regressions", "failures", "parts")}
+    parts = [{k: d.get(k) for k in ("date", "device", "versions", "wall_s", "selection")} for d in docs]
+    devices = {p["device"] for p in parts}
+    out = dict(head, parts=parts, configs=list(by_name.values()))
+    out["wall_s"] = sum(p["wall_s"] or 0.0 for p in parts)
+    if len(devices) > 1:
+        out["warning"] = f"parts ran on different devices ({sorted(devices)}): compare ratios within a part only"
+    return finish(out)
+
+
+def _cell_text(rec: dict, runner: str) -> str:
+    cell = rec.get("cells", {}).get(runner)
+    if cell is None:
+        return "–"
+    if cell.get("status") == "wrong":
+        return f"wrong (err {float(cell['max_error']):.2g})"
+    if cell.get("status") != "ok":
+        return "error"
+    eager = _ms(rec, "eager")
+    ratio = f" ({eager / cell['mean_ms']:.2f}x)" if eager and runner != "eager" else ""
+    return f"{cell['mean_ms']:.3f}{ratio}"
+
+
+def _mem(rec: dict, runner: str) -> str:
+    cell = rec.get("cells", {}).get(runner) or {}
+    b = cell.get("peak_mem_bytes")
+    return "–" if b is None else f"{b / 2 ** 20:.0f}"
+
+
+def markdown(doc: dict) -> str:
+    runners = [r for r in RUNNERS if any(r in rec.get("cells", {}) for rec in doc["configs"])]
+    v = doc["versions"]
+    lines = [f"# ostinato bench: {doc['device']}", "",
+             f"{doc['date']}; torch {v['torch']}, Python {v['python']}, ostinato {v['ostinato']}, "
+             f"transformers {v.get('transformers')}, Triton {v.get('triton')}"
+             + (f", CUDA {v['cuda']}" if v.get("cuda") else "") + ".", "",
+             f"Step time in ms: 10% trimmed mean of {doc['method']['trials']} trials after "
+             f"{doc['method']['warmups']} warm-ups (speed-up over eager in parentheses). Every runner's "
+             "outputs are checked against eager before it is timed; a wrong one is shown, not timed.", "",
+             "| configuration | " + " | ".join(runners) + " |", "|---|" + "---|" * len(runners)]
+    for rec in doc["configs"]:
+        lines.append(f"| {rec['config']['name']} | " + " | ".join(_cell_text(rec, r) for r in runners) + " |")
+    lines += ["", f"Peak memory (MiB): {doc['method']['memory']}.", "",
+              "| configuration | " + " | ".join(runners) + " |", "|---|" + "---|" * len(runners)]
+    for rec in doc["configs"]:
+        lines.append(f"| {rec['config']['name']} | " + " | ".join(_mem(rec, r) for r in runners) + " |")
+    starts = [rec for rec in doc["configs"] if rec.get("startup")]
+    if starts:
+        lines += ["", "Time to first output in a fresh process, seconds (cold: empty caches, export included "
+                  "for ostinato; warm: the .ost loaded with a warm cache / torch.compile with warm caches).", "",
+                  "| configuration | " + " | ".join(STARTUP_MODES) + " |", "|---|" + "---|" * len(STARTUP_MODES)]
+        for rec in starts:
+            row = []
+            for m in STARTUP_MODES:
+                r = rec["startup"].get(m)
+                row.append("–" if r is None else f"{r['total_s']:.2f}" if r.get("status") == "ok" else "error")
+            lines.append(f"| {rec['config']['name']} | " + " | ".join(row) + " |")
+    lines += ["", "## Regressions (ostinato replay slower than eager or than torch.compile reduce-overhead)", ""]
+    regs = doc.get("regressions", [])
+    lines += [f"- {r['config']}: {r['ostinato_replay_ms']:.3f} ms vs {r['slower_than']} "
+              f"{r[r['slower_than'] + '_ms']:.3f} ms ({r['ratio']:.2f}x)" for r in regs] or ["none"]
+    lines += ["", "## Failures", ""]
+    lines += [f"- {f['config']} / {f['runner']}: {f['status']}: {f['detail']}" for f in doc.get("failures", [])] \
+        or ["none"]
+    lines += ["", "Configurations:", ""]
+    lines += [f"- {rec['config']['name']}: {rec.get('description', '')}" for rec in doc["configs"]]
+    return "\n".join(lines) + "\n"
+
+
+def chart(doc: dict, path: str) -> None:
+    """Horizontal grouped bars: speed-up over eager (log scale) per configuration and runner."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runners = [r for r in RUNNERS if r != "eager" and any(r in rec.get("cells", {}) for rec in doc["configs"])]
+    recs = [rec for rec in doc["configs"] if _ms(rec, "eager")]
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.22 * max(1, len(recs)) * max(1, len(runners)) ** 0.5 * 1.6))
+    height = 0.8 / max(1, len(runners))
+    for j, runner in enumerate(runners):
+        ys, xs = [], []
+        for i, rec in enumerate(recs):
+            mine = _ms(rec, runner)
+            if mine:
+                ys.append(i + (j - (len(runners) - 1) / 2) * height)
+                xs.append(_ms(rec, "eager") / mine)
+        ax.barh(ys, xs, height=height, label=runner)
+    ax.set_yticks(range(len(recs)), [rec["config"]["name"] for rec in recs], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("speed-up over eager (eager step time / runner step time, log scale)")
+    ax.set_title(f"ostinato bench: {doc['device']}, torch {doc['versions']['torch']}", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(doc: dict, out_dir: str) -> dict[str, str]:
+    """results.json, results.md and speedup.png in ``out_dir``; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    finish(doc)
+    paths = {"json": os.path.join(out_dir, "results.json"), "markdown": os.path.join(out_dir, "results.md"),
+             "chart": os.path.join(out_dir, "speedup.png")}
+    with open(paths["json"], "w") as f:
+        json.dump(_finite(doc), f, indent=1, allow_nan=False)
+    with open(paths["markdown"], "w") as f:
+        f.write(markdown(doc))
+    chart(doc, paths["chart"])
+    return paths
+
+
+def _finite(x: Any) -> Any:
+    """Strict JSON: a non-finite float (an output with inf or NaN has max error inf) becomes a string."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x

@@ -1,0 +1,150 @@
+"""Running configurations: build the workload, take eager's reference outputs, export once, measure
+the fresh-process start-up figures, then every runner in turn from the model's initial state."""
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import torch
+
+from . import configs, measure, runners, startup, workloads
+from .configs import Config
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir: str,
+               timing: dict | None = None, extra_runners: dict[str, Callable] | None = None) -> dict[str, Any]:
+    """One configuration's record: its cells (runner -> result), start-up figures and wall time.
+    ``extra_runners`` maps more names to ``make(model, program, device, example)`` (tests use it)."""
+    t_start = time.perf_counter()
+    timing = timing or {}
+    device = torch.device(cfg.device)
+    rec: dict[str, Any] = {"config": cfg.as_dict(), "cells": {}, "startup": {}}
+    try:
+        wl = workloads.build(cfg.builder, cfg.params, cfg.device, cfg.dtype)
+    except Exception as e:
+        rec.update(error=f"build failed: {measure.describe_error(e)}", wall_s=time.perf_counter() - t_start)
+        return rec
+    rec["description"], rec["model_bytes"] = wl.description, wl.model_bytes()
+    initial = {n: b.detach().clone() for n, b in wl.model.named_buffers()}
+
+    def restore() -> None:   # every runner starts from the model's initial caches
+        with torch.no_grad():
+            for n, b in wl.model.named_buffers():
+                b.copy_(initial[n])
+
+    ref = measure.Reference([measure.snapshot(measure.call(wl.model, wl.steps[i % len(wl.steps)]))
+                             for i in range(measure.CHECK_STEPS)], measure.TOLERANCE[cfg.dtype])
+    restore()
+    program = None
+    if any(r.startswith("ostinato") for r in runner_names):
+        import ostinato
+        t0 = time.perf_counter()
+        try:
+            args, kwargs = wl.steps[0]
+            program = ostinato.export(wl.model, args, kwargs, **wl.export_options)
+            rec["export_s"] = time.perf_counter() - t0
+            rec["nodes"] = program.num_nodes
+        except Exception as e:
+            rec["export_error"] = measure.describe_error(e)
+        restore()
+    tc_in_child = False
+    if with_startup:
+        tc = any(r.startswith("torch_compile") for r in runner_names)
+        rec["startup"] = startup.measure_startup(cfg, os.path.join(workdir, cfg.name.replace("/", "_")),
+                                                 wl.steps, ref, timing, tc, log)
+        cold = rec["startup"].get("torch_compile_cold", {})
+        if "torch_compile_ro" in runner_names and "cell" in cold:
+            cell = dict(cold["cell"], measured_in="the cold-start process (first call with empty caches)")
+            rec["cells"]["torch_compile_ro"] = cell
+            tc_in_child = True
+    for name in runner_names:
+        if name == "torch_compile_ro" and tc_in_child:
+            log(f"    {name}: {_summary(rec['cells'][name])}")
+            continue
+        restore()
+        if extra_runners and name in extra_runners:
+            make = lambda: extra_runners[name](wl.model, program, device, wl.steps[0])   # noqa: E731
+        else:
+            make = lambda: runners.make_runner(name, wl.model, program, device, wl.steps[0])   # noqa: E731
+        log(f"    {name} ...")
+        cell = measure.measure_cell(make, wl.steps, None if name == "eager" else ref, device, rec["model_bytes"],
+                                    **timing)
+        runners.release(name)
+        rec["cells"][name] = cell
+        log(f"    {name}: {_summary(cell)}")
+    del wl, program, initial
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    rec["wall_s"] = time.perf_counter() - t_start
+    return rec
+
+
+def _summary(cell: dict) -> str:
+    if cell.get("status") == "ok":
+        return (f"{cell['mean_ms']:.3f} ms/step (min {cell['min_ms']:.3f}, max {cell['max_ms']:.3f}), "
+                f"first call {cell['first_call_s']:.2f} s")
+    if cell.get("status") == "wrong":
+        return f"WRONG: max error {cell['max_error']:.3g} > {cell['tolerance']:.3g}, not timed"
+    return f"error: {cell.get('error')}"
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Device name and versions, for the report's header."""
+    import ostinato
+    versions = {"ostinato": ostinato.__version__, "torch": torch.__version__, "python": platform.python_version()}
+    for mod in ("transformers", "triton"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:
+            versions[mod] = None
+    env: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
+                           "platform": platform.platform(), "versions": versions, "device_type": device,
+                           "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+                           "torch_threads": torch.get_num_threads()}
+    if device == "cuda":
+        env["device"] = torch.cuda.get_device_name(0)
+        versions["cuda"] = torch.version.cuda
+    else:
+        env["device"] = f"CPU ({env['cpu']}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+    return env
+
+
+def run_suite(selected: list[Config], runner_names: list[str] | None, with_startup: bool, quick: bool = False,
+              workdir: str | None = None, timing: dict | None = None,
+              extra_runners: dict | None = None) -> dict[str, Any]:
+    """Every selected configuration, in order; the suite's JSON document (without the report parts)."""
+    workdir = workdir or tempfile.mkdtemp(prefix="ostinato-bench-")
+    # This process's own compile caches are private to the run (the fresh processes get their own).
+    os.environ.setdefault("OSTINATO_CACHE_DIR", os.path.join(workdir, "ostinato-cache"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(workdir, "inductor"))
+    os.environ.pop("OSTINATO_REDIS_URL", None)
+    device = selected[0].device if selected else "cpu"
+    doc: dict[str, Any] = {"suite": "ostinato bench", **environment(device),
+                           "method": {"warmups": measure.WARMUPS, "trials": measure.TRIALS, "trim": measure.TRIM,
+                                      "trial_seconds": (timing or {}).get("trial_seconds", measure.TRIAL_SECONDS),
+                                      "check_steps": measure.CHECK_STEPS, "tolerance": measure.TOLERANCE,
+                                      "memory": measure.MEMORY_METRIC[device],
+                                      "runners": runners.DESCRIPTIONS},
+                           "configs": []}
+    t0 = time.perf_counter()
+    for i, cfg in enumerate(selected):
+        names = configs.runners_for(cfg, runner_names)
+        if extra_runners:
+            names += [n for n in extra_runners if n not in names]
+        log(f"[{i + 1}/{len(selected)}] {cfg.name} ({cfg.category}, {cfg.dtype}): {', '.join(names)}")
+        rec = run_config(cfg, names, configs.wants_startup(cfg, with_startup, quick), workdir, timing, extra_runners)
+        log(f"    done in {rec['wall_s']:.1f} s")
+        doc["configs"].append(rec)
+    doc["wall_s"] = time.perf_counter() - t0
+    return doc

@@ -1,0 +1,78 @@
+"""Time to first output in fresh processes (bench/suite/child.py), for one configuration: ostinato cold
+(empty caches) and warm (the .ost on disk, the cache the cold process filled, an empty Triton
+directory so kernels must come from ostinato's cache), torch.compile reduce-overhead cold (empty
+Inductor and Triton caches; it also gives that runner's steady-state cell) and warm (its caches warm).
+
+Every cache directory is private to the configuration, under its work directory, as in
+bench/startup.py; no Redis.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from . import ROOT
+from .configs import Config
+from .measure import Reference
+
+CHILD_TIMEOUT_S = 900
+
+
+def _env(**dirs: str) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("OSTINATO_REDIS_URL", None)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), ROOT, env.get("PYTHONPATH", "")])
+    env.update(dirs)
+    return env
+
+
+def run_child(mode: str, config: Config, workdir: str, env: dict, timeout: float = CHILD_TIMEOUT_S) -> dict:
+    cmd = [sys.executable, "-m", "bench.suite.child", mode, config.name, workdir]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "error": f"timed out after {timeout:.0f} s", "process_s": timeout}
+    process_s = time.perf_counter() - t0
+    if p.returncode != 0:
+        tail = [line for line in p.stderr.strip().splitlines() if line.strip()]
+        return {"status": "error", "error": (tail[-1] if tail else f"exit status {p.returncode}")[:300],
+                "process_s": process_s}
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["process_s"] = process_s
+    res["status"] = "error" if "error" in res else "ok"
+    return res
+
+
+def measure_startup(config: Config, workdir: str, steps: list, ref: Reference, timing: dict,
+                    torch_compile: bool, log) -> dict[str, Any]:
+    """The four fresh-process measurements (two when ``torch_compile`` is False), by name."""
+    os.makedirs(workdir, exist_ok=True)
+    to_cpu = lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x   # noqa: E731
+    torch.save({"steps": pytree.tree_map(to_cpu, steps), "refs": pytree.tree_map(to_cpu, ref.outputs),
+                "tolerance": ref.tolerance, "timing": timing}, os.path.join(workdir, "io.pt"))
+    d = lambda name: os.path.join(workdir, name)   # noqa: E731
+    ost = dict(OSTINATO_CACHE_DIR=d("ostinato-cache"))
+    plan = [("ostinato_cold", _env(**ost, TRITON_CACHE_DIR=d("triton-ost-cold"))),
+            ("ostinato_warm", _env(**ost, TRITON_CACHE_DIR=d("triton-ost-warm")))]
+    if torch_compile:
+        tc = _env(TORCHINDUCTOR_CACHE_DIR=d("inductor"), TRITON_CACHE_DIR=d("triton-tc"),
+                  OSTINATO_CACHE_DIR=d("ostinato-unused"))
+        plan += [("torch_compile_cold", tc), ("torch_compile_warm", tc)]
+    out: dict[str, Any] = {}
+    for mode, env in plan:
+        if mode == "ostinato_warm" and out["ostinato_cold"]["status"] != "ok":
+            out[mode] = {"status": "error", "error": "no .ost: the cold process failed"}
+            continue
+        log(f"    fresh process: {mode} ...")
+        out[mode] = run_child(mode, config, workdir, env)
+        r = out[mode]
+        log(f"    {mode}: " + (f"{r['total_s']:.2f} s to first output" if r["status"] == "ok" else r["error"]))
+    return out

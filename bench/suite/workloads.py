@@ -1,0 +1,187 @@
+"""A configuration of the matrix made concrete: the model on its device in its dtype, the inputs of
+each step, and how to export it. Builders are seeded, so a fresh process builds the same weights."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from . import models
+
+INPUT_STEPS = 8   # distinct step inputs, cycled while timing (decode positions 0..7)
+
+
+@dataclass
+class Workload:
+    """``model(*args, **kwargs)`` for each ``(args, kwargs)`` of ``steps`` is one timed step."""
+
+    model: nn.Module
+    steps: list[tuple[tuple, dict]]
+    export_options: dict = field(default_factory=dict)   # extra keywords for ostinato.export
+    description: str = ""
+
+    def model_bytes(self) -> int:
+        """Bytes of the model's parameters and buffers (each storage once): weights and KV caches."""
+        seen, total = set(), 0
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            key = (t.untyped_storage().data_ptr(), t.device)
+            if key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
+        return total
+
+
+def strict_export_option() -> dict:
+    """torch.export strict (Dynamo) tracing, which HF static-cache wrappers need: the keyword is
+    ``trace_strict`` in newer ostinato, ``strict`` before."""
+    import ostinato
+    params = inspect.signature(ostinato.export).parameters
+    return {"trace_strict": True} if "trace_strict" in params else {"strict": True}
+
+
+def _gen(seed: int = 1) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---- builders: (params, device, dtype) -> Workload ----------------------------------------------------
+
+def tiny_decoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
+    from examples.tiny_decoder import TinyDecoder, decode_inputs
+    torch.manual_seed(0)
+    model = TinyDecoder(dim=p["hidden"], layers=p["layers"]).eval().to(device=device, dtype=dtype)
+    g = _gen()
+    steps = [(tuple(t.to(device) for t in decode_inputs(s, generator=g)), {}) for s in range(INPUT_STEPS)]
+    return Workload(model, steps, description=f"TinyDecoder(hidden={p['hidden']}, layers={p['layers']}), decode step")
+
+
+HF_SHAPES = {
+    # Real shapes of the named models (rope scaling left out); "layers" may be overridden by a config.
+    "llama-3.2-1b": ("LlamaConfig", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                         num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                                         vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True)),
+    "qwen2.5-0.5b": ("Qwen2Config", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                         rope_theta=1000000.0, tie_word_embeddings=True)),
+    "gemma-2b": ("GemmaConfig", dict(hidden_size=2048, intermediate_size=16384, num_hidden_layers=18,
+                                     num_attention_heads=8, num_key_value_heads=1, head_dim=256,
+                                     vocab_size=256000)),
+    "llama-4096": ("LlamaConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=8,
+                                       num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                       vocab_size=32000, rope_theta=500000.0)),
+    # CPU-sized versions of the same families: same head layout ratios, narrow and shallow.
+    "llama-mini": ("LlamaConfig", dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                                       num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                                       vocab_size=4096, rope_theta=500000.0, tie_word_embeddings=True)),
+    "qwen-mini": ("Qwen2Config", dict(hidden_size=224, intermediate_size=1216, num_hidden_layers=6,
+                                      num_attention_heads=14, num_key_value_heads=2, vocab_size=4096,
+                                      rope_theta=1000000.0, tie_word_embeddings=True)),
+    "gemma-mini": ("GemmaConfig", dict(hidden_size=256, intermediate_size=2048, num_hidden_layers=4,
+                                       num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+                                       vocab_size=4096)),
+    "llama-1024": ("LlamaConfig", dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+                                       num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                                       vocab_size=8192, rope_theta=500000.0)),
+}
+
+
+def hf_decoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
+    """transformers' static-cache export wrapper around a from_config model with random weights, built
+    on ``device`` in ``dtype`` (the cache's tensors are not all buffers: ``.to()`` would not move them).
+    ``tokens`` > 1 is a prefill of that many tokens at positions 0..tokens-1; 1 is a decode step."""
+    import transformers
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+    cls, shape = HF_SHAPES[p["shape"]]
+    shape = dict(shape, **({"num_hidden_layers": p["layers"]} if "layers" in p else {}))
+    config = getattr(transformers, cls)(max_position_embeddings=max(4096, p["cache"]), pad_token_id=0,
+                                        bos_token_id=1, eos_token_id=2, **shape)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        with torch.no_grad():   # from_config leaves norms at 1 (Gemma: 0 for its 1+w)
+            for name, w in model.named_parameters():
+                if w.dim() == 1:
+                    w.uniform_(-0.5, 0.5) if "gemma" in p["shape"] else w.uniform_(0.5, 1.5)
+        model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static")
+        wrapper = TorchExportableModuleWithStaticCache(model, batch_size=p["batch"], max_cache_len=p["cache"],
+                                                       device=device).eval()
+    g, t, vocab = _gen(), p["tokens"], shape["vocab_size"]
+    steps = []
+    for s in range(INPUT_STEPS if t == 1 else 2):
+        ids = torch.randint(0, vocab, (p["batch"], t), generator=g).to(device)
+        pos = (torch.tensor([s]) if t == 1 else torch.arange(t)).to(device)
+        steps.append(((), {"input_ids": ids, "cache_position": pos}))
+    kind = "decode step" if t == 1 else f"{t}-token prefill"
+    return Workload(wrapper, steps, strict_export_option(),
+                    f"{p['shape']} ({cls}, {shape['num_hidden_layers']} layers, random weights), batch {p['batch']}, "
+                    f"{kind}, static cache {p['cache']}")
+
+
+def unet(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
+    torch.manual_seed(0)
+    model = models.UNetStack(ch=p["ch"]).eval().to(device=device, dtype=dtype)
+    g, r, b = _gen(), p["res"], p["batch"]
+    steps = [((torch.randn(b, 4, r, r, generator=g).to(device, dtype),
+               torch.randint(0, 1000, (b,), generator=g).float().to(device)), {}) for _ in range(2)]
+    return Workload(model, steps, description=f"UNetStack(ch={p['ch']}), latents {b}x4x{r}x{r}")
+
+
+def dit(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
+    torch.manual_seed(0)
+    model = models.DiTStack(dim=p["dim"], depth=p["depth"], heads=p["heads"], size=p["res"]).eval()
+    model = model.to(device=device, dtype=dtype)
+    g, r, b = _gen(), p["res"], p["batch"]
+    steps = [((torch.randn(b, 4, r, r, generator=g).to(device, dtype),
+               torch.randint(0, 1000, (b,), generator=g).float().to(device),
+               torch.randint(0, 1000, (b,), generator=g).to(device)), {}) for _ in range(2)]
+    return Workload(model, steps, description=f"DiTStack(dim={p['dim']}, depth={p['depth']}, patch 2), "
+                                              f"latents {b}x4x{r}x{r} ({(r // 2) ** 2} tokens)")
+
+
+def resnet(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
+    torch.manual_seed(0)
+    model = models.ResNet(width=p["width"]).eval().to(device=device, dtype=dtype)
+    g, r, b = _gen(), p["res"], p["batch"]
+    steps = [((torch.randn(b, 3, r, r, generator=g).to(device, dtype),), {}) for _ in range(2)]
+    return Workload(model, steps, description=f"ResNet-18 layout, width {p['width']}, images {b}x3x{r}x{r}")
+
+
+class EncoderOutput(nn.Module):
+    """A transformers encoder returning its last hidden state as a plain tensor."""
+
+    def __init__(self, encoder: nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, features):
+        return self.encoder(features).last_hidden_state
+
+
+def whisper_encoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+    torch.manual_seed(0)
+    config = WhisperConfig(d_model=p["dim"], encoder_layers=p["layers"], encoder_attention_heads=p["heads"],
+                           encoder_ffn_dim=4 * p["dim"], decoder_layers=1, decoder_attention_heads=p["heads"],
+                           decoder_ffn_dim=4 * p["dim"], num_mel_bins=80, max_source_positions=p["positions"],
+                           vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=3)
+    encoder = models.perturb_norms(WhisperEncoder(config)).eval()
+    model = EncoderOutput(encoder).eval().to(device=device, dtype=dtype)
+    g = _gen()
+    steps = [((torch.randn(p["batch"], 80, 2 * p["positions"], generator=g).to(device, dtype),), {})
+             for _ in range(2)]
+    return Workload(model, steps, description=f"Whisper encoder (d_model {p['dim']}, {p['layers']} layers), "
+                                              f"batch {p['batch']}, {2 * p['positions']} mel frames")
+
+
+BUILDERS: dict[str, Callable[[dict, torch.device, torch.dtype], Workload]] = {
+    "tiny-decoder": tiny_decoder, "hf-decoder": hf_decoder, "unet": unet, "dit": dit, "resnet": resnet,
+    "whisper-encoder": whisper_encoder,
+}
+
+
+def build(builder: str, params: dict[str, Any], device: str, dtype: str) -> Workload:
+    return BUILDERS[builder](params, torch.device(device), getattr(torch, dtype))
