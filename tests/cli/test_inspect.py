@@ -87,3 +87,57 @@ def test_inspect_passes_exports_a_factory_with_times(tmp_path, capsys, monkeypat
     assert "not (model, args[, kwargs])" in capsys.readouterr().err
     assert main(["inspect", "--passes", "facmod:missing"]) == 2
     assert "has no function missing" in capsys.readouterr().err
+
+
+def _fallback_program(tmp_path):
+    from frontend.fallback_ops import model_and_input
+    model, x = model_and_input(seed=11)
+    prog = ostinato.export(model, (x,))
+    path = tmp_path / "fb.ost"
+    prog.save(path)
+    return prog, path
+
+
+def test_inspect_lists_the_fallback_ops_with_node_source_and_reason(tmp_path, capsys):
+    from frontend.fallback_ops import FALLBACK_OPS
+    prog, path = _fallback_program(tmp_path)
+    assert main(["inspect", str(path), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    rows = d["fallback"]
+    assert {r["op"] for r in rows} == FALLBACK_OPS and len(rows) == 3
+    by_node = {n.name: n for n in prog.graph.nodes}
+    for r in rows:
+        assert by_node[r["node"]].op == r["op"]
+        assert r["source"].startswith("fallback_ops.py:") and "torch.ops.ostinato_fb." in r["source"]
+        assert r["reason"].startswith(f"no ostinato kernel for {r['op'][len('fallback.'):]}")
+        assert "custom op of the 'ostinato_fb' namespace" in r["reason"]
+    assert main(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "fallback  3 node(s) run through eager torch" in text
+    for r in rows:
+        assert f"{r['op']}  node {r['node']}  at {r['source']}" in text and r["reason"] in text
+
+
+def test_inspect_shows_no_fallback_section_without_fallback_ops(tmp_path, capsys):
+    prog = ostinato.export(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), (torch.randn(2, 4),))
+    prog.save(tmp_path / "plain.ost")
+    assert main(["inspect", str(tmp_path / "plain.ost"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fallback"] == []
+    assert main(["inspect", str(tmp_path / "plain.ost")]) == 0
+    assert "run through eager torch" not in capsys.readouterr().out
+
+
+def test_inspect_in_a_fresh_process_needs_import_for_custom_ops(tmp_path):
+    import os
+    _, path = _fallback_program(tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    frontend_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "frontend")
+    cmd = [sys.executable, "-m", "ostinato", "inspect", str(path), "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=frontend_dir)
+    assert out.returncode == 2 and out.stdout == ""
+    assert "ostinato_fb::" in out.stderr and "is registered in this process" in out.stderr
+    assert "Fix: pass --import MODULE" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run(cmd + ["--import", "fallback_ops"], capture_output=True, text=True, timeout=120,
+                         env=env, cwd=frontend_dir)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert len(json.loads(out.stdout)["fallback"]) == 3

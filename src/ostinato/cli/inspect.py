@@ -1,4 +1,5 @@
-"""Show what a program file holds: schema, sizes, exporter, inputs, outputs, state, weights, ops.
+"""Show what a program file holds: schema, sizes, exporter, inputs, outputs, state, weights, ops, and
+the ops that run through eager torch because ostinato has no kernel for them (the fallback).
 
 ``--passes`` shows the node count after each graph pass: for a .ost file, the counts its exporter
 recorded; for ``MODULE:FACTORY``, a fresh export of the model the factory builds, with each pass's time.
@@ -6,12 +7,14 @@ recorded; for ``MODULE:FACTORY``, a fresh export of the model the factory builds
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 
-from ..errors import ProgramFormatError
+from ..errors import ExportError, MissingOpError, ProgramFormatError
 from ..ir import TensorMeta, Value
+from ..ir.fallback import fallback_nodes
 from ..program import load, spec_structure
 from .factory import is_factory_spec, load_factory
 
@@ -24,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="show the node count (and, exporting MODULE:FACTORY, the time) after each pass")
     p.add_argument("--json", action="store_true", help="print one JSON object (for machines)")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks of the file's segments")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (repeatable): the module that registers the program's custom "
+                        "ops (torch.library), which run through eager torch")
 
 
 def _human(n: int) -> str:
@@ -34,8 +40,29 @@ def _human(n: int) -> str:
     return str(n)
 
 
+def import_modules(names: list[str]) -> None:
+    """Import the modules that register a program's custom ops (the current directory is importable)."""
+    if names and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ExportError(f"cannot import {name} (from --import): {e}\nFix: name a module importable "
+                              "from the current directory or the Python path") from e
+
+
+def _load(path: str, verify: bool):
+    try:
+        return load(path, verify=verify)
+    except MissingOpError as e:
+        first = str(e).splitlines()[0]
+        raise MissingOpError(f"{first}\nFix: pass --import MODULE, naming the module that registers it "
+                             "(its torch.library.custom_op)") from e
+
+
 def describe(path: str, verify: bool = True) -> dict:
-    prog = load(path, verify=verify)
+    prog = _load(path, verify)
     src = prog.source
     g = prog.graph
 
@@ -68,6 +95,8 @@ def describe(path: str, verify: bool = True) -> dict:
         "weights": len(prog.weights),
         "nodes": len(g.nodes),
         "ops": dict(sorted(prog.op_counts().items(), key=lambda kv: (-kv[1], kv[0]))),
+        "fallback": [{"op": op, "node": node, "source": source, "reason": reason}
+                     for op, node, source, reason in fallback_nodes(g)],
     }
 
 
@@ -90,7 +119,7 @@ def pass_table(target: str, verify: bool = True) -> dict:
         for r in rows[1:]:
             r["ms"] = prog.timings[f"pass.{r['pass']}"] * 1e3
         return {"model": prog.info["model"], "source": target, "passes": rows}
-    prog = load(target, verify=verify)
+    prog = _load(target, verify)
     rows = prog.info.get("passes")
     if not rows:
         raise ProgramFormatError(f"{target} records no pass report (exported by ostinato "
@@ -113,6 +142,7 @@ def _print_passes(t: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import_modules(args.imports)
     if args.passes:
         t = pass_table(args.file, verify=not args.no_verify)
         if args.json:
@@ -146,5 +176,10 @@ def run(args: argparse.Namespace) -> int:
     lines.append(f"  ops       {d['nodes']} nodes, {len(d['ops'])} distinct:")
     for op, n in d["ops"].items():
         lines.append(f"    {n:6d}  {op}")
+    if d["fallback"]:
+        lines.append(f"  fallback  {len(d['fallback'])} node(s) run through eager torch (no ostinato kernel):")
+        for f in d["fallback"]:
+            lines.append(f"    {f['op']}  node {f['node']}  at {f['source'] or 'unknown source'}")
+            lines.append(f"      {f['reason']}")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
