@@ -12,7 +12,8 @@ them. Modes:
                        steady-state cell of that runner (outputs checked, trials), so its compile is
                        paid once per configuration
   torch_compile_warm   the same first call with the caches the cold process filled
-The cache directories come from the environment the parent sets (bench/suite/startup.py).
+The configuration, step inputs and eager's reference outputs come from WORKDIR/io.pt, the cache
+directories from the environment the parent sets (bench/suite/startup.py).
 """
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ import time
 
 def main(mode: str, name: str, workdir: str) -> dict:
     import torch
-    from bench.suite import configs, measure, workloads
-    cfg = configs.by_name(name)
-    device = torch.device(cfg.device)
+    from bench.suite import measure, workloads
+    io = torch.load(os.path.join(workdir, "io.pt"), weights_only=True)
+    cfg = io["config"]
+    assert cfg["name"] == name, f"{workdir} holds {cfg['name']}, not {name}"
+    device = torch.device(cfg["device"])
     if device.type == "cuda":
         torch.cuda.init()
         torch.empty(1, device=device)
         torch.cuda.synchronize()
-    io = torch.load(os.path.join(workdir, "io.pt"), weights_only=True)
     from torch.utils import _pytree as pytree
     to_dev = lambda x: x.to(device) if isinstance(x, torch.Tensor) else x   # noqa: E731
     steps = [(tuple(a), dict(kw)) for a, kw in pytree.tree_map(to_dev, io["steps"])]
@@ -50,7 +52,7 @@ def main(mode: str, name: str, workdir: str) -> dict:
         out["total_s"] = time.perf_counter() - t0
         out["cache"] = ostinato.cache.stats()
         return out
-    wl = workloads.build(cfg.builder, cfg.params, cfg.device, cfg.dtype)
+    wl = workloads.build(cfg["builder"], cfg["params"], cfg["device"], cfg["dtype"])
     if mode == "ostinato_cold":
         t0 = time.perf_counter()
         import ostinato

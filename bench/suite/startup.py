@@ -56,7 +56,7 @@ def measure_startup(config: Config, workdir: str, steps: list, ref: Reference, t
     """The four fresh-process measurements (two when ``torch_compile`` is False), by name."""
     os.makedirs(workdir, exist_ok=True)
     to_cpu = lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x   # noqa: E731
-    torch.save({"steps": pytree.tree_map(to_cpu, steps), "refs": pytree.tree_map(to_cpu, ref.outputs),
+    torch.save({"config": config.as_dict(), "steps": pytree.tree_map(to_cpu, steps), "refs": pytree.tree_map(to_cpu, ref.outputs),
                 "tolerance": ref.tolerance, "timing": timing}, os.path.join(workdir, "io.pt"))
     d = lambda name: os.path.join(workdir, name)   # noqa: E731
     ost = dict(OSTINATO_CACHE_DIR=d("ostinato-cache"))

@@ -1,0 +1,214 @@
+"""The benchmark suite (bench/suite): the matrix, the statistics, a tiny CPU configuration end to end
+(eager, ostinato with and without replay; torch.compile is left out: too slow for a test), wrong
+runners reported and not timed, regressions, parts, merging and the command line."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench.suite import configs, measure, report
+from bench.suite.configs import Config
+from bench.suite.run import run_suite
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = Config("cpu/test-tiny-decoder", "dispatch-heavy", "tiny-decoder", "tiny-decoder",
+              {"hidden": 32, "layers": 2}, "cpu", "float32", configs._est(0.1, 1, 5, 0.001))
+FAST = {"trial_seconds": 0.002}
+
+
+def test_matrix_covers_every_category_and_family():
+    assert len(configs.MATRIX) >= 40
+    assert len({c.name for c in configs.MATRIX}) == len(configs.MATRIX)
+    for device in ("cuda", "cpu"):
+        mine = configs.select(device)
+        assert {c.category for c in mine} == set(configs.CATEGORIES), device
+        assert {c.family for c in mine} >= {"tiny-decoder", "llama-3.2-1b", "qwen2.5-0.5b", "gemma-2b", "unet",
+                                            "dit", "llama-4096", "whisper-encoder", "resnet"}, device
+    gpu = configs.select("cuda")
+    tiny = {(c.params["hidden"], c.params["layers"]) for c in gpu if c.family == "tiny-decoder"}
+    assert tiny == {(h, n) for h in (128, 256) for n in (32, 64, 128)}
+    for fam in ("llama-3.2-1b", "qwen2.5-0.5b", "gemma-2b"):
+        assert sorted(c.params["tokens"] for c in gpu if c.family == fam) == [1, 128], fam
+    for fam in ("unet", "dit"):
+        assert len({c.params["res"] for c in gpu if c.family == fam}) == 2, fam
+    wide = [c.params for c in gpu if c.family == "llama-4096"]
+    assert {(p["batch"], p["tokens"]) for p in wide} == {(1, 1), (32, 1), (1, 2048)}
+    assert all(c.dtype == "bfloat16" for c in gpu) and all(c.dtype == "float32" for c in configs.select("cpu"))
+
+
+def test_trimmed_stats_on_known_numbers():
+    st = measure.trimmed_stats([10, 1, 2, 3, 4, 5, 6, 7, 8, 100])
+    # 10% of 10 trials: the lowest (1) and the highest (100) are dropped before the mean.
+    assert st["mean"] == pytest.approx((2 + 3 + 4 + 5 + 6 + 7 + 8 + 10) / 8)
+    assert (st["min"], st["max"], st["n"], st["trimmed"]) == (1, 100, 10, 2)
+    assert measure.trimmed_stats([3.0, 5.0])["mean"] == 4.0    # too few to trim
+    with pytest.raises(ValueError):
+        measure.trimmed_stats([])
+
+
+def test_max_error_scales_by_reference_and_rejects_mismatches():
+    ref = torch.tensor([10.0, -20.0])
+    assert measure.max_error(ref + torch.tensor([0.0, 2.0]), ref) == pytest.approx(0.1)
+    assert measure.max_error(torch.tensor([0.5]), torch.tensor([0.25])) == pytest.approx(0.25)
+    assert measure.max_error(torch.zeros(3), torch.zeros(2)) == float("inf")
+    assert measure.max_error(torch.tensor([float("nan")]), torch.tensor([1.0])) == float("inf")
+    assert measure.max_error((torch.tensor([1, 2]),), (torch.tensor([1, 3]),)) == float("inf")
+
+
+def _wrong_runner(model, program, device, example):
+    def step(*args, **kwargs):
+        return model(*args, **kwargs) + 1e-2   # close, but far above fp32's tolerance
+    return step
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    doc = run_suite([TINY], ["eager", "ostinato", "ostinato_replay"], with_startup=False,
+                    workdir=str(tmp_path_factory.mktemp("work")), timing=FAST,
+                    extra_runners={"wrong_by_design": _wrong_runner})
+    out = tmp_path_factory.mktemp("out")
+    return doc, report.write(doc, str(out))
+
+
+def test_tiny_config_end_to_end(tiny_run):
+    doc, paths = tiny_run
+    with open(paths["json"]) as f:
+        saved = json.loads(f.read(), parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert saved["device_type"] == "cpu" and saved["versions"]["torch"] == torch.__version__
+    assert saved["date"] and saved["method"]["trials"] == 10 and saved["method"]["warmups"] == 5
+    rec, = saved["configs"]
+    assert rec["config"]["name"] == TINY.name and rec["wall_s"] > 0 and rec["nodes"] > 0
+    for name in ("eager", "ostinato", "ostinato_replay"):
+        cell = rec["cells"][name]
+        assert cell["status"] == "ok", cell
+        assert len(cell["trials_ms"]) == 10
+        assert cell["min_ms"] <= cell["mean_ms"] <= cell["max_ms"]
+        assert cell["min_ms"] == min(cell["trials_ms"]) and cell["wall_s"] > 0
+        assert cell["peak_mem_bytes"] >= rec["model_bytes"] > 0
+    for name in ("ostinato", "ostinato_replay"):   # checked against eager before timing
+        assert 0 <= rec["cells"][name]["max_error"] <= measure.TOLERANCE["float32"]
+    text = open(paths["markdown"]).read()
+    assert "| configuration | eager | ostinato | ostinato_replay |" in text
+    row = next(line for line in text.splitlines() if line.startswith(f"| {TINY.name} |"))
+    assert f"{rec['cells']['eager']['mean_ms']:.3f}" in row and "x)" in row
+    with open(paths["chart"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+    h, w, _ = matplotlib.image.imread(paths["chart"]).shape
+    assert w > 500 and h > 100
+
+
+def test_wrong_runner_is_reported_and_not_timed(tiny_run):
+    doc, paths = tiny_run
+    cell = doc["configs"][0]["cells"]["wrong_by_design"]
+    assert cell["status"] == "wrong" and cell["max_error"] > cell["tolerance"]
+    assert "mean_ms" not in cell and "trials_ms" not in cell
+    assert {"config": TINY.name, "runner": "wrong_by_design", "status": "wrong"}.items() <= \
+        next(f for f in doc["failures"] if f["runner"] == "wrong_by_design").items()
+
+
+def test_failing_runner_is_recorded_not_raised(tmp_path):
+    def broken(model, program, device, example):
+        raise RuntimeError("capture failed: host sync in op aten.nonzero")
+    doc = run_suite([TINY], ["eager"], with_startup=False, workdir=str(tmp_path), timing=FAST,
+                    extra_runners={"broken": broken})
+    cell = doc["configs"][0]["cells"]["broken"]
+    assert cell["status"] == "error" and "host sync in op aten.nonzero" in cell["error"]
+    assert doc["configs"][0]["cells"]["eager"]["status"] == "ok"
+
+
+def _doc(rows: dict[str, dict[str, float]]) -> dict:
+    return {"device": "test", "date": "2026-01-01", "versions": {"torch": "x", "python": "3", "ostinato": "0"},
+            "method": {"trials": 10, "warmups": 5, "memory": "none"}, "wall_s": 1.0,
+            "configs": [{"config": {"name": name}, "cells": {r: {"status": "ok", "mean_ms": ms} for r, ms in cells.items()}}
+                        for name, cells in rows.items()]}
+
+
+def test_regressions_flag_replay_slower_than_eager_or_reduce_overhead():
+    doc = report.finish(_doc({"fast": {"eager": 10.0, "torch_compile_ro": 2.0, "ostinato_replay": 1.5},
+                              "slow_vs_ro": {"eager": 10.0, "torch_compile_ro": 2.0, "ostinato_replay": 2.5},
+                              "slow_vs_eager": {"eager": 1.0, "ostinato_replay": 1.2}}))
+    got = {(r["config"], r["slower_than"]) for r in doc["regressions"]}
+    assert got == {("slow_vs_ro", "torch_compile_ro"), ("slow_vs_eager", "eager")}
+    r = next(r for r in doc["regressions"] if r["config"] == "slow_vs_ro")
+    assert r["ratio"] == pytest.approx(1.25)
+    assert "- slow_vs_ro: 2.500 ms vs torch_compile_ro 2.000 ms (1.25x)" in report.markdown(doc)
+
+
+def test_parts_cover_the_matrix_exactly_once():
+    for device in ("cuda", "cpu"):
+        sel = configs.select(device)
+        cost = lambda c: configs.estimate_seconds(c, list(configs.RUNNERS), True)   # noqa: E731
+        for n in (1, 2, 3, 7, len(sel)):
+            parts = configs.split_parts(sel, n, cost)
+            names = [c.name for p in parts for c in p]
+            assert sorted(names) == sorted(c.name for c in sel) and len(names) == len(set(names))
+        n = configs.parts_needed(sel, cost)
+        for p in configs.split_parts(sel, n, cost):
+            assert len(p) == 1 or sum(map(cost, p)) <= configs.PART_BUDGET_S
+    quick = configs.select("cuda", quick=True)
+    assert {c.category for c in quick} >= {"dispatch-heavy", "small-llm", "diffusion", "gpu-bound"}
+    est = sum(configs.estimate_seconds(c, list(configs.QUICK_RUNNERS), configs.wants_startup(c, True, True))
+              for c in quick)
+    assert est <= configs.QUICK_BUDGET_S
+
+
+def test_measured_costs_replace_estimates(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"configs": [{"config": {"name": "gpu/resnet18-b1"}, "wall_s": 12.5}]}))
+    measured = configs.load_measured([str(path)])
+    c = configs.by_name("gpu/resnet18-b1")
+    assert configs.estimate_seconds(c, list(configs.RUNNERS), True, measured) == 12.5
+    assert configs.estimate_seconds(c, list(configs.RUNNERS), True) != 12.5
+
+
+def test_merge_parts(tmp_path):
+    a = _doc({"one": {"eager": 1.0, "ostinato_replay": 2.0}})
+    b = _doc({"two": {"eager": 4.0, "ostinato_replay": 1.0}})
+    merged = report.merge([a, b])
+    assert [r["config"]["name"] for r in merged["configs"]] == ["one", "two"]
+    assert [r["config"] for r in merged["regressions"]] == ["one"]
+    assert len(merged["parts"]) == 2 and merged["wall_s"] == 2.0
+    for i, d in enumerate((a, b)):
+        (tmp_path / f"p{i}").mkdir()
+        report.write(d, str(tmp_path / f"p{i}"))
+    from ostinato.cli.main import main
+    assert main(["bench", "--merge", str(tmp_path / "p0" / "results.json"), str(tmp_path / "p1" / "results.json"),
+                 "--out", str(tmp_path / "merged")]) == 0
+    got = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert [r["config"]["name"] for r in got["configs"]] == ["one", "two"]
+    assert "| two | 4.000 | 1.000 (4.00x) |" in (tmp_path / "merged" / "results.md").read_text()
+
+
+def test_cli_help_list_and_bad_part(capsys):
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    p = subprocess.run([sys.executable, "-m", "ostinato", "bench", "--help"], capture_output=True, text=True,
+                       env=env, cwd="/")
+    assert p.returncode == 0, p.stderr
+    for opt in ("--device", "--quick", "--part", "--configs", "--runners", "--no-startup", "--out", "--merge"):
+        assert opt in p.stdout
+    from ostinato.cli.main import main
+    assert main(["bench", "--device", "cpu", "--list", "--part", "2/4"]) == 0
+    listed = capsys.readouterr().out
+    assert "cpu/" in listed and "gpu/" not in listed
+    assert main(["bench", "--device", "cpu", "--part", "5/4"]) == 2
+    assert "--part 5/4" in capsys.readouterr().err
+
+
+def test_startup_in_fresh_processes(tmp_path):
+    """ostinato cold (export, save, compile, first output) and warm (load the .ost, the cache the cold
+    process filled) in their own processes; no torch.compile runner, so no torch.compile processes."""
+    doc = run_suite([TINY], ["eager", "ostinato_replay"], with_startup=True, workdir=str(tmp_path), timing=FAST)
+    st = doc["configs"][0]["startup"]
+    assert set(st) == {"ostinato_cold", "ostinato_warm"}
+    cold, warm = st["ostinato_cold"], st["ostinato_warm"]
+    assert cold["status"] == "ok" and warm["status"] == "ok", st
+    assert 0 < cold["export_s"] < cold["total_s"] < cold["process_s"]
+    assert 0 < warm["load_s"] < warm["total_s"] < warm["process_s"]
+    assert (tmp_path / "cpu_test-tiny-decoder" / "model.ost").stat().st_size > 0
+    assert warm["cache"]["disk"]["hits"] >= 1, warm["cache"]   # the plan came from the cold process's cache
