@@ -224,7 +224,7 @@ def test_same_dynamic_name_with_two_ranges(in_factory_dir, tmp_path, capsys):
     ("no_such_module_here:f", "cannot import no_such_module_here"),
     ("cli_export_factories:nothing", "cli_export_factories has no function nothing"),
     ("cli_export_factories:raises", "cli_export_factories:raises() raised RuntimeError: weights not found"),
-    ("cli_export_factories:not_a_model", "returned int, not a model or (model, args[, kwargs])"),
+    ("cli_export_factories:not_a_model", "returned int, not (model, args[, kwargs]) or a model alone"),
     ("cli_export_broken:f", "importing cli_export_broken raised ValueError: config file missing"),
     ("not-a-factory", "is not MODULE:FACTORY"),
 ])

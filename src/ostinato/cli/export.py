@@ -2,7 +2,7 @@
 
 MODULE:FACTORY names a function (or class) that takes no arguments and returns a model alone, or
 (model, args) or (model, args, kwargs) with example inputs. The current directory is importable:
-from the repository's root, ``examples.tiny_decoder:tiny_llama_4_layers`` works as is. A model
+from the repository's root, examples.tiny_decoder:tiny_llama_4_layers works as is. A model
 returned alone needs --example-inputs; a factory's own example args are replaced by --example-inputs
 when it is given (its kwargs are kept).
 """

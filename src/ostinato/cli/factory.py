@@ -71,7 +71,8 @@ def call_factory(spec: str) -> FactoryResult:
     if isinstance(built, torch.nn.Module):
         return FactoryResult(built, None, {})
     if not isinstance(built, tuple) or len(built) not in (2, 3) or not isinstance(built[0], torch.nn.Module):
-        raise ExportError(f"{spec} returned {type(built).__name__}, not a model or (model, args[, kwargs])\n{FIX}")
+        raise ExportError(f"{spec} returned {type(built).__name__}, not (model, args[, kwargs]) "
+                          f"or a model alone\n{FIX}")
     args = built[1] if isinstance(built[1], tuple) else (built[1],)
     kwargs = built[2] if len(built) == 3 else {}
     return FactoryResult(built[0], args, dict(kwargs or {}))

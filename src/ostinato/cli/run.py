@@ -3,8 +3,8 @@
 Inputs are random, built from the program's input specs (dtype, shape, and each dynamic size at
 its export example), unless --inputs names a .safetensors file. Its tensors are keyed by the
 program's input names (`ostinato inspect FILE` lists them) or by flat position ("0", "1", ...),
-e.g. ``safetensors.torch.save_file({"tokens": t, "pos": p}, "in.safetensors")``. Integer inputs
-are drawn from a small range (see ``ostinato export --help``), which suits token ids and positions.
+e.g. safetensors.torch.save_file({"tokens": t, "pos": p}, "in.safetensors"). Integer inputs
+are drawn from a small range (see `ostinato export --help`), which suits token ids and positions.
 """
 from __future__ import annotations
 
