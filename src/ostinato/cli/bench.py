@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                        "seconds and the parts they need, and exit")
     p.add_argument("--trial-seconds", type=float, default=None, help="target duration of one timed trial "
                                                                      "(default 0.05)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads here and in the fresh processes "
+                                                          "(default: torch's); 1 on a shared, busy CPU")
     p.add_argument("--workdir", help="where fresh processes keep .ost files and caches (default: a temporary "
                                      "directory)")
 
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         return configs.estimate_seconds(c, wanted or list(configs.RUNNERS),
                                         configs.wants_startup(c, startup, args.quick), measured)
     selection = {"device": device, "quick": args.quick, "configs": args.configs, "runners": wanted,
-                 "startup": startup, "part": args.part}
+                 "startup": startup, "part": args.part, "threads": args.threads or None}
     if args.part:
         k, n = _parse_part(args.part)
         selected = configs.split_parts(selected, n, cost)[k - 1]
@@ -108,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
     sys.stderr.write(f"ostinato bench: {len(selected)} {device} configurations, estimated "
                      f"{sum(map(cost, selected)):.0f} s\n")
     timing = {"trial_seconds": args.trial_seconds} if args.trial_seconds else {}
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)   # the fresh processes inherit it
     doc = suite_run.run_suite(selected, wanted, startup, quick=args.quick, workdir=args.workdir, timing=timing)
     doc["selection"] = selection
     paths = report.write(doc, args.out)
