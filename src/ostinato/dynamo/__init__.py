@@ -4,6 +4,6 @@ Sits above replay in the import order (it uses export and compile); not part of 
 public names. ``stats()`` says which graphs ostinato took and which ran eagerly, and why.
 """
 from .backend import ostinato_backend, settings_from
-from .stats import reset_stats, stats
+from .stats import compiled_graphs, reset_stats, stats
 
-__all__ = ["ostinato_backend", "settings_from", "stats", "reset_stats"]
+__all__ = ["ostinato_backend", "settings_from", "stats", "reset_stats", "compiled_graphs"]

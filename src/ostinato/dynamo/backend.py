@@ -69,6 +69,7 @@ def ostinato_backend(gm: torch.fx.GraphModule, example_inputs: list, *, options:
             return eager(*args)
         return run_eagerly
     stats.count(compiled=1)
+    stats.record_graph(compiled)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
         log.warning("torch.compile backend: %s: ostinato runs inference only; its outputs carry no "
                     "autograd history. Call the model under torch.no_grad() or torch.inference_mode()", name)

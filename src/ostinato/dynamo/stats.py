@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import weakref
 
 _lock = threading.Lock()
 _KEYS = ("graphs", "compiled", "eager", "exports", "static_exports", "rebuilds", "specializations",
@@ -14,6 +15,8 @@ _KEYS = ("graphs", "compiled", "eager", "exports", "static_exports", "rebuilds",
 _counts: dict[str, int] = dict.fromkeys(_KEYS, 0)
 # (graph, reason) for each graph or call that ran eagerly instead of on ostinato (the latest 64).
 _fallbacks: collections.deque = collections.deque(maxlen=64)
+# The graphs ostinato took (the latest 64; weak, so they do not keep models alive).
+_graphs: collections.deque = collections.deque(maxlen=64)
 
 
 def count(**inc: int) -> None:
@@ -25,6 +28,18 @@ def count(**inc: int) -> None:
 def record_fallback(graph: str, reason: str) -> None:
     with _lock:
         _fallbacks.append((graph, reason))
+
+
+def record_graph(compiled) -> None:
+    with _lock:
+        _graphs.append(weakref.ref(compiled))
+
+
+def compiled_graphs() -> list:
+    """The CompiledGraph of each graph ostinato took since ``reset_stats()``, oldest first (still alive):
+    its ``program``, ``executable``, ``placeholders`` (each input's role) and ``replay``."""
+    with _lock:
+        return [g for g in (ref() for ref in _graphs) if g is not None]
 
 
 def stats() -> dict:
@@ -45,3 +60,4 @@ def reset_stats() -> None:
         for key in _counts:
             _counts[key] = 0
         _fallbacks.clear()
+        _graphs.clear()
