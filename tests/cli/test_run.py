@@ -184,3 +184,28 @@ def test_console_script_runs(decoder):
     r = subprocess.run([script, "run", path + ".missing"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     assert r.stderr.startswith("ostinato run: error: ")
+
+
+def test_shared_error_formatting(decoder, capsys, monkeypatch):
+    """A fix at the end of a one-line message becomes the hint; an error not of ostinato's is one line
+    with exit code 1; KeyboardInterrupt exits 130."""
+    from ostinato.cli import run as run_cli
+    from ostinato.errors import BackendError
+    _, path = decoder
+    raised = []
+
+    def load(*a, **kw):
+        raise raised[-1]
+
+    monkeypatch.setattr(run_cli, "load", load)
+    raised.append(BackendError("kernel rms_norm failed to launch: ValueError: bad. Fix: set OSTINATO_X=1"))
+    assert _fail(capsys, ["run", path]) == ("ostinato run: error: kernel rms_norm failed to launch: ValueError: bad",
+                                            "Fix: set OSTINATO_X=1")
+    raised.append(RuntimeError("CUDA error: out of memory\nmore detail"))
+    first, hint = _fail(capsys, ["run", path], code=1)
+    assert first == "ostinato run: error: RuntimeError: CUDA error: out of memory" and "--verbose" in hint
+    with pytest.raises(RuntimeError):
+        main(["run", path, "--verbose"])
+    raised.append(KeyboardInterrupt())
+    assert main(["run", path]) == 130
+    assert capsys.readouterr().err == "ostinato run: interrupted\n"

@@ -52,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             raise
         first, *rest = str(e).strip().splitlines() or [type(e).__name__]
-        sys.stderr.write(f"ostinato {args.command}: error: {first}\n")
         hint = next((line[line.index("Fix:"):] for line in rest if "Fix:" in line), "")
+        if not hint and "Fix:" in first:       # a one-line message with its fix at the end
+            first, hint = first[:first.index("Fix:")].rstrip(" .;"), first[first.index("Fix:"):]
+        sys.stderr.write(f"ostinato {args.command}: error: {first}\n")
         default = next((h for kind, h in DEFAULT_HINTS if isinstance(e, kind)), "run with --verbose for details")
         sys.stderr.write(f"  {hint.strip() or default}\n")
         return 2
