@@ -158,8 +158,8 @@ def run(args: argparse.Namespace) -> int:
             ex_args = built.args
         else:
             raise ExportError(f"{args.factory} returned a model without example inputs\n"
-                                "Fix: pass --example-inputs SPEC (e.g. \"2x16:float32\"), or return "
-                                "(model, args) from the factory")
+                              "Fix: pass --example-inputs SPEC (e.g. \"2x16:float32\"), or return "
+                              "(model, args) from the factory")
         model = built.model.eval()
         dyn = dynamic_shapes(args.dynamic, model, ex_args, built.kwargs)
         stages.begin("torch.export")
