@@ -46,7 +46,7 @@ def ostinato_backend(gm: torch.fx.GraphModule, example_inputs: list, *, options:
     """Dynamo backend: returns a callable taking the graph's inputs and returning what ``gm`` returns.
 
     ``options`` (``torch.compile(..., options={...})``): ``replay`` (default: on for CUDA inputs),
-    ``clone_outputs`` (default: when replaying), ``cache``, ``buckets`` (as in ostinato.compile),
+    ``clone_outputs`` (default: when replaying), ``cache`` (ostinato's compile cache),
     ``eager_fallback`` (default True: a graph ostinato cannot export runs eagerly; False raises).
     """
     settings = settings_from(options, mode)

@@ -34,7 +34,6 @@ class Settings:
     replay: bool | None = None          # None: on for CUDA, off for the CPU
     clone_outputs: bool | None = None   # None: when replaying (captured outputs are overwritten next call)
     cache: bool = True                  # ostinato's compile cache (memory, disk, Redis)
-    buckets: dict | None = None         # replay shape buckets, as in ostinato.compile
     eager_fallback: bool = True         # False: raise when ostinato cannot take a graph
 
 
@@ -98,18 +97,18 @@ class CompiledGraph:
 
     def _compile(self, program: Program) -> Executable:
         s = self.settings
-        exe = compile_program(program, self.device, cache=s.cache, replay=self.replay,
-                              buckets=s.buckets if self.replay else None)
+        exe = compile_program(program, self.device, cache=s.cache, replay=self.replay)
         # Buffers the graph writes (KV caches) are program state: the session uses the model's own
         # tensors, so the writes land where the model (and the code around the graph) reads them.
         held = dict(self.module.named_buffers())
         state = {}
         for name in program.state_init:
-            if name not in held:   # not expected: every buffer of the wrapper comes from the model
-                log.warning("torch.compile backend: %s: state %s is not a model tensor; its updates stay "
-                            "inside ostinato", self.name, name)
+            tensor = held.get(name)
+            if tensor is None or tensor.device.type != exe.device.type:
+                log.warning("torch.compile backend: %s: state %s is not a model tensor on %s; its updates "
+                            "stay inside ostinato, the model's copy is not written", self.name, name, exe.device)
                 return exe
-            state[name] = held[name]
+            state[name] = tensor
         exe.session = Session(exe, state)
         return exe
 
