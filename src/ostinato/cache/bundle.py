@@ -71,7 +71,7 @@ def _unfit(manifest: Mapping[str, Any]) -> str | None:
                                            for i in range(torch.cuda.device_count()))}
         if arch not in here:
             return f"target.arch {arch!r} is not among this machine's {sorted(here)}"
-    else:
+    elif backend != "any":   # "any": machine-independent entries (a decoded program)
         return f"target.backend {backend!r} is unknown here"
     versions = dict(key.versions)
     for name, mine in current_versions().items():

@@ -27,6 +27,7 @@ from .fb.Program import Program as FBProgram
 from .fb.Role import Role
 from .fb.ScalarKind import ScalarKind
 from .fb.TensorRole import TensorRole
+from .ir_cache import cached_decode, store_decoded
 from .format import (ALIGN, HEADER_SIZE, ChecksumError, Header, InconsistentGraphError, LayoutError,
                      parse_header)
 from .program import InputSlot, Program
@@ -293,9 +294,9 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
         data_view.release()
         if not ok:
             raise ChecksumError("data", path)
-    dec = _Decoder(fb, path)
+    decoded = cached_decode(header.fb_sha256)
     try:
-        graph, extra, entries = dec.program()
+        graph, extra, entries = decoded if decoded is not None else _Decoder(fb, path).program()
         in_spec = pytree.treespec_loads(extra["in_spec"])
         out_spec = pytree.treespec_loads(extra["out_spec"])
     except ProgramFormatError:
@@ -313,6 +314,8 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
         verify(graph, check_shapes=check_shapes, hints=hints)
     except Exception as e:  # noqa: BLE001 - GraphError, or a decoder error on a hostile expression
         raise InconsistentGraphError(f"{path}: the graph fails verification: {e}") from None
+    if decoded is None:
+        store_decoded(header.fb_sha256, graph, extra, entries)
     graph.assign_slots()
     info = extra["info"] if isinstance(extra["info"], dict) else {}
     prog = Program(graph, weights, state, in_spec, out_spec, extra["slots"], hints, info)

@@ -26,6 +26,7 @@ from ..cache import Key, get_cache, make_key
 from ..cache.keys import current_target, sha256_hex
 from ..errors import CacheError
 from ..ir import TensorMeta, get_op
+from ..ir.bulk import paused_gc
 from ..program import Program
 
 log = logging.getLogger("ostinato")
@@ -224,10 +225,11 @@ def cached_plan(program: Program, backend: Backend, num_slots: int, keep: set[in
     blob = cache.get(key)
     if blob is not None:
         try:
-            launches, cached_keep = decode_plan(blob, backend, num_slots)
-            if cached_keep != keep:
-                raise CacheError("cached plan keeps other slots than this program needs")
-            fn = build(launches, keep)
+            with paused_gc():
+                launches, cached_keep = decode_plan(blob, backend, num_slots)
+                if cached_keep != keep:
+                    raise CacheError("cached plan keeps other slots than this program needs")
+                fn = build(launches, keep)
             memo.put(key.digest, (launches, fn))
             return launches, fn, "cache"
         except CacheError as e:

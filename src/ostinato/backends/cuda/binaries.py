@@ -170,8 +170,9 @@ class LoadedBinary:
     def __init__(self, meta: BinaryMeta, cubin: bytes, device_index: int, n_args: int):
         launcher = static_launcher()
         digest = hashlib.sha256(cubin).hexdigest()
-        self.module, self.function, _, _ = launcher._load_kernel(_cubin_file(digest, cubin), meta.name,
-                                                                 meta.shared, device_index)
+        loaded = launcher._load_kernel(_cubin_file(digest, cubin), meta.name, meta.shared, device_index)
+        # torch >= 2.10 returns (module, function, n_regs, n_spills); earlier builds (function, n_regs, n_spills)
+        self.module, self.function = (loaded[0], loaded[1]) if len(loaded) == 4 else (None, loaded[0])
         self.meta = meta
         self._launch = launcher._launch_kernel
         self.pad = (None,) * (len(meta.arg_types) - n_args)   # null scratch pointers
