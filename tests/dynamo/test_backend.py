@@ -214,6 +214,42 @@ def test_replaced_buffer_is_read_after_rebuild():
     assert_same(model.seen_a, ref.seen_a, msg="the replacement buffer")
 
 
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.scale = 0.5
+
+    def forward(self, x):
+        return self.lin(x) * self.scale + 1.0
+
+
+def test_changed_float_is_read_after_rebuild():
+    """With dynamic=True Dynamo passes a module's float (here ``scale``) as a 0-d tensor; the program
+    bakes its value in, so the backend's callable exports again when it is given another value.
+    (torch 2.13's Dynamo also guards the value and recompiles; the check is the backend's own.)"""
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    made = []
+
+    def capturing_backend(gm, example_inputs):
+        fn = od.ostinato_backend(gm, example_inputs, options=STRICT)
+        made.append((fn, gm, [x.node.hint if isinstance(x, torch.SymInt) else x for x in example_inputs]))
+        return fn
+
+    with torch.no_grad():
+        torch.compile(model, backend=capturing_backend, dynamic=True)(torch.randn(3, 8))
+        ((fn, gm, args),), (graph,) = made, od.compiled_graphs()
+        (pos,) = [p.index for p in graph.placeholders if p.role.value == "float"]
+        assert_same(fn(*args), gm(*args), msg="example inputs")
+        changed = list(args)
+        changed[pos] = torch.tensor(2.0, dtype=torch.float64)
+        expected = gm(*changed)
+        assert not torch.allclose(expected[0], gm(*args)[0])
+        assert_same(fn(*changed), expected, msg="another scale")
+    assert od.stats()["rebuilds"] == 1
+
+
 def test_export_failure_runs_eagerly(monkeypatch, caplog):
     """A graph ostinato cannot export runs eagerly, with a warning naming the reason; with
     eager_fallback=False the error reaches the caller."""

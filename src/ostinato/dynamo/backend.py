@@ -15,7 +15,7 @@ import torch
 
 from ..errors import OstinatoError
 from . import stats
-from .compiled_graph import CompiledGraph, EagerOnFailure, Settings, _first_line
+from .compiled_graph import CompiledGraph, EagerOnFailure, Settings, first_line
 
 log = logging.getLogger("ostinato")
 
@@ -57,7 +57,7 @@ def ostinato_backend(gm: torch.fx.GraphModule, example_inputs: list, *, options:
     except Exception as e:   # anything ostinato or torch.export raises: the user's model must still run
         if not settings.eager_fallback:
             raise
-        reason = f"{type(e).__name__}: {_first_line(e)}"
+        reason = f"{type(e).__name__}: {first_line(e)}"
         log.warning("torch.compile backend: %s runs eagerly: ostinato could not take it (%s). Set "
                     "options={'eager_fallback': False} to see the full error", name, reason)
         stats.record_fallback(name, reason)

@@ -90,7 +90,7 @@ class CompiledGraph:
                 return _export_outside_dynamo(self.module, inputs, dynamic)
             except Exception as e:
                 log.info("torch.compile backend: %s: export with dynamic %s failed (%s: %s)",
-                         self.name, _dims_text(dynamic), type(e).__name__, _first_line(e))
+                         self.name, _dims_text(dynamic), type(e).__name__, first_line(e))
         if attempts:
             stats.count(static_exports=1)
         return _export_outside_dynamo(self.module, inputs, None)
@@ -153,7 +153,7 @@ class CompiledGraph:
         try:
             self._build(list(args))
         except Exception as e:
-            raise _GiveUp(f"{why} and exporting it again failed: {type(e).__name__}: {_first_line(e)}") from e
+            raise _GiveUp(f"{why} and exporting it again failed: {type(e).__name__}: {first_line(e)}") from e
 
     def _specialize(self, inputs: list) -> Executable:
         """A program with every size fixed, for inputs the graph's program does not take."""
@@ -166,7 +166,7 @@ class CompiledGraph:
             exe = self._compile(_export_outside_dynamo(self.module, inputs, None))
         except Exception as e:
             raise _GiveUp(f"exporting it for {_signature(inputs)} failed: {type(e).__name__}: "
-                          f"{_first_line(e)}") from e
+                          f"{first_line(e)}") from e
         self.special[_signature(inputs)] = exe
         return exe
 
@@ -188,7 +188,6 @@ class _GiveUp(Exception):
     """The graph should run eagerly from now on (raised inside a call, handled by EagerOnFailure)."""
 
 
-
 def _dims_text(dynamic: tuple) -> str:
     return "; ".join(f"input {k} dims {sorted(spec)}" for k, spec in enumerate(dynamic[0]) if spec)
 
@@ -197,7 +196,7 @@ def _signature(inputs: list) -> tuple:
     return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in inputs)
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
 
