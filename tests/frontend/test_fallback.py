@@ -99,8 +99,11 @@ def test_higher_order_ops_still_raise_with_the_fix():
 def test_purity_follows_the_schema():
     assert get_op("fallback.ostinato_fb.scale_shift").pure            # functional custom op
     opdef = register_fallback(torch.ops.aten.add_.Tensor)            # writes its argument
-    assert opdef.name == "fallback.aten.add_.Tensor" and not opdef.pure and opdef.category == "fallback"
+    assert opdef.name == "fallback.aten.add_.Tensor" and not opdef.pure and opdef.category == "inplace"
     assert register_fallback(torch.ops.aten.add_.Tensor) is opdef     # registered once
+    view = register_fallback(torch.ops.aten.diagonal.default)         # returns a view of its input
+    assert not view.pure and view.category == "view"
+    assert get_op("fallback.ostinato_fb.scale_shift").category == "fallback"
 
 
 def test_unused_pure_fallback_is_removed_and_used_ones_are_kept_once():

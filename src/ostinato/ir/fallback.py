@@ -54,14 +54,19 @@ def _lookup(name: str) -> torch._ops.OpOverload | None:
 
 
 def _flags(op: torch._ops.OpOverload) -> dict:
-    """What passes need: a mutating or aliasing schema is impure (CSE and DCE keep the node)."""
+    """What passes need: a mutating or aliasing schema is impure (CSE and DCE keep the node). An op
+    that writes an argument is in the "inplace" category and one that returns a view of an argument in
+    "view", so that the passes tracking aliases of state (reinplace, rewrite) follow it."""
     schema = op._schema
-    aliasing = schema.is_mutable or any(a.alias_info is not None for a in schema.arguments) \
-        or any(r.alias_info is not None for r in schema.returns)
+    writes = schema.is_mutable or any(a.alias_info is not None and a.alias_info.is_write
+                                      for a in schema.arguments)
+    views = any(r.alias_info is not None for r in schema.returns)
+    aliasing = writes or views or any(a.alias_info is not None for a in schema.arguments)
     tags = set(getattr(op, "tags", ()))
     return {"pure": not aliasing,
             "random": torch.Tag.nondeterministic_seeded in tags,
-            "host_sync": torch.Tag.data_dependent_output in tags}
+            "host_sync": torch.Tag.data_dependent_output in tags,
+            "category": "inplace" if writes else "view" if views else CATEGORY}
 
 
 def register_fallback(overload: torch._ops.OpOverload) -> OpDef:
@@ -81,8 +86,7 @@ def resolve_fallback(name: str, overload: torch._ops.OpOverload | None = None) -
     shown = name[len(PREFIX):]
     why = ("an ATen op outside ostinato's op table" if op.namespace == "aten"
            else f"a custom op of the {op.namespace!r} namespace")
-    opdef = OpDef(name, op, category=CATEGORY, reason=f"no ostinato kernel for {shown} ({why})",
-                  **_flags(op))
+    opdef = OpDef(name, op, reason=f"no ostinato kernel for {shown} ({why})", **_flags(op))
     with _lock:
         return _REGISTRY.setdefault(name, opdef)
 
