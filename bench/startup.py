@@ -53,16 +53,22 @@ if mode.startswith("ostinato"):
     else:
         # verify=True checks both segments' sha256 and re-derives every shape on fake tensors
         # (importing torch._dynamo, ~1 s); "checksums" only hashes; False keeps the structural checks.
+        # ostinato_warm_noverify and ostinato_warm_noreplay: verify=False (the latter runs step by step).
         prog = ostinato.load(path, verify={{"ostinato_warm": True, "ostinato_warm_checksums": "checksums"}}.get(mode, False))
         out["load_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    exe = ostinato.compile(prog, device=device, replay=True)
+    exe = ostinato.compile(prog, device=device, replay=mode != "ostinato_warm_noreplay")
     out["compile_s"] = time.perf_counter() - t1
     out["plan_source"] = exe.plan_source
     t2 = time.perf_counter()
     y = exe(*args); sync()
     out["first_output_s"] = time.perf_counter() - t2
-    out["capture_s"] = exe.stats()["capture_seconds"]
+    out["capture_s"] = exe.stats().get("capture_seconds", 0.0)
+    if device == "cuda":
+        from ostinato.backends.cuda.runtime import KernelLibrary
+        out["kernel_compile_s"] = KernelLibrary.counts["seconds"]
+        out["kernels"] = {{k: v for k, v in KernelLibrary.counts.items() if k != "seconds"}}
+    out["triton_imported"] = "triton" in sys.modules
     out["total_s"] = time.perf_counter() - t0 - out.get("save_s", 0.0)
     out["cache"] = ostinato.cache.stats()
 else:
@@ -107,7 +113,7 @@ def main() -> None:
                    TRITON_CACHE_DIR=os.path.join(work, "triton-cold"))
     path = os.path.join(work, "model.ost")
     results = {"ostinato_cold": child("ostinato_cold", args, path, ost_env)}
-    for mode in ("ostinato_warm", "ostinato_warm_checksums", "ostinato_warm_noverify"):
+    for mode in ("ostinato_warm", "ostinato_warm_checksums", "ostinato_warm_noverify", "ostinato_warm_noreplay"):
         results[mode] = child(mode, args, path, dict(ost_env, TRITON_CACHE_DIR=os.path.join(work, "triton-" + mode)))
     if not args.no_torch_compile:
         tc_env = dict(base, TORCHINDUCTOR_CACHE_DIR=os.path.join(work, "inductor"),

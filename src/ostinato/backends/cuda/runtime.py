@@ -7,6 +7,7 @@ ostinato's cache tiers and launched without Triton's runtime (binaries.py).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import torch
@@ -89,10 +90,11 @@ class Kernel:
             if b is None:
                 index = device.index if device.index is not None else torch.cuda.current_device()
                 major, minor = torch.cuda.get_device_capability(index)
+                t0 = time.perf_counter()
                 meta, cubin, origin = get_binary(self.library.module, self.library.function_name(self.name),
                                                  types, self.specialization, major * 10 + minor)
                 b = self._binaries[types] = LoadedBinary(meta, cubin, index, len(types))
-                self.library.count(origin)
+                self.library.count(origin, time.perf_counter() - t0)
             return b
 
     def __call__(self, *args, grid: tuple[int, ...]) -> None:
@@ -126,7 +128,9 @@ class KernelLibrary:
     specialization, created on first use (thread-safe). The module itself is imported only when a
     binary must be compiled, or a kernel runs through Triton's JIT."""
 
-    counts = {"compiled": 0, "cache": 0}    # binaries obtained in this process, over all libraries
+    # Binaries obtained in this process over all libraries: compiled, or read from a cache tier, and the
+    # seconds spent getting and loading them (the cold-start report's "kernel compilation").
+    counts = {"compiled": 0, "cache": 0, "seconds": 0.0}
 
     def __init__(self, module: str, functions: dict[str, str]):
         self.module = module
@@ -137,8 +141,9 @@ class KernelLibrary:
     def function_name(self, name: str) -> str:
         return self._functions[name]
 
-    def count(self, origin: str) -> None:
+    def count(self, origin: str, seconds: float) -> None:
         KernelLibrary.counts[origin] = KernelLibrary.counts.get(origin, 0) + 1
+        KernelLibrary.counts["seconds"] += seconds
 
     def kernel(self, name: str, **specialization) -> Kernel:
         key = (name, tuple(sorted(specialization.items())))
