@@ -39,10 +39,18 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
     def capture_region(segment, env: list, writes: list):
         graph = torch.cuda.CUDAGraph()
         # Captured on the warm-up's stream: what the warm-up created per stream (cuBLAS's workspace)
-        # is reused, not allocated again inside the pool.
-        with torch.cuda.graph(graph, pool=pool, stream=side):
-            segment.run(env)
-            write_back(env, writes)
+        # is reused, not allocated again inside the pool. capture_begin/end directly, not the
+        # torch.cuda.graph context: its gc.collect() and empty_cache() cost ~0.1 s per capture in a
+        # process that imported torch, and empty_cache() would hand the warm-up's blocks back to the
+        # driver only for the capture to allocate them again.
+        torch.cuda.synchronize(device)
+        with torch.cuda.stream(side):
+            graph.capture_begin(pool)
+            try:
+                segment.run(env)
+                write_back(env, writes)
+            finally:
+                graph.capture_end()
         graph.replay()
         graphs.append(graph)
         return graph.replay
