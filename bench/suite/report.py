@@ -159,7 +159,7 @@ def chart(doc: dict, path: str) -> None:
     ax.set_xscale("log")
     from matplotlib.ticker import FuncFormatter
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
-    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}".lstrip("0.")[:1] in ("2", "5") else ""))
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("speed-up over eager (eager step time / runner step time, log scale)")
     ax.set_title(f"ostinato bench: {doc['device']}, torch {doc['versions']['torch']}", fontsize=9)
