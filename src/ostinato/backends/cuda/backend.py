@@ -7,6 +7,7 @@ import torch
 
 from ...errors import BackendError
 from ..cpu.backend import CPUBackend
+from .library_ops import LIBRARY_OPS
 from .ops import triton_kernels
 
 
@@ -21,7 +22,7 @@ class CUDABackend(CPUBackend):
         super().__init__(torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index))
 
     def kernel(self, op: str):
-        return triton_kernels().get(op) or super().kernel(op)
+        return triton_kernels().get(op) or LIBRARY_OPS.get(op) or super().kernel(op)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)

@@ -1,0 +1,158 @@
+"""Library ops on CUDA (cuBLAS matmuls, cuDNN convolutions, top-k) through the op-level graph cache.
+
+What a call needs decided is decided once per (op, shapes, dtypes, strides, flags) and kept in
+``op_graph_cache`` (bounded, locked, counted; ``ostinato.cache.stats()["op_graph"]``):
+
+- matmuls: whether each operand goes to cuBLAS as it is (row- or column-major: cuBLAS transposes for
+  free) or must be made dense first, and whether a batched product whose second operand is broadcast
+  over the batch (stride 0) folds into one 2-D GEMM instead of a strided-batched one;
+- convolution: the memory format it runs in (NHWC when the input is channels-last, so cuDNN takes its
+  tensor-core path without converting back and forth) with the weight converted once and kept;
+- top-k: k == 1 runs as a max/min reduction instead of a selection.
+
+Every function takes the ATen op's arguments and returns what the op returns.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from ...cache.op_cache import op_graph_cache
+
+aten = torch.ops.aten
+
+
+def _layout(t: torch.Tensor) -> str:
+    """How cuBLAS can take a matrix (the last two dims): "dense", "transposed" or "copy"."""
+    if t.dim() < 2:
+        return "dense"
+    s0, s1 = t.stride(-2), t.stride(-1)
+    rows, cols = t.shape[-2], t.shape[-1]
+    if s1 == 1 and (s0 >= max(cols, 1) or rows <= 1):
+        return "dense"
+    if s0 == 1 and (s1 >= max(rows, 1) or cols <= 1):
+        return "transposed"
+    return "copy"
+
+
+def _key(op: str, *tensors: torch.Tensor, **flags) -> tuple:
+    # Flat and cheap: computed on every call that does not replay. A process's CUDA backend runs on one
+    # device; the device index still goes in for processes with several.
+    key = [op, tensors[0].get_device()]
+    for t in tensors:
+        key += (t.shape, t.stride(), t.dtype)
+    if flags:
+        key += flags.items()
+    return tuple(key)
+
+
+@dataclass(frozen=True)
+class MatmulPlan:
+    copy_a: bool          # an operand neither row- nor column-major is made dense first
+    copy_b: bool
+    fold_batch: bool      # [B, M, K] @ [K, N] broadcast over B: one [B*M, K] @ [K, N] GEMM
+
+
+def _matmul_plan(a: torch.Tensor, b: torch.Tensor, batched: bool) -> MatmulPlan:
+    fold = (batched and b.stride(0) == 0 and a.shape[0] > 1 and _layout(a) == "dense" and a.is_contiguous())
+    return MatmulPlan(_layout(a) == "copy", _layout(b) == "copy", fold)
+
+
+def _operands(plan: MatmulPlan, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (a.contiguous() if plan.copy_a else a), (b.contiguous() if plan.copy_b else b)
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    plan = op_graph_cache.get(_key("aten.mm", a, b), lambda: _matmul_plan(a, b, False))
+    return aten.mm(*_operands(plan, a, b))
+
+
+def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
+    plan = op_graph_cache.get(_key("aten.addmm", bias, a, b, beta=beta, alpha=alpha),
+                              lambda: _matmul_plan(a, b, False))
+    a, b = _operands(plan, a, b)
+    return aten.addmm(bias, a, b, beta=beta, alpha=alpha)
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    plan = op_graph_cache.get(_key("aten.bmm", a, b), lambda: _matmul_plan(a, b, True))
+    if plan.fold_batch:
+        B, M, K = a.shape
+        return aten.mm(a.reshape(B * M, K), b[0]).view(B, M, b.shape[-1])
+    return aten.bmm(*_operands(plan, a, b))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    args = (x, weight) if bias is None else (x, weight, bias)
+    plan = op_graph_cache.get(_key("aten.linear", *args), lambda: _matmul_plan(x, weight, False))
+    x, weight = _operands(plan, x, weight)
+    return aten.linear(x, weight, bias)
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    memory_format: torch.memory_format
+
+
+class _PreparedWeights:
+    """Weights converted to a memory format, by (storage address, version, shape, format): kept while
+    the weight is unchanged, at most ``capacity`` of them (least recently used dropped)."""
+
+    def __init__(self, capacity: int = 512):
+        self.capacity = capacity
+        self._items: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, w: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
+        key = (w.data_ptr(), w._version, tuple(w.shape), w.stride(), w.dtype, w.device, fmt)
+        with self._lock:
+            t = self._items.get(key)
+            if t is not None:
+                self._items.move_to_end(key)
+                return t
+        t = w.contiguous(memory_format=fmt)
+        with self._lock:
+            self._items[key] = t
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+        return t
+
+
+prepared_weights = _PreparedWeights()
+
+
+def _conv_plan(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> ConvPlan:
+    nhwc = (x.dim() == 4 and not transposed and not x.is_contiguous()
+            and x.is_contiguous(memory_format=torch.channels_last))
+    return ConvPlan(torch.channels_last if nhwc else torch.contiguous_format)
+
+
+def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    plan = op_graph_cache.get(
+        _key("aten.convolution", x, weight, transposed=transposed, groups=groups, stride=tuple(stride),
+             padding=tuple(padding), dilation=tuple(dilation)),
+        lambda: _conv_plan(x, weight, transposed))
+    if plan.memory_format is torch.channels_last:
+        weight = prepared_weights.get(weight, torch.channels_last)
+    return aten.convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@dataclass(frozen=True)
+class TopkPlan:
+    reduce: bool   # k == 1: a max/min reduction
+
+
+def topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+    plan = op_graph_cache.get(_key("aten.topk", x, k=k, dim=dim, largest=largest),
+                              lambda: TopkPlan(k == 1 and x.dim() > 0 and x.shape[dim] > 0))
+    if plan.reduce:
+        values, indices = (torch.max if largest else torch.min)(x, dim, keepdim=True)
+        return values, indices
+    return aten.topk(x, k, dim, largest, sorted)
+
+
+LIBRARY_OPS = {"aten.mm": mm, "aten.addmm": addmm, "aten.bmm": bmm, "aten.linear": linear,
+               "aten.convolution": convolution, "aten.topk": topk}

@@ -1,0 +1,95 @@
+"""Library ops through the op-level graph cache: each prepared choice gives the ATen op's result, is
+made once per signature (hits after the first call), and the cache shows it in its counters. The
+functions are device-agnostic torch, so they are checked on CPU tensors here and on CUDA by the op
+table (tests/ops) on the GPU."""
+from __future__ import annotations
+
+import torch
+
+from ostinato.backends.cuda import library_ops as L
+from ostinato.cache import op_graph_cache
+
+aten = torch.ops.aten
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_layout_flags():
+    x = torch.randn(6, 4)
+    assert L._layout(x) == "dense" and L._layout(x.t()) == "transposed"
+    assert L._layout(x[:, ::2]) == "copy" and L._layout(torch.randn(1, 5)) == "dense"
+
+
+def test_matmuls_match_aten_for_every_operand_layout():
+    a, b = torch.randn(8, 6), torch.randn(6, 5)
+    for aa in (a, a.t().contiguous().t(), torch.randn(8, 12)[:, ::2]):
+        for bb in (b, b.t().contiguous().t(), torch.randn(6, 10)[:, ::2]):
+            _close(L.mm(aa, bb), aten.mm(aa, bb))
+            bias = torch.randn(5)
+            _close(L.addmm(bias, aa, bb, beta=0.5, alpha=2.0), aten.addmm(bias, aa, bb, beta=0.5, alpha=2.0))
+    x, w, bias = torch.randn(2, 3, 6), torch.randn(5, 6), torch.randn(5)
+    _close(L.linear(x, w, bias), aten.linear(x, w, bias))
+    _close(L.linear(x, w), aten.linear(x, w))
+
+
+def test_bmm_with_a_broadcast_operand_folds_into_one_gemm(monkeypatch):
+    a = torch.randn(4, 3, 6)
+    b = torch.randn(6, 5).expand(4, 6, 5)
+    plan = L._matmul_plan(a, b, True)
+    assert plan.fold_batch
+    calls = []
+    monkeypatch.setattr(L, "aten", type("A", (), {"mm": staticmethod(lambda *x: calls.append("mm") or aten.mm(*x)),
+                                                  "bmm": staticmethod(lambda *x: calls.append("bmm") or aten.bmm(*x))}))
+    out = L.bmm(a, b)
+    assert calls == ["mm"]
+    _close(out, aten.bmm(a, b.contiguous()))
+    c = torch.randn(4, 6, 5)
+    assert not L._matmul_plan(a, c, True).fold_batch
+    _close(L.bmm(a, c), aten.bmm(a, c))
+
+
+def test_convolution_in_channels_last_keeps_the_prepared_weight():
+    x = torch.randn(2, 4, 9, 9).contiguous(memory_format=torch.channels_last)
+    w, bias = torch.randn(6, 4, 3, 3), torch.randn(6)
+    args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    out = L.convolution(x, w, bias, *args)
+    _close(out, aten.convolution(x.contiguous(), w, bias, *args))
+    n = len(L.prepared_weights._items)
+    L.convolution(x, w, bias, *args)
+    assert len(L.prepared_weights._items) == n        # converted once
+    w.add_(1.0)                                       # a new version of the weight is converted again
+    _close(L.convolution(x, w, bias, *args), aten.convolution(x.contiguous(), w, bias, *args))
+    plain = torch.randn(2, 4, 9, 9)
+    assert L._conv_plan(plain, w, False).memory_format is torch.contiguous_format
+    _close(L.convolution(plain, w, None, *args), aten.convolution(plain, w, None, *args))
+
+
+def test_topk_of_one_is_a_reduction_with_the_same_answer():
+    x = torch.randn(5, 37)
+    for largest in (True, False):
+        for dim in (-1, 0):
+            v, i = L.topk(x, 1, dim, largest)
+            rv, ri = aten.topk(x, 1, dim, largest)
+            _close(v, rv)
+            assert torch.equal(i, ri)
+        v, i = L.topk(x, 4, -1, largest)
+        rv, ri = aten.topk(x, 4, -1, largest)
+        _close(v, rv)
+        assert torch.equal(i, ri)
+
+
+def test_one_preparation_per_signature_then_hits():
+    op_graph_cache.clear()
+    before = op_graph_cache.stats()
+    a, b = torch.randn(7, 3), torch.randn(3, 2)
+    for _ in range(5):
+        L.mm(a, b)
+    L.mm(torch.randn(9, 3), b)          # another shape: another entry
+    after = op_graph_cache.stats()
+    assert after["misses"] - before["misses"] == 2
+    assert after["hits"] - before["hits"] == 4
+    assert after["entries"] == 2
+    import ostinato
+    assert ostinato.cache.stats()["op_graph"]["entries"] == 2
