@@ -23,7 +23,6 @@ from ..ir.fallback import require_fallback_ops
 from ..ir.types import DTYPES_BY_NAME
 from .fb.ArgKind import ArgKind
 from .fb.InputKind import InputKind
-from .fb.Program import Program as FBProgram
 from .fb.Role import Role
 from .fb.ScalarKind import ScalarKind
 from .fb.TensorRole import TensorRole
@@ -123,6 +122,8 @@ class _Decoder:
 
     # -- the program ----------------------------------------------------------------------------
     def program(self) -> tuple[Graph, dict, list[tuple[str, int, str, list[int], int, int]]]:
+        # Imported here: a load served by the decoded-program cache never needs the FlatBuffers runtime.
+        from .fb.Program import Program as FBProgram
         if not FBProgram.ProgramBufferHasIdentifier(self.buf, 0):
             raise self.bad("the FlatBuffer lacks the OSTP identifier")
         fp = FBProgram.GetRootAs(self.buf, 0)
