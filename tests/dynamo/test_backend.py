@@ -14,6 +14,7 @@ import torch
 import torch._dynamo
 
 import ostinato.dynamo as od
+
 from examples.tiny_decoder import decode_inputs as tiny_decode_inputs
 from helpers import assert_same
 from models.test_convnet import SmallConvNet
@@ -21,17 +22,10 @@ from models.test_hf_decoders import CONFIGS, decode_inputs as hf_decode_inputs, 
 from models.test_tiny_decoder import cache_buffers, make_model as make_tiny_decoder
 from models.test_whisper_encoder import features, make_encoder
 
-pytestmark = pytest.mark.filterwarnings("ignore:While compiling, we found certain side effects")
-
 STRICT = {"eager_fallback": False}   # a graph ostinato cannot take fails the test instead of running eagerly
 
+pytestmark = pytest.mark.filterwarnings("ignore:While compiling, we found certain side effects")
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    od.reset_stats()
-    yield
-    torch._dynamo.reset()
 
 
 def assert_on_ostinato(graphs: int = 1, calls: int | None = None) -> dict:
