@@ -24,7 +24,7 @@ def test_arg_types_carry_the_hints_triton_would_give():
     assert arg_type(torch.zeros(3, dtype=torch.bfloat16)) == "*bf16:D"
     assert arg_type(48) == "i32:D" and arg_type(7) == "i32" and arg_type(-16) == "i32:D"
     assert arg_type(2**40) == "i64:D" and arg_type(2**31) == "i64:D" and arg_type(2**31 + 1) == "i64"
-    assert arg_type(True) == "i1" and arg_type(1e-6) == "fp32"
+    assert arg_type(True) == "i1" and arg_type(1e-6) == "fp32" and arg_type(1) == "i32:1"
     with pytest.raises(BackendError, match="of type str"):
         arg_type("x")
 
@@ -82,3 +82,13 @@ def test_second_process_reads_the_cubin_without_triton(tmp_path):
     assert warm["origin"] == "cache" and warm["disk"]["hits"] == 1 and warm["disk"]["puts"] == 0, warm
     assert not warm["triton_imported"], "a warm process must not import Triton"
     assert warm["cubin"] == cold["cubin"]
+
+
+def test_an_int_of_one_is_compiled_in_and_not_passed():
+    types = ["*fp32:D", "*fp32:D", "*fp32:D", "i32", "fp32"]
+    meta, _ = compile_binary("norms", "rms_norm_kernel", types, {"HAS_WEIGHT": True, "UPCAST": False,
+                                                                  "BLOCK": 64}, 90)
+    one, _ = compile_binary("norms", "rms_norm_kernel", types[:3] + ["i32:1", "fp32"],
+                            {"HAS_WEIGHT": True, "UPCAST": False, "BLOCK": 64}, 90)
+    assert meta.arg_types.startswith("OOOif") and one.arg_types.startswith("OOOf")
+    assert len(one.arg_types) == len(meta.arg_types) - 1

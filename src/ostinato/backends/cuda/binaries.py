@@ -83,7 +83,8 @@ def compile_binary(module: str, kernel: str, arg_types: Sequence[str], constexpr
                    arch: int) -> tuple[BinaryMeta, bytes]:
     """Compile one specialization with Triton for ``sm_<arch>``. ``arg_types`` holds one Triton type per
     runtime parameter (``*bf16``, ``i32``, ``fp32``), with ``:D`` where the value is 16-divisible (a
-    pointer 16-byte aligned, an int a multiple of 16): the hints Triton's JIT would give."""
+    pointer 16-byte aligned, an int a multiple of 16), or ``:1`` for an int equal to 1, compiled in as a
+    constant and not passed at launch: the specializations Triton's JIT would make."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -96,7 +97,7 @@ def compile_binary(module: str, kernel: str, arg_types: Sequence[str], constexpr
     missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs]
     if missing:
         raise BackendError(f"Triton kernel {kernel}: no value for constexpr {', '.join(missing)}")
-    signature, attrs = {}, {}
+    signature, attrs, constexprs = {}, {}, dict(constexprs)
     for p in fn.params:
         if p.is_constexpr:
             signature[p.name] = "constexpr"
@@ -105,6 +106,9 @@ def compile_binary(module: str, kernel: str, arg_types: Sequence[str], constexpr
         signature[name] = base
         if hint == "D":
             attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
+        elif hint == "1":
+            signature[name] = "constexpr"
+            constexprs[name] = 1
     signature = {p.name: signature[p.name] for p in fn.params}
     try:
         compiled = triton.compile(ASTSource(fn, signature, dict(constexprs), attrs),
@@ -116,7 +120,8 @@ def compile_binary(module: str, kernel: str, arg_types: Sequence[str], constexpr
     md = compiled.metadata
     if getattr(md, "num_ctas", 1) != 1:
         raise BackendError(f"Triton kernel {kernel}: num_ctas {md.num_ctas} is not supported")
-    letters = "".join("O" if t.startswith("*") else _LAUNCH_TYPE[t.partition(":")[0]] for t in arg_types)
+    letters = "".join("O" if t.startswith("*") else _LAUNCH_TYPE[t.partition(":")[0]]
+                      for t in arg_types if not t.endswith(":1"))
     for scratch in ("global_scratch_size", "profile_scratch_size"):
         if hasattr(md, scratch):
             if getattr(md, scratch) > 0:   # the launcher would have to allocate it: not for these kernels
@@ -165,9 +170,9 @@ def _cubin_file(digest: str, cubin: bytes) -> str:
 class LoadedBinary:
     """A cubin loaded on one device: ``launch(grid, args, stream)``."""
 
-    __slots__ = ("meta", "function", "module", "pad", "_launch")
+    __slots__ = ("meta", "function", "module", "pad", "passed", "_launch")
 
-    def __init__(self, meta: BinaryMeta, cubin: bytes, device_index: int, n_args: int):
+    def __init__(self, meta: BinaryMeta, cubin: bytes, device_index: int, arg_types: Sequence[str]):
         launcher = static_launcher()
         digest = hashlib.sha256(cubin).hexdigest()
         loaded = launcher._load_kernel(_cubin_file(digest, cubin), meta.name, meta.shared, device_index)
@@ -175,11 +180,16 @@ class LoadedBinary:
         self.module, self.function = (loaded[0], loaded[1]) if len(loaded) == 4 else (None, loaded[0])
         self.meta = meta
         self._launch = launcher._launch_kernel
-        self.pad = (None,) * (len(meta.arg_types) - n_args)   # null scratch pointers
+        # The arguments the kernel takes: those compiled in as constants (``:1``) are left out.
+        passed = [i for i, t in enumerate(arg_types) if not t.endswith(":1")]
+        self.passed = None if len(passed) == len(arg_types) else tuple(passed)
+        self.pad = (None,) * (len(meta.arg_types) - len(passed))   # null scratch pointers
 
     def launch(self, grid: tuple[int, ...], args: tuple, stream: int) -> None:
         m = self.meta
         gx = grid[0]
         gy = grid[1] if len(grid) > 1 else 1
         gz = grid[2] if len(grid) > 2 else 1
+        if self.passed is not None:
+            args = tuple([args[i] for i in self.passed])
         self._launch(self.function, gx, gy, gz, m.num_warps, m.shared, m.arg_types, args + self.pad, stream)

@@ -52,12 +52,15 @@ _TRITON_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: 
 
 def arg_type(a: Any) -> str:
     """The Triton type of one launch argument, with ``:D`` where Triton's JIT would assume 16-divisibility
-    (an aligned pointer, an int multiple of 16): the part of a binary's key that depends on values."""
+    (an aligned pointer, an int multiple of 16) and ``:1`` for an int equal to 1 (compiled in as a
+    constant, not passed): the part of a binary's key that depends on values."""
     if isinstance(a, torch.Tensor):
         return f"*{_TRITON_DTYPES[a.dtype]}" + (":D" if a.data_ptr() % 16 == 0 else "")
     if isinstance(a, bool):
         return "i1"
     if isinstance(a, int):
+        if a == 1:      # Triton's JIT compiles a 1 in as a constant (strides, counts): so do we
+            return "i32:1"
         base = "i32" if -2**31 <= a < 2**31 else "i64"
         return base + (":D" if a % 16 == 0 else "")
     if isinstance(a, float):
@@ -93,7 +96,7 @@ class Kernel:
                 t0 = time.perf_counter()
                 meta, cubin, origin = get_binary(self.library.module, self.library.function_name(self.name),
                                                  types, self.specialization, major * 10 + minor)
-                b = self._binaries[types] = LoadedBinary(meta, cubin, index, len(types))
+                b = self._binaries[types] = LoadedBinary(meta, cubin, index, types)
                 self.library.count(origin, time.perf_counter() - t0)
             return b
 
