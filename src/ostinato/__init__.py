@@ -2,10 +2,19 @@
 __version__ = "0.1.0"
 
 from . import errors  # noqa: E402
-from .frontend import export  # noqa: E402
 from .program import Program, load  # noqa: E402
 from .replay import Graph, compile, graph  # noqa: E402
 from .runtime import Executable, Session  # noqa: E402
 
 __all__ = ["__version__", "errors", "export", "compile", "load", "Program", "Executable", "Session", "Graph",
            "graph"]
+
+
+def __getattr__(name: str):
+    # ``ostinato.export`` imports torch.export and the decompositions (~0.2 s, more on some builds), which a
+    # process that only loads and runs a program never needs: imported on first use.
+    if name == "export":
+        from .frontend import export
+        globals()["export"] = export
+        return export
+    raise AttributeError(f"module 'ostinato' has no attribute {name!r}")

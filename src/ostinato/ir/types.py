@@ -4,8 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Union
 
-import sympy
 import torch
+
+# sympy (~0.3 s to import) is imported where a symbolic dim is made or used: a process running a
+# program with static shapes never needs it.
 
 # Short names used by the printer (and later the program file); one entry per dtype the IR supports.
 DTYPE_NAMES: dict[torch.dtype, str] = {
@@ -34,6 +36,7 @@ class SymDim:
     __slots__ = ("expr", "_values", "_names")  # _values: evaluations cached by the symbols' sizes
 
     def __init__(self, expr: Union[sympy.Expr, str, int]):
+        import sympy
         if not isinstance(expr, str):
             # Canonical form: what the program file's parser makes of the printed expression, so that
             # save → load → save gives the same bytes. torch's own sympy functions print as //, %, ...
@@ -55,12 +58,13 @@ class SymDim:
     @property
     def is_symbol(self) -> bool:
         """True when the dim is a bare symbol (it can be bound from an input's size)."""
-        return isinstance(self.expr, sympy.Symbol)
+        return self.expr.is_Symbol
 
     def evaluate(self, bindings: Mapping[str, int]) -> int:
         key = tuple(bindings[n] for n in self._names)
         hit = self._values.get(key)
         if hit is None:
+            import sympy
             subs = {s: sympy.Integer(bindings[str(s)]) for s in self.expr.free_symbols}
             hit = self._values[key] = int(self.expr.xreplace(subs))
         return hit
@@ -71,6 +75,7 @@ class SymDim:
     __repr__ = __str__
 
     def __eq__(self, other) -> bool:
+        import sympy
         return isinstance(other, SymDim) and sympy.simplify(self.expr - other.expr) == 0
 
     def __hash__(self) -> int:
@@ -82,6 +87,7 @@ _MAX_EXPR_NODES = 256
 
 
 def _sym_functions() -> dict:
+    import sympy
     from torch.utils._sympy import functions as F
     names = ("FloorDiv", "ModularIndexing", "CleanDiv", "CeilDiv", "Mod", "PythonMod", "Max", "Min",
              "CeilToInt", "FloorToInt", "TruncToInt", "IntTrueDiv", "ToFloat")
@@ -97,6 +103,8 @@ def parse_expr(text: str) -> sympy.Expr:
     with small integer exponents, and a fixed set of integer functions. Raises ValueError otherwise.
     """
     import ast
+
+    import sympy
 
     if not isinstance(text, str) or not text or len(text) > _MAX_EXPR_CHARS:
         raise ValueError("size expression is empty or too long")

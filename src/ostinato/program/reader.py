@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import mmap
 import os
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from .ir_cache import cached_decode, store_decoded
 from .format import (ALIGN, HEADER_SIZE, ChecksumError, Header, InconsistentGraphError, LayoutError,
                      parse_header)
 from .program import InputSlot, Program
+
+log = logging.getLogger("ostinato")
 
 ROLES = {Role.Constant: "constant", Role.Input: "input", Role.State: "state", Role.Temp: "temp"}
 SCALARS = {ScalarKind.Int: int, ScalarKind.Float: float, ScalarKind.Bool: bool}
@@ -339,3 +342,17 @@ def read_header(path: str | os.PathLike) -> tuple["Header", int]:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         return parse_header(f.read(HEADER_SIZE), size, path), size
+
+
+def cache_decoded(path: str | os.PathLike) -> None:
+    """Decode a file's FlatBuffer and keep it in the decoded-program cache (``save`` calls this, so the
+    first load of a file just written is already warm). Never raises: the file is saved either way."""
+    try:
+        header, _ = read_header(path)
+        with open(path, "rb") as f:
+            f.seek(header.fb_offset)
+            fb = f.read(header.fb_size)
+        graph, extra, entries = _Decoder(fb, os.fspath(path)).program()
+        store_decoded(header.fb_sha256, graph, extra, entries)
+    except Exception as e:  # noqa: BLE001 - a cache warm-up failing costs the first load some time only
+        log.debug("ostinato: %s: decoded program not cached at save: %s: %s", path, type(e).__name__, e)

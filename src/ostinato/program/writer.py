@@ -324,6 +324,8 @@ def save(program: Program, path: str | os.PathLike) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    from .reader import cache_decoded
+    cache_decoded(path)   # the first load of this file skips the FlatBuffer walk (program/ir_cache.py)
 
 
 __all__ = ["save", "to_bytes", "write"]
