@@ -51,3 +51,13 @@ def test_reference_switch(monkeypatch):
         assert ops.triton_kernels() == {}
     finally:
         ops.triton_kernels.cache_clear()
+
+
+def test_jit_switch_is_read_from_the_environment():
+    import subprocess
+    import sys
+    code = "import ostinato.backends.cuda.runtime as r; print(r._FORCE_JIT)"
+    for value, want in (("1", "True"), ("0", "False")):
+        env = {**__import__("os").environ, "OSTINATO_TRITON_JIT": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want

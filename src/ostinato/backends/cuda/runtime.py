@@ -6,6 +6,7 @@ ostinato's cache tiers and launched without Triton's runtime (binaries.py).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -44,6 +45,10 @@ class Stream:
     def __exit__(self, *exc):
         return self._ctx.__exit__(*exc)
 
+
+# OSTINATO_TRITON_JIT=1 launches every kernel through Triton's JIT instead of the cached cubins: the A/B
+# switch for comparing the two paths' kernels (it imports Triton and compiles through its own cache).
+_FORCE_JIT = os.environ.get("OSTINATO_TRITON_JIT") == "1"
 
 _TRITON_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
                   torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
@@ -102,7 +107,7 @@ class Kernel:
 
     def __call__(self, *args, grid: tuple[int, ...]) -> None:
         first = args[0]
-        if not first.is_cuda or static_launcher() is None:
+        if not first.is_cuda or _FORCE_JIT or static_launcher() is None:
             self._run_jit(args, grid)
             return
         types = tuple(map(arg_type, args))
