@@ -24,6 +24,14 @@ from models.test_whisper_encoder import features, make_encoder
 
 STRICT = {"eager_fallback": False}   # a graph ostinato cannot take fails the test instead of running eagerly
 
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    od.reset_stats()
+    yield
+    torch._dynamo.reset()
+
 pytestmark = pytest.mark.filterwarnings("ignore:While compiling, we found certain side effects")
 
 

@@ -17,6 +17,14 @@ from helpers import assert_same
 
 STRICT = {"eager_fallback": False}   # a graph ostinato cannot take fails the test instead of running eagerly
 
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    od.reset_stats()
+    yield
+    torch._dynamo.reset()
+
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 
 
