@@ -1,12 +1,12 @@
-"""Measuring one runner on one workload: outputs checked against eager first (a wrong runner is
-reported with its error and never timed), then warm-ups and trials, a 10% trimmed mean with min and
-max, and the memory the runner needs.
+"""Measuring runners on one workload: outputs checked against eager first (a wrong runner is
+reported with its error and never timed), warm-ups, then trials interleaved across the runners of the
+configuration (a 10% trimmed mean with min and max), and the memory each runner needs.
 
-Memory: on CUDA, ``torch.cuda.max_memory_allocated`` from the runner's creation to its last trial,
-above what was allocated before it, plus the model's own bytes (weights and caches, counted once: the
-runners share the model's tensors). On the CPU, the process's resident set (``/proc/self/statm``) after
-the trials above before the runner, plus the model's bytes: a rough figure, since the allocator keeps
-freed memory.
+Memory: on CUDA, ``torch.cuda.max_memory_allocated`` from the runner's creation to the end of its
+warm-ups, above what was allocated before it, plus the model's own bytes (weights and caches, counted
+once: the runners share the model's tensors). On the CPU, the process's resident set
+(``/proc/self/statm``) after the warm-ups above before the runner, plus the model's bytes: a rough
+figure, since the allocator keeps freed memory.
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ WARMUPS, TRIALS, TRIM = 5, 10, 0.1
 CHECK_STEPS = 3
 TRIAL_SECONDS = 0.05     # a trial runs enough steps to last about this long
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 5e-3}   # max |out - ref| / max(1, max |ref|)
-MEMORY_METRIC = {"cuda": "torch.cuda.max_memory_allocated during the runner above the memory before it, "
-                         "plus the model's weights and caches",
-                 "cpu": "resident set size after the trials above before the runner, plus the model's "
+MEMORY_METRIC = {"cuda": "torch.cuda.max_memory_allocated while the runner is built, checked and warmed up, above "
+                         "the memory before it, plus the model's weights and caches",
+                 "cpu": "resident set size after the runner's warm-ups above before it, plus the model's "
                         "weights and caches (rough: the CPU allocator keeps freed memory)"}
 
 
@@ -118,30 +118,6 @@ def call(fn: Callable, step: tuple[tuple, dict]) -> Any:
         return fn(*args, **kwargs)
 
 
-def time_runner(fn: Callable, steps: list, device: torch.device, warmups: int = WARMUPS,
-                trials: int = TRIALS, trial_seconds: float = TRIAL_SECONDS) -> dict[str, Any]:
-    """``warmups`` untimed calls, then ``trials`` trials of k steps each (k so a trial lasts about
-    ``trial_seconds``); statistics of the per-step time of each trial, in milliseconds."""
-    for i in range(warmups):
-        sync(device)
-        t0 = time.perf_counter()
-        call(fn, steps[i % len(steps)])
-        sync(device)
-        last = time.perf_counter() - t0
-    k = max(1, min(200, int(math.ceil(trial_seconds / max(last, 1e-6)))))
-    per_step = []
-    for t in range(trials):
-        sync(device)
-        t0 = time.perf_counter()
-        for i in range(k):
-            call(fn, steps[(t * k + i) % len(steps)])
-        sync(device)
-        per_step.append((time.perf_counter() - t0) / k * 1e3)
-    st = trimmed_stats(per_step)
-    return {"mean_ms": st["mean"], "min_ms": st["min"], "max_ms": st["max"], "steps_per_trial": k,
-            "trials_ms": per_step}
-
-
 @dataclass
 class Reference:
     """Eager's outputs for the first CHECK_STEPS steps, from the model's initial state."""
@@ -160,11 +136,12 @@ def check_runner(fn: Callable, steps: list, ref: Reference) -> tuple[float, list
     return worst, outs
 
 
-def measure_cell(make: Callable[[], Callable], steps: list, ref: Reference | None, device: torch.device,
-                 model_bytes: int, **timing) -> dict[str, Any]:
-    """One cell of the table: build the runner with ``make()``, check it (unless it is the reference),
-    time it. Failures become ``{"status": "error"}``, wrong outputs ``{"status": "wrong"}``; neither
-    is timed. ``first_call_s`` is the first call's time, compilation or capture included."""
+def prepare_cell(make: Callable[[], Callable], steps: list, ref: Reference | None, device: torch.device,
+                 model_bytes: int, warmups: int = WARMUPS) -> tuple[dict[str, Any], Callable | None]:
+    """Build a runner with ``make()``, run its first call, check it (unless it is the reference) and warm
+    it up: ``(cell, fn)``. ``fn`` is None when the cell failed or was wrong; such a runner is never timed.
+    ``first_call_s`` is the first call's time, compilation or capture included; the peak memory is taken
+    over building, checking and warming up."""
     t_start = time.perf_counter()
     cell: dict[str, Any] = {}
     watch = MemoryWatch(device)
@@ -175,7 +152,7 @@ def measure_cell(make: Callable[[], Callable], steps: list, ref: Reference | Non
         fn = make()
         cell["build_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        first = snapshot(call(fn, steps[0]))
+        snapshot(call(fn, steps[0]))
         sync(device)
         cell["first_call_s"] = time.perf_counter() - t0
         if ref is not None:
@@ -183,13 +160,61 @@ def measure_cell(make: Callable[[], Callable], steps: list, ref: Reference | Non
             cell["max_error"] = err
             if not err <= ref.tolerance:
                 cell.update(status="wrong", tolerance=ref.tolerance)
-                return cell
-        del first
-        cell.update(time_runner(fn, steps, device, **timing))
-        mem = watch.stop()
-        cell["peak_mem_bytes"] = None if mem is None else mem + model_bytes
-        cell["status"] = "ok"
+                fn = None
+        if fn is not None:
+            for i in range(warmups):
+                call(fn, steps[i % len(steps)])
+            sync(device)
+            mem = watch.stop()
+            cell["peak_mem_bytes"] = None if mem is None else mem + model_bytes
+            cell["status"] = "ok"
     except Exception as e:   # a runner that fails (compile error, OOM, capture error) is a result too
+        cell.update(status="error", error=describe_error(e))
+        fn = None
+    cell["wall_s"] = time.perf_counter() - t_start
+    return cell, fn
+
+
+def time_interleaved(fns: dict[str, Callable], steps: list, device: torch.device, trials: int = TRIALS,
+                     trial_seconds: float = TRIAL_SECONDS) -> dict[str, dict[str, Any]]:
+    """Time warmed-up runners with their trials interleaved (trial t of every runner, then trial t + 1):
+    a machine that speeds up or slows down during the run moves every runner alike, so the ratios of
+    one run hold. Each trial runs k steps, k per runner so a trial lasts about ``trial_seconds``."""
+    ks, per_step = {}, {name: [] for name in fns}
+    for name, fn in fns.items():
+        sync(device)
+        t0 = time.perf_counter()
+        call(fn, steps[0])
+        sync(device)
+        ks[name] = max(1, min(200, int(math.ceil(trial_seconds / max(time.perf_counter() - t0, 1e-6)))))
+    for t in range(trials):
+        for name, fn in fns.items():
+            k = ks[name]
+            sync(device)
+            t0 = time.perf_counter()
+            for i in range(k):
+                call(fn, steps[(t * k + i) % len(steps)])
+            sync(device)
+            per_step[name].append((time.perf_counter() - t0) / k * 1e3)
+    out = {}
+    for name, samples in per_step.items():
+        st = trimmed_stats(samples)
+        out[name] = {"mean_ms": st["mean"], "min_ms": st["min"], "max_ms": st["max"], "steps_per_trial": ks[name],
+                     "trials_ms": samples}
+    return out
+
+
+def measure_cell(make: Callable[[], Callable], steps: list, ref: Reference | None, device: torch.device,
+                 model_bytes: int, warmups: int = WARMUPS, trials: int = TRIALS,
+                 trial_seconds: float = TRIAL_SECONDS) -> dict[str, Any]:
+    """One runner on its own: prepared (built, checked, warmed up), then timed. Failures become
+    ``{"status": "error"}``, wrong outputs ``{"status": "wrong"}``; neither is timed."""
+    t_start = time.perf_counter()
+    cell, fn = prepare_cell(make, steps, ref, device, model_bytes, warmups)
+    try:
+        if fn is not None:
+            cell.update(time_interleaved({"runner": fn}, steps, device, trials, trial_seconds)["runner"])
+    except Exception as e:   # noqa: BLE001 - a runner failing while timed is a result too
         cell.update(status="error", error=describe_error(e))
     finally:
         cell["wall_s"] = time.perf_counter() - t_start

@@ -67,6 +67,9 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
             cell = dict(cold["cell"], measured_in="the cold-start process (first call with empty caches)")
             rec["cells"]["torch_compile_ro"] = cell
             tc_in_child = True
+    # Every runner is built, checked and warmed up first; then their trials are interleaved, so the
+    # ratios of one configuration are taken over the same stretch of the machine's time.
+    live: dict[str, Callable] = {}
     for name in runner_names:
         if name == "torch_compile_ro" and tc_in_child:
             log(f"    {name}: {_summary(rec['cells'][name])}")
@@ -77,11 +80,29 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
         else:
             make = lambda: runners.make_runner(name, wl.model, program, device, wl.steps[0])   # noqa: E731
         log(f"    {name} ...")
-        cell = measure.measure_cell(make, wl.steps, None if name == "eager" else ref, device, rec["model_bytes"],
-                                    **timing)
-        runners.release(name)
+        cell, fn = measure.prepare_cell(make, wl.steps, None if name == "eager" else ref, device,
+                                        rec["model_bytes"], **{k: v for k, v in timing.items() if k == "warmups"})
         rec["cells"][name] = cell
-        log(f"    {name}: {_summary(cell)}")
+        if fn is None:
+            log(f"    {name}: {_summary(cell)}")
+        else:
+            live[name] = fn
+    if live:
+        t0 = time.perf_counter()
+        try:
+            timed = measure.time_interleaved(live, wl.steps, device,
+                                             **{k: v for k, v in timing.items() if k in ("trials", "trial_seconds")})
+        except Exception as e:   # noqa: BLE001 - a runner failing while timed fails the timed cells, not the suite
+            timed = {name: {"status": "error", "error": measure.describe_error(e)} for name in live}
+        share = (time.perf_counter() - t0) / len(live)
+        for name in live:
+            cell = rec["cells"][name]
+            cell.update(timed[name])
+            cell["wall_s"] = cell.get("wall_s", 0.0) + share
+            log(f"    {name}: {_summary(cell)}")
+    live.clear()
+    for name in runner_names:
+        runners.release(name)
     del wl, program, initial
     gc.collect()
     if device.type == "cuda":
