@@ -105,7 +105,9 @@ def markdown(doc: dict) -> str:
              f"transformers {v.get('transformers')}, Triton {v.get('triton')}"
              + (f", CUDA {v['cuda']}" if v.get("cuda") else "") + ".", "",
              f"Step time in ms: 10% trimmed mean of {doc['method']['trials']} trials after "
-             f"{doc['method']['warmups']} warm-ups (speed-up over eager in parentheses). Every runner's "
+             f"{doc['method']['warmups']} warm-ups"
+             + (", the runners' trials interleaved" if doc["method"].get("interleaved") else "")
+             + " (speed-up over eager in parentheses). Every runner's "
              "outputs are checked against eager before it is timed; a wrong one is shown, not timed.", "",
              "| configuration | " + " | ".join(runners) + " |", "|---|" + "---|" * len(runners)]
     for rec in doc["configs"]:

@@ -152,7 +152,7 @@ def run_suite(selected: list[Config], runner_names: list[str] | None, with_start
     os.environ.pop("OSTINATO_REDIS_URL", None)
     device = selected[0].device if selected else "cpu"
     doc: dict[str, Any] = {"suite": "ostinato bench", **environment(device),
-                           "method": {"warmups": measure.WARMUPS, "trials": measure.TRIALS, "trim": measure.TRIM,
+                           "method": {"warmups": measure.WARMUPS, "trials": measure.TRIALS, "trim": measure.TRIM, "interleaved": True,
                                       "trial_seconds": (timing or {}).get("trial_seconds", measure.TRIAL_SECONDS),
                                       "check_steps": measure.CHECK_STEPS, "tolerance": measure.TOLERANCE,
                                       "memory": measure.MEMORY_METRIC[device],
