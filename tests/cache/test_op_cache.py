@@ -6,7 +6,7 @@ import threading
 import torch
 
 import ostinato
-from ostinato.cache.op_cache import OpGraphCache, tensor_key
+from ostinato.cache.op_cache import OpGraphCache, op_key
 
 
 def test_prepares_once_per_key_and_counts():
@@ -49,11 +49,12 @@ def test_threads_share_one_value_per_key():
     assert st["hits"] + st["misses"] == 800 and st["entries"] == 10
 
 
-def test_tensor_key_sees_layout():
+def test_op_key_sees_layout():
     x = torch.randn(4, 6)
-    assert tensor_key(x) != tensor_key(x.t().contiguous().t())
-    assert tensor_key(x) == tensor_key(torch.randn(4, 6))
-    assert tensor_key(x) != tensor_key(x.half())
+    assert op_key("aten.mm", x) != op_key("aten.mm", x.t().contiguous().t())
+    assert op_key("aten.mm", x) == op_key("aten.mm", torch.randn(4, 6))
+    assert op_key("aten.mm", x) != op_key("aten.mm", x.half())
+    assert op_key("aten.mm", x, alpha=1) != op_key("aten.mm", x, alpha=2)
 
 
 def test_visible_in_cache_stats():

@@ -45,9 +45,15 @@ class OpGraphCache:
             self._items.clear()
 
 
-def tensor_key(t) -> tuple:
-    """Shape, dtype, device and whether the layout is dense row-major: what a preparation depends on."""
-    return (tuple(t.shape), str(t.dtype), str(t.device), t.is_contiguous())
+def op_key(op: str, *tensors, **flags) -> tuple:
+    """The key of a preparation: the op, the device, each tensor's shape, strides and dtype, and the
+    flags. Flat and cheap: a backend computes it on every call that does not replay."""
+    key = [op, tensors[0].get_device()]
+    for t in tensors:
+        key += (t.shape, t.stride(), t.dtype)
+    if flags:
+        key += flags.items()
+    return tuple(key)
 
 
 op_graph_cache = OpGraphCache()

@@ -83,12 +83,12 @@ class Executable:
     def segments(self) -> list[Segment]:
         """The plan split at the ops run through eager torch (``fallback.*``), which a CUDA graph
         cannot hold: regions captured one by one, those ops run between them (made on first use)."""
-        if self._segments is None and not any(is_fallback(launch.op) for launch in self.launches):
-            # One region: the plan's own function (generating another would cost ~0.1 s per capture).
-            self._segments = [Segment(False, self.launches, set(self.kept_slots), self._plan)]
         if self._segments is None:
-            self._segments = split_plan(self.launches, self.kept_slots, lambda l: is_fallback(l.op),
-                                        name="segment_" + self.backend.name + "_")
+            if any(is_fallback(launch.op) for launch in self.launches):
+                self._segments = split_plan(self.launches, self.kept_slots, lambda l: is_fallback(l.op),
+                                            name="segment_" + self.backend.name + "_")
+            else:   # one region: the plan's own function (generating another costs ~0.1 s per capture)
+                self._segments = [Segment(False, self.launches, set(self.kept_slots), self._plan)]
         return self._segments
 
     def new_session(self) -> Session:

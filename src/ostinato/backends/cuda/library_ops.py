@@ -14,13 +14,11 @@ Every function takes the ATen op's arguments and returns what the op returns.
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
-from ...cache.op_cache import op_graph_cache
+from ...cache.op_cache import OpGraphCache, op_graph_cache, op_key
 
 aten = torch.ops.aten
 
@@ -36,17 +34,6 @@ def _layout(t: torch.Tensor) -> str:
     if s0 == 1 and (s1 >= max(rows, 1) or cols <= 1):
         return "transposed"
     return "copy"
-
-
-def _key(op: str, *tensors: torch.Tensor, **flags) -> tuple:
-    # Flat and cheap: computed on every call that does not replay. A process's CUDA backend runs on one
-    # device; the device index still goes in for processes with several.
-    key = [op, tensors[0].get_device()]
-    for t in tensors:
-        key += (t.shape, t.stride(), t.dtype)
-    if flags:
-        key += flags.items()
-    return tuple(key)
 
 
 @dataclass(frozen=True)
@@ -66,19 +53,19 @@ def _operands(plan: MatmulPlan, a: torch.Tensor, b: torch.Tensor) -> tuple[torch
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    plan = op_graph_cache.get(_key("aten.mm", a, b), lambda: _matmul_plan(a, b, False))
+    plan = op_graph_cache.get(op_key("aten.mm", a, b), lambda: _matmul_plan(a, b, False))
     return aten.mm(*_operands(plan, a, b))
 
 
 def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
-    plan = op_graph_cache.get(_key("aten.addmm", bias, a, b, beta=beta, alpha=alpha),
+    plan = op_graph_cache.get(op_key("aten.addmm", bias, a, b, beta=beta, alpha=alpha),
                               lambda: _matmul_plan(a, b, False))
     a, b = _operands(plan, a, b)
     return aten.addmm(bias, a, b, beta=beta, alpha=alpha)
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    plan = op_graph_cache.get(_key("aten.bmm", a, b), lambda: _matmul_plan(a, b, True))
+    plan = op_graph_cache.get(op_key("aten.bmm", a, b), lambda: _matmul_plan(a, b, True))
     if plan.fold_batch:
         B, M, K = a.shape
         return aten.mm(a.reshape(B * M, K), b[0]).view(B, M, b.shape[-1])
@@ -87,7 +74,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     args = (x, weight) if bias is None else (x, weight, bias)
-    plan = op_graph_cache.get(_key("aten.linear", *args), lambda: _matmul_plan(x, weight, False))
+    plan = op_graph_cache.get(op_key("aten.linear", *args), lambda: _matmul_plan(x, weight, False))
     x, weight = _operands(plan, x, weight)
     return aten.linear(x, weight, bias)
 
@@ -97,31 +84,14 @@ class ConvPlan:
     memory_format: torch.memory_format
 
 
-class _PreparedWeights:
-    """Weights converted to a memory format, by (storage address, version, shape, format): kept while
-    the weight is unchanged, at most ``capacity`` of them (least recently used dropped)."""
-
-    def __init__(self, capacity: int = 512):
-        self.capacity = capacity
-        self._items: OrderedDict[tuple, torch.Tensor] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, w: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
-        key = (w.data_ptr(), w._version, tuple(w.shape), w.stride(), w.dtype, w.device, fmt)
-        with self._lock:
-            t = self._items.get(key)
-            if t is not None:
-                self._items.move_to_end(key)
-                return t
-        t = w.contiguous(memory_format=fmt)
-        with self._lock:
-            self._items[key] = t
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-        return t
+# Weights converted to a memory format, by (storage address, version, layout, format): kept while the
+# weight is unchanged (a new version is converted again), the least recently used dropped past 512.
+prepared_weights = OpGraphCache(capacity=512)
 
 
-prepared_weights = _PreparedWeights()
+def _prepared_weight(w: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
+    key = (w.data_ptr(), w._version, w.shape, w.stride(), w.dtype, w.get_device(), fmt)
+    return prepared_weights.get(key, lambda: w.contiguous(memory_format=fmt))
 
 
 def _conv_plan(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> ConvPlan:
@@ -132,11 +102,11 @@ def _conv_plan(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> ConvPlan:
 
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     plan = op_graph_cache.get(
-        _key("aten.convolution", x, weight, transposed=transposed, groups=groups, stride=tuple(stride),
+        op_key("aten.convolution", x, weight, transposed=transposed, groups=groups, stride=tuple(stride),
              padding=tuple(padding), dilation=tuple(dilation)),
         lambda: _conv_plan(x, weight, transposed))
     if plan.memory_format is torch.channels_last:
-        weight = prepared_weights.get(weight, torch.channels_last)
+        weight = _prepared_weight(weight, torch.channels_last)
     return aten.convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
@@ -146,7 +116,7 @@ class TopkPlan:
 
 
 def topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
-    plan = op_graph_cache.get(_key("aten.topk", x, k=k, dim=dim, largest=largest),
+    plan = op_graph_cache.get(op_key("aten.topk", x, k=k, dim=dim, largest=largest),
                               lambda: TopkPlan(k == 1 and x.dim() > 0 and x.shape[dim] > 0))
     if plan.reduce:
         values, indices = (torch.max if largest else torch.min)(x, dim, keepdim=True)

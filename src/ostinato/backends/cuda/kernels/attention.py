@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ....cache.op_cache import op_graph_cache, tensor_key
+from ....cache.op_cache import op_graph_cache, op_key
 from ..runtime import KernelLibrary
 from .common import block_for, cdiv
 
@@ -51,8 +51,8 @@ def _decode_plan(q, k, v, mask, q_pos, is_causal) -> tuple | None:
 def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, *, out=None):
     """ost.sdpa on CUDA: the decode case runs the Triton kernel; every other case runs the reference
     (torch's SDPA). The choice is made once per shapes and layout (the op-level graph cache)."""
-    key = ("ost.sdpa", tensor_key(q), tensor_key(k), tensor_key(v), q.stride(), k.stride(), v.stride(),
-           mask is None, None if q_pos is None else tensor_key(q_pos), is_causal)
+    key = op_key("ost.sdpa", q, k, v, *(() if q_pos is None else (q_pos,)), masked=mask is not None,
+                 is_causal=is_causal)
     plan = op_graph_cache.get(key, lambda: _decode_plan(q, k, v, mask, q_pos, is_causal))
     if plan is None:
         from ....ir.fused_ops import sdpa as reference
