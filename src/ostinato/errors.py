@@ -64,3 +64,10 @@ class CaptureError(OstinatoError):
 
 class ReplayError(OstinatoError):
     """A replay was asked for with inputs or buffers that differ from what was captured."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): what a one-line
+    error that wraps it quotes."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__

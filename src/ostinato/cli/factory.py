@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ExportError, OstinatoError
+from ..errors import ExportError, OstinatoError, first_line
 
 FIX = ("Fix: FACTORY must be a function taking no arguments that returns a model, (model, args) or "
        "(model, args, kwargs), e.g. examples.tiny_decoder:tiny_llama")
@@ -58,7 +58,7 @@ def call_factory(spec: str) -> FactoryResult:
                           "Fix: run from the directory that holds the module (the current directory "
                           "is importable), or install its package") from e
     except Exception as e:  # a module that fails while importing: the user's code, any exception
-        raise ExportError(f"importing {mod_name} raised {type(e).__name__}: {_first_line(e)}\n"
+        raise ExportError(f"importing {mod_name} raised {type(e).__name__}: {first_line(e)}\n"
                           "Fix: fix the module (run with --verbose for the traceback)") from e
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
@@ -66,7 +66,7 @@ def call_factory(spec: str) -> FactoryResult:
     try:
         built: Any = fn()
     except Exception as e:
-        raise ExportError(f"{spec}() raised {type(e).__name__}: {_first_line(e)}\n"
+        raise ExportError(f"{spec}() raised {type(e).__name__}: {first_line(e)}\n"
                           "Fix: FACTORY must run with no arguments (run with --verbose for the traceback)") from e
     if isinstance(built, torch.nn.Module):
         return FactoryResult(built, None, {})
@@ -86,11 +86,6 @@ def load_factory(spec: str) -> tuple[torch.nn.Module, tuple, dict]:
                           "Fix: return (model, args) from the factory (or, with `ostinato export`, "
                           "pass --example-inputs)")
     return r.model, r.args, r.kwargs
-
-
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
 
 
 def _dtype(name: str, item: str) -> torch.dtype:

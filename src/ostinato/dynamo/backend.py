@@ -15,7 +15,8 @@ import torch
 
 from ..errors import OstinatoError
 from . import stats
-from .compiled_graph import CompiledGraph, EagerOnFailure, Settings, first_line
+from ..errors import first_line
+from .compiled_graph import CompiledGraph, EagerOnFailure, Settings
 
 log = logging.getLogger("ostinato")
 

@@ -10,7 +10,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from ..errors import InputError
+from ..errors import InputError, first_line
 from ..frontend import export
 from ..program import Program
 from ..replay import compile as compile_program
@@ -194,11 +194,6 @@ def _dims_text(dynamic: tuple) -> str:
 
 def _signature(inputs: list) -> tuple:
     return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in inputs)
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 class EagerOnFailure:

@@ -12,7 +12,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import __version__
-from ..errors import ExportError, OstinatoError
+from ..errors import ExportError, OstinatoError, first_line
 from ..ir import SymDim, TensorMeta, verify
 from ..ir.fallback import fallback_nodes
 from ..passes import DEFAULT_PIPELINE, run_passes
@@ -44,11 +44,6 @@ def decomposition_table() -> dict:
         if op in table:
             del table[op]
     return table
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
@@ -84,7 +79,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
         raise
     except Exception as e:  # torch raises many types here; the user needs one with a hint
         raise ExportError(
-            f"torch.export could not trace {name}: {type(e).__name__}: {_first_line(e)}\n"
+            f"torch.export could not trace {name}: {type(e).__name__}: {first_line(e)}\n"
             "Fix: make forward() traceable (no data-dependent Python control flow, no unsupported "
             "Python objects); for sizes that vary, pass dynamic_shapes with torch.export.Dim; "
             f"or try trace_strict={not trace_strict}, which some models need (transformers' static "

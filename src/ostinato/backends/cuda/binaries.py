@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...cache import get_cache, make_key
-from ...errors import BackendError
+from ...errors import BackendError, first_line
 
 log = logging.getLogger("ostinato")
 
@@ -116,7 +116,7 @@ def compile_binary(module: str, kernel: str, arg_types: Sequence[str], constexpr
     except Exception as e:  # noqa: BLE001 - re-raised naming the kernel; the cause is chained
         spec = ", ".join(f"{k}={v}" for k, v in constexprs.items())
         raise BackendError(f"Triton kernel {kernel} [{spec}] for sm_{arch} failed to compile: "
-                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+                           f"{type(e).__name__}: {first_line(e)}") from e
     md = compiled.metadata
     if getattr(md, "num_ctas", 1) != 1:
         raise BackendError(f"Triton kernel {kernel}: num_ctas {md.num_ctas} is not supported")

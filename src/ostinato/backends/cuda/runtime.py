@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ...errors import BackendError
+from ...errors import BackendError, first_line
 from .binaries import LoadedBinary, get_binary, jit_function, static_launcher
 
 
@@ -89,7 +89,7 @@ class Kernel:
     def _fail(self, e: Exception, what: str) -> BackendError:
         spec = ", ".join(f"{k}={v}" for k, v in self.specialization.items())
         return BackendError(f"Triton kernel {self.name} [{spec}] failed to {what}: {type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''}. Fix: report it with this message; "
+                            f"{first_line(e)}. Fix: report it with this message; "
                             "the op's reference runs on torch (set OSTINATO_CUDA_REFERENCE=1)")
 
     def _binary(self, types: tuple, device: torch.device) -> LoadedBinary:
