@@ -25,13 +25,17 @@ GONE = ("aten.repeat_interleave.self_int", "aten.expand", "aten.clone", "aten.sc
         "aten.le.Tensor", "aten.ge.Tensor", "aten.neg", "aten.slice.Tensor", "aten.index_put",
         "aten.index_put_", "aten.index_copy", "aten.pow.Tensor_Scalar", "aten.rsqrt", "aten.layer_norm")
 
-ROPE_LAYER = {"ost.sdpa": 1, "ost.rope": 2, "ost.kv_update_": 2, "ost.rms_norm": 2}
+ROPE_LAYER = {"ost.sdpa": 1, "ost.rope": 2, "ost.kv_update_": 2}
+# Each norm that reads a residual sum takes the add in (ost.add_rms_norm): only the first layer's
+# input norm, which reads the embedding, stays a plain ost.rms_norm. Gemma's norm multiplies by
+# (1 + weight) computed in the graph, after the add: it keeps its adds.
+ADD_NORMS = {"ost.rms_norm": 0, "ost.add_rms_norm": 2}
 PER_LAYER = {
-    "llama": {**ROPE_LAYER, "ost.swiglu": 1},
-    "qwen2": {**ROPE_LAYER, "ost.swiglu": 1},
-    "gemma": {**ROPE_LAYER, "ost.geglu": 1},
+    "llama": {**ROPE_LAYER, **ADD_NORMS, "ost.swiglu": 1},
+    "qwen2": {**ROPE_LAYER, **ADD_NORMS, "ost.swiglu": 1},
+    "gemma": {**ROPE_LAYER, "ost.rms_norm": 2, "ost.geglu": 1},
     "gpt2": {"ost.sdpa": 1, "ost.kv_update_": 2, "ost.layer_norm": 2, "ost.linear": 1},
-    "tiny": {**ROPE_LAYER, "ost.swiglu": 1},
+    "tiny": {**ROPE_LAYER, **ADD_NORMS, "ost.swiglu": 1},
 }
 # Built once however many layers: position ids, the causal mask's inputs, the rotary tables.
 SHARED = {"llama": ("aten.arange.start_step", "aten.cos", "aten.sin", "aten.cat", "aten.unsqueeze"),

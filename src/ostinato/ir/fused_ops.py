@@ -34,6 +34,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
 register_op(OpDef("ost.rms_norm", rms_norm, category="fused"))
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                 compute_dtype: torch.dtype | None = None, *, out_sum: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, rms_norm(s, weight, eps, compute_dtype))`` with ``s = x + residual``: a residual add and the
+    norm that reads it (the next block's pre-norm), one pass over the row instead of two. Both
+    results are returned: the sum is the residual stream the block adds to again."""
+    s = torch.add(x, residual, out=out_sum)
+    return s, rms_norm(s, weight, eps, compute_dtype, out=out)
+
+
+add_rms_norm.multi_output = True   # backends unpack its (sum, norm)
+register_op(OpDef("ost.add_rms_norm", add_rms_norm, category="fused"))
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(gate) * up``: the gated MLP of Llama-family models."""
     return torch.mul(torch.nn.functional.silu(gate), up, out=out)

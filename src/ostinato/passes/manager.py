@@ -16,7 +16,7 @@ from ..ir import Graph, verify
 from .canonicalize import canonicalize
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
-from .patterns import (fuse_gated_mlp, fuse_kv_update, fuse_layer_norm, fuse_linear, fuse_rms_norm,
+from .patterns import (fuse_add_rms_norm, fuse_gated_mlp, fuse_kv_update, fuse_layer_norm, fuse_linear, fuse_rms_norm,
                        fuse_rope, fuse_sdpa)
 from .reinplace import reinplace_state_writes
 
@@ -37,6 +37,7 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("dce", eliminate_dead_code),
     ("rms_norm", fuse_rms_norm),
     ("layer_norm", fuse_layer_norm),
+    ("add_rms_norm", fuse_add_rms_norm),
     ("rope", fuse_rope),
     ("kv_update", fuse_kv_update),
     ("sdpa", fuse_sdpa),
@@ -48,7 +49,7 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
 
 # The pipeline without the fused patterns: every ATen op the exporter kept stays an ATen op (op
 # tests use it to exercise the op a row claims, not the fused op that replaces it).
-_PATTERNS = {"rms_norm", "layer_norm", "rope", "kv_update", "sdpa", "gated_mlp", "linear", "dce_after_fusion"}
+_PATTERNS = {"rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "sdpa", "gated_mlp", "linear", "dce_after_fusion"}
 GENERIC_PIPELINE: list[tuple[str, Pass]] = [p for p in DEFAULT_PIPELINE if p[0] not in _PATTERNS]
 
 

@@ -45,13 +45,15 @@ def out_overload(op: str) -> tuple[Callable, tuple[str, ...]] | None:
     target = get_op(op).target
     schema = getattr(target, "_schema", None)
     if schema is None or not isinstance(target, torch._ops.OpOverload):
-        # Fused ops' references take a keyword-only ``out``.
+        # Fused ops' references take keyword-only ``out`` arguments, one per result in result order
+        # (``out`` alone for one result; ``out_sum, out`` for add_rms_norm's two).
         try:
             params = inspect.signature(target).parameters
         except (TypeError, ValueError):
             return None
-        out = params.get("out")
-        return (target, ("out",)) if out is not None and out.kind is inspect.Parameter.KEYWORD_ONLY else None
+        names = tuple(n for n, p in params.items()
+                      if p.kind is inspect.Parameter.KEYWORD_ONLY and (n == "out" or n.startswith("out_")))
+        return (target, names) if "out" in names else None
     want = [(a.name, str(a.type)) for a in schema.arguments]
     packet = target.overloadpacket
     for name in packet.overloads():

@@ -24,6 +24,7 @@ def triton_kernels() -> dict[str, Callable]:
     from .kernels import attention, elementwise, norms
     return {
         "ost.rms_norm": norms.rms_norm,
+        "ost.add_rms_norm": norms.add_rms_norm,
         "ost.layer_norm": norms.layer_norm,
         "ost.rope": elementwise.rope,
         "ost.swiglu": elementwise.swiglu,

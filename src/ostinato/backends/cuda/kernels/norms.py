@@ -21,6 +21,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, compute_d
     return out
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                 compute_dtype: torch.dtype | None = None, *, out_sum: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ost.add_rms_norm on CUDA: the residual sum and its norm in one pass over each row."""
+    x, residual = x.contiguous(), residual.contiguous()
+    dtype = x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype)
+    out_sum = torch.empty_like(x) if out_sum is None else out_sum
+    out = torch.empty(x.shape, dtype=dtype, device=x.device) if out is None else out
+    rows, n = rows_of(x)
+    if rows:
+        LIBRARY.kernel("add_rms_norm", HAS_WEIGHT=weight is not None,
+                       UPCAST=compute_dtype is not None and compute_dtype != x.dtype, BLOCK=block_for(n))(
+            x, residual, x if weight is None else weight, out_sum, out, n, float(eps), grid=(rows,))
+    return out_sum, out
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
                compute_dtype: torch.dtype | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """ost.layer_norm on CUDA (statistics, weight and bias in fp32, then x's dtype)."""
@@ -34,4 +50,5 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     return out
 
 
-LIBRARY = KernelLibrary("norms", {"rms_norm": "rms_norm_kernel", "layer_norm": "layer_norm_kernel"})
+LIBRARY = KernelLibrary("norms", {"rms_norm": "rms_norm_kernel", "add_rms_norm": "add_rms_norm_kernel",
+                                  "layer_norm": "layer_norm_kernel"})
