@@ -2,28 +2,32 @@
 # The benchmark suite on the lent GPU machine, from the repository root, results under $OUT.
 #
 #   scripts/gpu_suite.sh              the quick subset (under 8 minutes on one H100)
-#   scripts/gpu_suite.sh 3/13         part 3 of 13 of the full CUDA matrix (each part ~9 minutes or less)
-#   scripts/gpu_suite.sh list         the CUDA configurations, their estimates and the parts they need
+#   scripts/gpu_suite.sh 3/13 [ARGS]  part 3 of 13 of the full CUDA matrix (ARGS go to bench/run_suite.py,
+#                                     e.g. --startup-configs tiny-decoder-h128-l32,dit-b2-r32)
+#   scripts/gpu_suite.sh list [ARGS]  the CUDA configurations, their estimates and the parts they need
 #
+# SUITE_TIMEOUT (seconds, default 570) stops a part before the device tool's 10-minute limit; what it
+# measured by then is in $OUT/part-KofN/results.partial.json, which --merge takes like a full result.
 # Merge the parts afterwards (on any machine):
 #   python3 bench/run_suite.py --merge part-*/results.json --out docs/benchmarks/suite_gpu
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/ostinato-bench}"
 PY="${PYTHON:-python3}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i "${CUDA_VISIBLE_DEVICES:-0}" || true
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-case "${1:-quick}" in
-  quick)
-    "$PY" bench/run_suite.py --device cuda --quick --workdir "$OUT/work" --out "$OUT/quick" ;;
-  list)
-    "$PY" bench/run_suite.py --device cuda --list ;;
-  */*)
-    part="$1"; tag="part-${part%/*}of${part#*/}"
-    "$PY" bench/run_suite.py --device cuda --part "$part" --workdir "$OUT/work" --out "$OUT/$tag" ;;
-  *)
-    echo "usage: $0 [quick | list | K/N]" >&2; exit 2 ;;
+what="${1:-quick}"; shift || true
+case "$what" in
+  quick) tag="quick"; set -- --quick "$@" ;;
+  list) exec "$PY" bench/run_suite.py --device cuda --list "$@" ;;
+  */*) tag="part-${what%/*}of${what#*/}"; set -- --part "$what" "$@" ;;
+  *) echo "usage: $0 [quick | list | K/N] [run_suite arguments]" >&2; exit 2 ;;
 esac
-# The fresh processes' .ost files and caches are large: keep only the results.
-rm -rf "$OUT/work"
+# The fresh processes' .ost files and caches are large: they stay outside $OUT and are removed.
+work="$(mktemp -d "/tmp/ostinato-suite-$tag-XXXX")"
+timeout --signal=INT --kill-after=20 "${SUITE_TIMEOUT:-570}" \
+  "$PY" bench/run_suite.py --device cuda --workdir "$work" --out "$OUT/$tag" "$@"
+rc=$?
+rm -rf "$work"
+exit $rc

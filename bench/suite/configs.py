@@ -5,8 +5,9 @@ fit 10 minutes and ``--quick`` fits 8.
 Cost estimates (seconds) are ``build`` (model), ``export`` (ostinato.export), ``compile`` (one
 torch.compile first call with empty caches) and ``step`` (one eager step). GPU figures come from the
 H100 runs in docs/benchmarks (torch.compile's first call: 90 s for the 64-layer, 154 s for the
-128-layer hidden-256 decoder; export 25 s for 64 layers) scaled by layer count; CPU figures from this
-project's 2-core machines. A run's JSON records each configuration's real wall time: pass it back with
+128-layer hidden-256 decoder; export 25 s for 64 layers) scaled by layer count, and from the H100 quick
+run for the other families (reduce-overhead's first call: 20 s for the Llama-3.2-1B shape, 11 s for
+DiT-B/2, 9 s for the hidden-4096 decoder); CPU figures from this project's 2-core machines. A run's JSON records each configuration's real wall time: pass it back with
 ``--costs`` to split by measured figures instead.
 """
 from __future__ import annotations
@@ -61,27 +62,27 @@ def _gpu() -> list[Config]:
             kind = "decode" if tokens == 1 else "prefill128"
             out.append(Config(f"gpu/{shape}-{kind}", "small-llm", shape, "hf-decoder",
                               {"shape": shape, "batch": 1, "tokens": tokens, "cache": 256}, "cuda", "bfloat16",
-                              _est(8, 15 + layers, 40 + 2.5 * layers, 0.03),
+                              _est(8, 5 + layers / 2, 10 + 0.6 * layers, 0.03),
                               quick=(shape, tokens) == ("llama-3.2-1b", 1)))
     for res in (32, 64):
         out.append(Config(f"gpu/unet-r{res}", "diffusion", "unet", "unet", {"ch": 128, "res": res, "batch": 2},
-                          "cuda", "bfloat16", _est(2, 10, 45, 0.01 * (res / 32) ** 2)))
+                          "cuda", "bfloat16", _est(2, 6, 12, 0.01 * (res / 32) ** 2)))
         out.append(Config(f"gpu/dit-b2-r{res}", "diffusion", "dit", "dit",
                           {"dim": 768, "depth": 12, "heads": 12, "res": res, "batch": 2}, "cuda", "bfloat16",
-                          _est(2, 12, 50, 0.01 * (res / 32) ** 2), quick=res == 32))
+                          _est(2, 6, 12, 0.01 * (res / 32) ** 2), quick=res == 32))
     for batch, tokens, cache in ((1, 1, 512), (32, 1, 512), (1, 2048, 2048)):
         kind = f"decode-b{batch}" if tokens == 1 else "prefill2048"
         out.append(Config(f"gpu/llama-4096-{kind}", "gpu-bound", "llama-4096", "hf-decoder",
                           {"shape": "llama-4096", "batch": batch, "tokens": tokens, "cache": cache}, "cuda",
-                          "bfloat16", _est(10, 20, 50, 0.3 if tokens > 1 else 0.02), quick=kind == "decode-b32"))
+                          "bfloat16", _est(10, 8, 10, 0.3 if tokens > 1 else 0.02), quick=kind == "decode-b32"))
     for dim, layers, heads, name in ((512, 6, 8, "base"), (768, 12, 12, "small")):
         out.append(Config(f"gpu/whisper-{name}-encoder", "speech-vision", "whisper-encoder", "whisper-encoder",
                           {"dim": dim, "layers": layers, "heads": heads, "positions": 1500, "batch": 1},
-                          "cuda", "bfloat16", _est(3, 10 + layers, 40 + 2 * layers, 0.02)))
+                          "cuda", "bfloat16", _est(3, 4 + layers / 2, 8 + layers, 0.02)))
     for batch in (1, 32):
         out.append(Config(f"gpu/resnet18-b{batch}", "speech-vision", "resnet", "resnet",
                           {"width": 64, "res": 224, "batch": batch}, "cuda", "bfloat16",
-                          _est(2, 8, 40, 0.005 * batch ** 0.5)))
+                          _est(2, 5, 10, 0.005 * batch ** 0.5)))
     return out
 
 
@@ -159,8 +160,18 @@ def estimate_seconds(config: Config, runners: list[str], startup: bool, measured
     return total
 
 
-def wants_startup(config: Config, startup: bool, quick: bool) -> bool:
-    return startup and (not quick or config.name in QUICK_STARTUP)
+def _matches(name: str, pattern: str) -> bool:
+    """Whether ``name`` matches any comma-separated glob of ``pattern`` (a plain word as a substring)."""
+    globs = [g if any(ch in g for ch in "*?[") else f"*{g}*" for g in pattern.split(",") if g]
+    return any(fnmatch.fnmatch(name, g) for g in globs)
+
+
+def wants_startup(config: Config, startup: bool, quick: bool, only: str | None = None) -> bool:
+    """Whether the configuration's fresh-process figures are measured: with ``startup``, for the
+    quick subset's QUICK_STARTUP under ``quick``, and for the configurations ``only`` matches."""
+    if not startup or (only and not _matches(config.name, only)):
+        return False
+    return not quick or config.name in QUICK_STARTUP
 
 
 def load_measured(paths: list[str]) -> dict[str, float]:
@@ -181,8 +192,7 @@ def select(device: str | None = None, pattern: str | None = None, quick: bool = 
     if quick:
         out = [c for c in out if c.quick]
     if pattern:
-        globs = [g if any(ch in g for ch in "*?[") else f"*{g}*" for g in pattern.split(",") if g]
-        out = [c for c in out if any(fnmatch.fnmatch(c.name, g) for g in globs)]
+        out = [c for c in out if _matches(c.name, pattern)]
     return out
 
 

@@ -143,8 +143,11 @@ def environment(device: str) -> dict[str, Any]:
 
 def run_suite(selected: list[Config], runner_names: list[str] | None, with_startup: bool, quick: bool = False,
               workdir: str | None = None, timing: dict | None = None,
-              extra_runners: dict | None = None) -> dict[str, Any]:
-    """Every selected configuration, in order; the suite's JSON document (without the report parts)."""
+              extra_runners: dict | None = None, startup_only: str | None = None,
+              checkpoint: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Every selected configuration, in order; the suite's JSON document (without the report parts).
+    ``checkpoint`` receives the document after each configuration (so a run cut short keeps what it
+    measured); ``startup_only`` limits the fresh-process figures to the configurations it matches."""
     workdir = workdir or tempfile.mkdtemp(prefix="ostinato-bench-")
     # This process's own compile caches are private to the run (the fresh processes get their own).
     os.environ.setdefault("OSTINATO_CACHE_DIR", os.path.join(workdir, "ostinato-cache"))
@@ -164,8 +167,11 @@ def run_suite(selected: list[Config], runner_names: list[str] | None, with_start
         if extra_runners:
             names += [n for n in extra_runners if n not in names]
         log(f"[{i + 1}/{len(selected)}] {cfg.name} ({cfg.category}, {cfg.dtype}): {', '.join(names)}")
-        rec = run_config(cfg, names, configs.wants_startup(cfg, with_startup, quick), workdir, timing, extra_runners)
+        rec = run_config(cfg, names, configs.wants_startup(cfg, with_startup, quick, startup_only), workdir, timing,
+                         extra_runners)
         log(f"    done in {rec['wall_s']:.1f} s")
         doc["configs"].append(rec)
+        if checkpoint is not None:
+            checkpoint(doc)
     doc["wall_s"] = time.perf_counter() - t0
     return doc

@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runners", metavar="LIST", help="comma-separated runners (default: all that apply): eager, "
                    "cuda_graph_eager, torch_compile, torch_compile_ro, ostinato, ostinato_replay")
     p.add_argument("--no-startup", action="store_true", help="skip the fresh-process time-to-first-output figures")
+    p.add_argument("--startup-configs", metavar="PATTERN", help="measure the fresh-process figures only for the "
+                                                                "configurations these globs or substrings match")
     p.add_argument("--out", metavar="DIR", default="bench-results", help="output directory (default bench-results)")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="merge these parts' results.json into one report "
                                                               "in --out instead of running")
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import torch
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available() and not args.list:
         raise OstinatoError("--device cuda: torch sees no CUDA device\nFix: run on a GPU machine, or --device cpu")
     wanted = args.runners.split(",") if args.runners else None
     unknown = [r for r in wanted or [] if r not in configs.RUNNERS]
@@ -95,9 +97,10 @@ def run(args: argparse.Namespace) -> int:
 
     def cost(c):
         return configs.estimate_seconds(c, wanted or list(configs.RUNNERS),
-                                        configs.wants_startup(c, startup, args.quick), measured)
+                                        configs.wants_startup(c, startup, args.quick, args.startup_configs), measured)
     selection = {"device": device, "quick": args.quick, "configs": args.configs, "runners": wanted,
-                 "startup": startup, "part": args.part, "threads": args.threads or None}
+                 "startup": startup, "startup_configs": args.startup_configs, "part": args.part,
+                 "threads": args.threads or None}
     if args.part:
         k, n = _parse_part(args.part)
         selected = configs.split_parts(selected, n, cost)[k - 1]
@@ -113,9 +116,21 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)   # the fresh processes inherit it
-    doc = suite_run.run_suite(selected, wanted, startup, quick=args.quick, workdir=args.workdir, timing=timing)
+    os.makedirs(args.out, exist_ok=True)
+    partial = os.path.join(args.out, "results.partial.json")
+
+    def checkpoint(doc: dict) -> None:
+        # What a run cut short (a time limit) has measured so far: --merge takes it like a full result.
+        with open(partial + ".tmp", "w") as f:
+            json.dump({**doc, "selection": selection, "partial": True}, f, indent=1, default=str)
+        os.replace(partial + ".tmp", partial)
+
+    doc = suite_run.run_suite(selected, wanted, startup, quick=args.quick, workdir=args.workdir, timing=timing,
+                              startup_only=args.startup_configs, checkpoint=checkpoint)
     doc["selection"] = selection
     paths = report.write(doc, args.out)
+    if os.path.exists(partial):
+        os.remove(partial)
     sys.stderr.write(f"wrote {paths['json']}, {paths['markdown']}, {paths['chart']}; "
                      f"{len(doc['regressions'])} regressions, {len(doc['failures'])} failures\n")
     return 0
