@@ -106,6 +106,9 @@ def _propagate(g: Graph, hints: Mapping[str, int], unknown: set[str]) -> None:
 
     for v in g.constants + g.inputs + g.state:
         env[v.id] = meta_of(v)
+    # Values nothing reads: an op's secondary results (batch norm's saved statistics) whose shape and
+    # dtype depend on the device that exported the program (CUDA's f32[C], the CPU's empty tensor).
+    read = set(g.users()) | {v.id for v in g.output_values()} | {v.id for m in g.mutations for v in m}
     for node in g.nodes:
         op = get_op(node.op)
         if node.op.startswith("sym.") or op.host_sync or any(
@@ -130,6 +133,9 @@ def _propagate(g: Graph, hints: Mapping[str, int], unknown: set[str]) -> None:
                 continue
             if isinstance(o.meta, TensorMeta):
                 want = o.meta.concrete_shape(hints)
+                if o.id not in read:
+                    env[o.id] = r
+                    continue
                 if not isinstance(r, torch.Tensor) or tuple(r.shape) != want or r.dtype != o.meta.dtype:
                     got = f"{r.dtype}{list(r.shape)}" if isinstance(r, torch.Tensor) else repr(r)
                     raise _fail(node, f"output %{o.name} recorded as {o.meta} (= {list(want)} here) "

@@ -18,6 +18,18 @@ def returns_sequence(op_name: str) -> bool:
     return len(rets) != 1 or isinstance(rets[0].type, torch.ListType)
 
 
+def view_or_reshape(x: torch.Tensor, shape) -> torch.Tensor:
+    """``aten.view``, or a copy (``reshape``) where ``x``'s strides allow no view. A kernel may return
+    another memory layout than the one torch.export saw: CUDA's SDPA math path gives [B, H, T, D]
+    row-major where export's efficient-attention kernel gave [B, T, H, D] underneath, and the
+    ``transpose(1, 2).view(B, T, H * D)`` after it has no view then. Values in the graph are
+    functional, so the copy holds what the view would; state buffers are dense and always view."""
+    try:
+        return x.view(shape)
+    except RuntimeError:
+        return x.reshape(shape)
+
+
 class CPUBackend(Backend):
     name = "cpu"
 
@@ -35,6 +47,8 @@ class CPUBackend(Backend):
         return Launch(self.kernel(node.op), node, node.args, kwargs, returns_sequence(node.op))
 
     def kernel(self, op: str):
+        if op == "aten.view":
+            return view_or_reshape
         target = get_op(op).target
         # An OpOverload's __call__ only forwards to its C++ operator; calling that directly saves a
         # Python frame per launch.
