@@ -264,3 +264,32 @@ def test_verify_checksums_mode(tmp_path):
     assert int(nodes) > 0 and dynamo == "False"
     with pytest.raises(ValueError, match="verify must be True, False or 'checksums'"):
         ostinato.load(good, verify="yes")
+
+
+def test_verify_true_re_derives_shapes_once_per_file_content(tmp_path, monkeypatch):
+    """A fresh process's first verify=True load re-derives every shape (importing torch._dynamo) and
+    records it; the next process loading the same bytes checks the sha256 and skips that. A load
+    that skips the checksums cannot use the record: its bytes are not proven the same."""
+    from ostinato.cache import set_cache
+    from ostinato.program import reader
+    _, data = _blob(tmp_path)
+    good = _write(tmp_path, bytes(data), "good.ost")
+    code = ("import sys, ostinato; p = ostinato.load(sys.argv[1], verify=True); "
+            "print(p.num_nodes, 'torch._dynamo' in sys.modules)")
+    monkeypatch.setenv("OSTINATO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("OSTINATO_REDIS_URL", raising=False)
+    seen = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen.append(out.stdout.split()[1])
+    assert seen == ["True", "False"]
+    calls = []
+    monkeypatch.setattr(reader, "verify", lambda g, check_shapes=False, hints=None: calls.append(check_shapes))
+    set_cache(None)   # this process's cache: the directory the fresh processes filled
+    try:
+        reader.load(good, verify_checksums=True, check_shapes=True)
+        reader.load(good, verify_checksums=False, check_shapes=True)
+    finally:
+        set_cache(None)
+    assert calls == [False, True]

@@ -6,9 +6,12 @@ def load(path, verify: bool | str = True) -> Program:
     """Load a .ost file; weights are mmapped, not read.
 
     ``verify=True`` checks both segments' sha256 and re-derives every shape (on fake tensors, which
-    costs torch._dynamo's import, about a second, in a fresh process); ``verify="checksums"`` checks the
-    sha256 only (the fast path for a file this fleet wrote); ``verify=False`` skips both. The bounded
-    decoding and the IR's structural checks always run.
+    costs torch._dynamo's import, about a second, in a fresh process), once per file content: a
+    program that passed is recorded in ostinato's cache (kind ``shapes-verified``, keyed by the
+    FlatBuffer's sha256, ostinato's and torch's versions), and a later load of the same bytes only
+    checks the sha256. ``verify="checksums"`` checks the sha256 only (the fast path for a file this
+    fleet wrote); ``verify=False`` skips both. The bounded decoding and the IR's structural checks
+    always run.
     """
     from .reader import load as _load
     if verify not in (True, False, "checksums"):

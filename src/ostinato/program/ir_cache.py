@@ -6,6 +6,12 @@ table) is stored once as JSON in ostinato's cache, keyed by the FlatBuffer's sha
 header, and a later load builds the same objects from it (json's C parser: ~10x faster). The file's
 weights are still mapped from the file itself; only the FlatBuffer's decoding is skipped. A malformed
 entry is a miss, never an error, and the graph still passes the structural verifier after it.
+
+A second, one-byte entry (kind ``shapes-verified``, same key content) records that the program with
+this FlatBuffer passed ``load(verify=True)``'s shape re-derivation under this ostinato and torch
+(both in the key): a later ``verify=True`` load of the same bytes, proven the same by their sha256,
+checks the checksums and the structure and skips re-deriving the shapes (~1 s of torch imports in a
+fresh process, and a fake-tensor run of every op).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from .program import InputSlot
 log = logging.getLogger("ostinato")
 
 KIND = "program-ir"
+VERIFIED_KIND = "shapes-verified"
 CODEC = 1   # bumped when the JSON form changes
 _SCALARS = {"int": int, "float": float, "bool": bool}
 
@@ -189,3 +196,23 @@ def store_decoded(fb_sha256: bytes, graph: Graph, extra: dict, tensors: list) ->
         get_cache().put(ir_key(fb_sha256), encode(graph, extra, tensors))
     except Exception as e:  # noqa: BLE001 - caching is an optimization; a failure only costs time
         log.debug("ostinato: decoded program not cached: %s: %s", type(e).__name__, e)
+
+
+def _verified_key(fb_sha256: bytes) -> Key:
+    return make_key(VERIFIED_KIND, f"{fb_sha256.hex()}:{CODEC}", {"backend": "any", "arch": "any"})
+
+
+def shapes_verified(fb_sha256: bytes) -> bool:
+    """Whether the program with this FlatBuffer already passed the shape re-derivation here."""
+    try:
+        return get_cache().get(_verified_key(fb_sha256)) == b"1"
+    except Exception as e:  # noqa: BLE001 - a cache that cannot answer: verify again
+        log.debug("ostinato: shapes-verified cache unavailable: %s", e)
+        return False
+
+
+def mark_shapes_verified(fb_sha256: bytes) -> None:
+    try:
+        get_cache().put(_verified_key(fb_sha256), b"1")
+    except Exception as e:  # noqa: BLE001 - caching is an optimization
+        log.debug("ostinato: shapes-verified mark not cached: %s: %s", type(e).__name__, e)

@@ -27,7 +27,7 @@ from .fb.InputKind import InputKind
 from .fb.Role import Role
 from .fb.ScalarKind import ScalarKind
 from .fb.TensorRole import TensorRole
-from .ir_cache import cached_decode, store_decoded
+from .ir_cache import cached_decode, mark_shapes_verified, shapes_verified, store_decoded
 from .format import (ALIGN, HEADER_SIZE, ChecksumError, Header, InconsistentGraphError, LayoutError,
                      parse_header)
 from .program import InputSlot, Program
@@ -312,12 +312,16 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
     weights, state = _tensors_from(mapped, header.data_offset, header.data_size, entries, graph, path)
     hints = extra["hints"]
     require_fallback_ops(graph, path)   # ops run through eager torch must be registered in this process
+    # The structural rules always; re-deriving every shape (fake tensors: ~1 s of torch imports in a
+    # fresh process) when the caller asks for verification, once per FlatBuffer: bytes whose sha256
+    # was just checked and whose program passed before (ir_cache.shapes_verified) are not re-derived.
+    derive = check_shapes and not (verify_checksums and shapes_verified(header.fb_sha256))
     try:
-        # The structural rules always; re-deriving every shape (fake tensors: ~1 s of torch imports
-        # in a fresh process) only when the caller asks for verification.
-        verify(graph, check_shapes=check_shapes, hints=hints)
+        verify(graph, check_shapes=derive, hints=hints)
     except Exception as e:  # noqa: BLE001 - GraphError, or a decoder error on a hostile expression
         raise InconsistentGraphError(f"{path}: the graph fails verification: {e}") from None
+    if derive and verify_checksums:
+        mark_shapes_verified(header.fb_sha256)
     if decoded is None:
         store_decoded(header.fb_sha256, graph, extra, entries)
     graph.assign_slots()
