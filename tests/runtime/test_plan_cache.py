@@ -182,12 +182,12 @@ def test_a_packed_warm_cache_compiles_with_all_hits_elsewhere(tmp_path):
     prog.save(tmp_path / "m.ost")
     warm, empty, bundle = str(tmp_path / "warm"), str(tmp_path / "empty"), str(tmp_path / "b.ostcache")
     cold = json.loads(_py(COMPILE_AND_REPORT, warm, str(tmp_path / "m.ost")))
-    # Two entries: the plan, and the decoded program (program/ir_cache.py).
-    assert cold["source"] == "compiled" and cold["stats"]["disk"]["puts"] == 2
+    # Three entries: the plan, the decoded program and its shapes-verified mark (program/ir_cache.py).
+    assert cold["source"] == "compiled" and cold["stats"]["disk"]["puts"] == 3
     _py(["cache", "pack", bundle], warm)
     _py(["cache", "unpack", bundle], empty)
     again = json.loads(_py(COMPILE_AND_REPORT, empty, str(tmp_path / "m.ost")))
     # Every plan lookup hit (on disk, then filling memory); nothing was lowered or stored anew.
     assert again["source"] == "cache" and again["sum"] == cold["sum"]
     disk = again["stats"]["disk"]
-    assert disk["hits"] == 2 and disk["misses"] == 0 and disk["puts"] == 0 and disk["errors"] == 0
+    assert disk["hits"] == 3 and disk["misses"] == 0 and disk["puts"] == 0 and disk["errors"] == 0
