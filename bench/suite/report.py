@@ -8,7 +8,7 @@ import math
 import os
 from typing import Any
 
-from .configs import RUNNERS
+from .configs import MATRIX, RUNNERS
 
 STARTUP_MODES = ("ostinato_cold", "ostinato_warm", "torch_compile_cold", "torch_compile_warm")
 
@@ -71,7 +71,9 @@ def merge(docs: list[dict]) -> dict:
     head = {k: v for k, v in docs[0].items() if k not in ("configs", "regressions", "failures", "parts")}
     parts = [{k: d.get(k) for k in ("date", "device", "versions", "wall_s", "selection")} for d in docs]
     devices = {p["device"] for p in parts}
-    out = dict(head, parts=parts, configs=list(by_name.values()))
+    order = {c.name: i for i, c in enumerate(MATRIX)}   # the matrix's order, whatever the parts'
+    out = dict(head, parts=parts, configs=sorted(by_name.values(),
+                                                 key=lambda r: order.get(r["config"]["name"], len(order))))
     out["wall_s"] = sum(p["wall_s"] or 0.0 for p in parts)
     if len(devices) > 1:
         out["warning"] = f"parts ran on different devices ({sorted(devices)}): compare ratios within a part only"
