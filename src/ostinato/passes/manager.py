@@ -49,7 +49,8 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
 
 # The pipeline without the fused patterns: every ATen op the exporter kept stays an ATen op (op
 # tests use it to exercise the op a row claims, not the fused op that replaces it).
-_PATTERNS = {"rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "sdpa", "gated_mlp", "linear", "dce_after_fusion"}
+_PATTERNS = {"rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "sdpa", "gated_mlp", "linear",
+             "dce_after_fusion"}
 GENERIC_PIPELINE: list[tuple[str, Pass]] = [p for p in DEFAULT_PIPELINE if p[0] not in _PATTERNS]
 
 

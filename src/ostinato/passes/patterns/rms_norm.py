@@ -102,9 +102,10 @@ def fuse_rms_norm(g: Graph) -> Graph:
 
 
 def _same_tensor_meta(*vs) -> bool:
-    metas = [v.meta for v in vs]
-    return all(isinstance(v, Value) and isinstance(m, TensorMeta) for v, m in zip(vs, metas)) and \
-        len({(tuple(str(d) for d in m.shape), m.dtype) for m in metas}) == 1
+    """Tensors Values all of one shape and dtype."""
+    if not all(isinstance(v, Value) and isinstance(v.meta, TensorMeta) for v in vs):
+        return False
+    return len({(tuple(str(d) for d in v.meta.shape), v.meta.dtype) for v in vs}) == 1
 
 
 def fuse_add_rms_norm(g: Graph) -> Graph:
@@ -125,7 +126,7 @@ def fuse_add_rms_norm(g: Graph) -> Graph:
         if add is None or add.op != "aten.add.Tensor" or add.kwargs or len(add.args) != 2 or id(add) in replaced:
             continue
         a, b = add.args
-        if not isinstance(a, Value) or not isinstance(b, Value) or not _same_tensor_meta(a, b, add.outputs[0]):
+        if not _same_tensor_meta(a, b, add.outputs[0]):
             continue
         weight = norm.args[1]
         if isinstance(weight, Value) and weight.producer is not None \
