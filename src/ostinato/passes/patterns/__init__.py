@@ -1,9 +1,10 @@
 """Pattern passes: each file raises one chain of core ATen ops to one fused ``ost.*`` op."""
+from .add_rms_norm import fuse_add_rms_norm
 from .gated_mlp import fuse_gated_mlp
 from .kv_update import fuse_kv_update
 from .layer_norm import fuse_layer_norm
 from .linear import fuse_linear
-from .rms_norm import fuse_add_rms_norm, fuse_rms_norm
+from .rms_norm import fuse_rms_norm
 from .rope import fuse_rope
 from .sdpa import fuse_sdpa
 
