@@ -293,3 +293,34 @@ def test_verify_true_re_derives_shapes_once_per_file_content(tmp_path, monkeypat
     finally:
         set_cache(None)
     assert calls == [False, True]
+
+
+def test_save_records_the_shape_check_so_the_first_verified_load_skips_it(tmp_path, monkeypatch, caplog):
+    """save() re-derives the shapes of the program it wrote and records that they passed: a fresh
+    process's first load(verify=True) of the file does not import torch._dynamo. A program whose
+    recorded shapes are wrong is still saved, with a warning, and is not recorded."""
+    from ostinato.ir import TensorMeta
+    monkeypatch.setenv("OSTINATO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("OSTINATO_REDIS_URL", raising=False)
+    from ostinato.cache import set_cache
+    set_cache(None)
+    try:
+        _, prog = tiny_decoder_program()
+        prog.save(tmp_path / "ok.ost")
+        node = next(n for n in prog.graph.nodes if n.op.startswith("aten.") and n.outputs[0] is not None
+                    and isinstance(n.outputs[0].meta, TensorMeta))
+        node.outputs[0].meta = TensorMeta(node.outputs[0].meta.dtype, (3, 5, 7))   # a wrong record
+        with caplog.at_level("WARNING", logger="ostinato"):
+            prog.save(tmp_path / "bad.ost")
+        assert "fails shape verification" in caplog.text
+    finally:
+        set_cache(None)
+    code = ("import sys, ostinato; p = ostinato.load(sys.argv[1], verify=True); "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ok.ost")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False"]
+    bad = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bad.ost")], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "fails verification" in bad.stderr

@@ -9,7 +9,7 @@ def load(path, verify: bool | str = True) -> Program:
     costs torch._dynamo's import, about a second, in a fresh process), once per file content: a
     program that passed is recorded in ostinato's cache (kind ``shapes-verified``, keyed by the
     FlatBuffer's sha256, ostinato's and torch's versions), and a later load of the same bytes only
-    checks the sha256. ``verify="checksums"`` checks the sha256 only (the fast path for a file this
+    checks the sha256; ``save`` runs the same check on the file it wrote and records it too. ``verify="checksums"`` checks the sha256 only (the fast path for a file this
     fleet wrote); ``verify=False`` skips both. The bounded decoding and the IR's structural checks
     always run.
     """

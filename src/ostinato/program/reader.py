@@ -348,9 +348,12 @@ def read_header(path: str | os.PathLike) -> tuple["Header", int]:
         return parse_header(f.read(HEADER_SIZE), size, path), size
 
 
-def cache_decoded(path: str | os.PathLike) -> None:
+def cache_decoded(path: str | os.PathLike, check_shapes: bool = True) -> None:
     """Decode a file's FlatBuffer and keep it in the decoded-program cache (``save`` calls this, so the
-    first load of a file just written is already warm). Never raises: the file is saved either way."""
+    first load of a file just written is already warm). With ``check_shapes``, also re-derive every
+    shape of the decoded program, as ``load(verify=True)`` would on these bytes, and record that it
+    passed (``shapes-verified``), so the first ``verify=True`` load skips it; a program that fails is
+    reported in a warning (such a load would refuse it). Never raises: the file is saved either way."""
     try:
         header, _ = read_header(path)
         with open(path, "rb") as f:
@@ -360,3 +363,13 @@ def cache_decoded(path: str | os.PathLike) -> None:
         store_decoded(header.fb_sha256, graph, extra, entries)
     except Exception as e:  # noqa: BLE001 - a cache warm-up failing costs the first load some time only
         log.debug("ostinato: %s: decoded program not cached at save: %s: %s", path, type(e).__name__, e)
+        return
+    if not check_shapes:
+        return
+    try:
+        verify(graph, check_shapes=True, hints=extra["hints"])
+    except Exception as e:  # noqa: BLE001 - reported: load(verify=True) of this file will refuse it
+        log.warning("ostinato: %s: the saved program fails shape verification, so load(verify=True) will "
+                    "refuse it: %s", path, e)
+        return
+    mark_shapes_verified(header.fb_sha256)

@@ -325,7 +325,9 @@ def save(program: Program, path: str | os.PathLike) -> None:
             os.remove(tmp)
         raise
     from .reader import cache_decoded
-    cache_decoded(path)   # the first load of this file skips the FlatBuffer walk (program/ir_cache.py)
+    # The first load of this file skips the FlatBuffer walk, and verify=True's shape re-derivation once
+    # it passed here (program/ir_cache.py).
+    cache_decoded(path)
 
 
 __all__ = ["save", "to_bytes", "write"]
