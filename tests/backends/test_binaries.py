@@ -48,20 +48,21 @@ def test_pack_round_trip_and_wrong_argument_count():
     meta = BinaryMeta("k", 4, 128, "OOif" + "OO")
     got_meta, got = unpack(pack(meta, b"\x7fELF-bytes"))
     assert got_meta == meta and got == b"\x7fELF-bytes"
-    with pytest.raises(BackendError, match=r"rms_norm_kernel takes 5 runtime arguments \(x_ptr, w_ptr, out_ptr"):
+    with pytest.raises(BackendError, match=r"rms_norm_kernel takes 6 runtime arguments \(x_ptr, w_ptr, out_ptr"):
         compile_binary("norms", "rms_norm_kernel", ["*fp32:D"] * 3, {"HAS_WEIGHT": True, "UPCAST": False,
-                                                                      "BLOCK": 64}, 90)
+                                                                      "W_FIRST": False, "BLOCK": 64}, 90)
     with pytest.raises(BackendError, match="no value for constexpr BLOCK"):
-        compile_binary("norms", "rms_norm_kernel", ["*fp32:D"] * 3 + ["i32", "fp32"],
-                       {"HAS_WEIGHT": True, "UPCAST": False}, 90)
+        compile_binary("norms", "rms_norm_kernel", ["*fp32:D"] * 3 + ["i32", "fp32", "fp32"],
+                       {"HAS_WEIGHT": True, "UPCAST": False, "W_FIRST": False}, 90)
 
 
 CHILD = r"""
 import json, sys
 from ostinato.backends.cuda.binaries import get_binary
 import ostinato.cache as oc
-meta, cubin, origin = get_binary("norms", "rms_norm_kernel", ["*fp16:D", "*fp16:D", "*fp16:D", "i32:D", "fp32"],
-                                 {"HAS_WEIGHT": True, "UPCAST": True, "BLOCK": 256}, 90)
+meta, cubin, origin = get_binary("norms", "rms_norm_kernel",
+                                 ["*fp16:D", "*fp16:D", "*fp16:D", "i32:D", "fp32", "fp32"],
+                                 {"HAS_WEIGHT": True, "UPCAST": True, "W_FIRST": False, "BLOCK": 256}, 90)
 print(json.dumps({"origin": origin, "disk": oc.stats()["disk"], "cubin": len(cubin), "name": meta.name,
                   "triton_imported": "triton" in sys.modules}))
 """
@@ -85,10 +86,9 @@ def test_second_process_reads_the_cubin_without_triton(tmp_path):
 
 
 def test_an_int_of_one_is_compiled_in_and_not_passed():
-    types = ["*fp32:D", "*fp32:D", "*fp32:D", "i32", "fp32"]
-    meta, _ = compile_binary("norms", "rms_norm_kernel", types, {"HAS_WEIGHT": True, "UPCAST": False,
-                                                                  "BLOCK": 64}, 90)
-    one, _ = compile_binary("norms", "rms_norm_kernel", types[:3] + ["i32:1", "fp32"],
-                            {"HAS_WEIGHT": True, "UPCAST": False, "BLOCK": 64}, 90)
+    types = ["*fp32:D", "*fp32:D", "*fp32:D", "i32", "fp32", "fp32"]
+    flags = {"HAS_WEIGHT": True, "UPCAST": False, "W_FIRST": False, "BLOCK": 64}
+    meta, _ = compile_binary("norms", "rms_norm_kernel", types, flags, 90)
+    one, _ = compile_binary("norms", "rms_norm_kernel", types[:3] + ["i32:1", "fp32", "fp32"], flags, 90)
     assert meta.arg_types.startswith("OOOif") and one.arg_types.startswith("OOOf")
     assert len(one.arg_types) == len(meta.arg_types) - 1

@@ -27,13 +27,14 @@ GONE = ("aten.repeat_interleave.self_int", "aten.expand", "aten.clone", "aten.sc
 
 ROPE_LAYER = {"ost.sdpa": 1, "ost.rope": 2, "ost.kv_update_": 2}
 # Each norm that reads a residual sum takes the add in (ost.add_rms_norm): only the first layer's
-# input norm, which reads the embedding, stays a plain ost.rms_norm. Gemma's norm multiplies by
-# (1 + weight) computed in the graph, after the add: it keeps its adds.
+# input norm, which reads the embedding, stays a plain ost.rms_norm. Gemma's norm (its weight
+# multiplied in fp32 as 1 + weight, before the cast back) is taken whole, its weight's cast and
+# + 1 included.
 ADD_NORMS = {"ost.rms_norm": 0, "ost.add_rms_norm": 2}
 PER_LAYER = {
     "llama": {**ROPE_LAYER, **ADD_NORMS, "ost.swiglu": 1},
     "qwen2": {**ROPE_LAYER, **ADD_NORMS, "ost.swiglu": 1},
-    "gemma": {**ROPE_LAYER, "ost.rms_norm": 2, "ost.geglu": 1},
+    "gemma": {**ROPE_LAYER, **ADD_NORMS, "ost.geglu": 1},
     "gpt2": {"ost.sdpa": 1, "ost.kv_update_": 2, "ost.layer_norm": 2, "ost.linear": 1},
     "tiny": {**ROPE_LAYER, **ADD_NORMS, "ost.swiglu": 1},
 }

@@ -84,3 +84,46 @@ def test_llama_has_one_norm_op_per_norm():
     assert prog.op_counts()["ost.rms_norm"] == 1 and prog.op_counts()["ost.add_rms_norm"] == 2 * 3
     assert "aten.rsqrt" not in prog.op_counts()
 
+
+
+class GemmaRMSNorm(torch.nn.Module):
+    """transformers' GemmaRMSNorm, verbatim in structure: normalize in fp32, multiply by (1 + weight)
+    in fp32, cast back last."""
+
+    def __init__(self, dim, eps=1e-6, also_return_weight=False):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(dim) - 0.5)
+        self.eps, self.also_return_weight = eps, also_return_weight
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        w = 1.0 + self.weight.float()
+        out = (h * w).type_as(x)
+        return (out, w) if self.also_return_weight else out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gemma_form_is_one_op_with_its_weight_offset(dtype):
+    torch.manual_seed(3)
+    model = GemmaRMSNorm(48).to(dtype)
+    prog, _ = export_and_compare(model, (torch.randn(2, 5, 48, dtype=dtype),),
+                                 more_inputs=[(torch.randn(2, 5, 48, dtype=dtype) * 3,)])
+    assert prog.op_counts() == {"ost.rms_norm": 1}
+    (node,) = prog.graph.nodes
+    # bf16/fp16: the upcast form with the weight first; fp32: the casts are no-ops, the plain form
+    # with the offset added in the weight's dtype (the same arithmetic in fp32).
+    if dtype == torch.float32:
+        assert node.args[3:] == (None, 1.0, False)
+    else:
+        assert node.args[3:] == (torch.float32, 1.0, True)
+    assert node.args[1] is prog.graph.constants[0] or node.args[1].role in ("constant", "input")
+
+
+def test_gemma_weight_read_elsewhere_keeps_its_add():
+    torch.manual_seed(4)
+    model = GemmaRMSNorm(16, also_return_weight=True).to(torch.bfloat16)
+    prog, _ = export_and_compare(model, (torch.randn(3, 16, dtype=torch.bfloat16),),
+                                 more_inputs=[(torch.randn(3, 16, dtype=torch.bfloat16),)])
+    (node,) = [n for n in prog.graph.nodes if n.op == "ost.rms_norm"]
+    assert node.args[3:] == (torch.float32, 0.0, True) and prog.op_counts()["aten.add.Tensor"] == 1

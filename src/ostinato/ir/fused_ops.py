@@ -15,14 +15,26 @@ def _into(out: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
-             compute_dtype: torch.dtype | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
+             compute_dtype: torch.dtype | None = None, weight_offset: float = 0.0, weight_first: bool = False,
+             *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x * rsqrt(mean(x**2, -1) + eps)``, computed in ``compute_dtype`` (HF's upcast) when given,
-    then cast back to x's dtype, then times ``weight`` when given. ``out`` receives the result (as
-    every fused op's ``out=``: a replay writes into its static buffer instead of allocating)."""
+    then cast back to x's dtype, then times ``weight + weight_offset`` when a weight is given. ``out``
+    receives the result (as every fused op's ``out=``: a replay writes into its static buffer instead
+    of allocating).
+
+    ``weight_first`` is Gemma's form: the weight, cast to the compute dtype, plus ``weight_offset``
+    (Gemma's ``1 + weight``), multiplies in the compute dtype, and the product is cast back to x's
+    dtype last. Otherwise ``weight + weight_offset`` is computed in the weight's dtype, as the
+    model's own ``add`` would."""
     h = x if compute_dtype is None else x.to(compute_dtype)
     # In place on the fresh [..., 1] statistics: the same arithmetic as rsqrt(mean + eps), two fewer
     # allocations (this runs 2 * layers times a decode step).
     scale = h.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    if weight is not None and weight_offset:
+        weight = (weight.to(h.dtype) if weight_first else weight) + weight_offset
+    if weight_first:
+        h = h * scale if weight is None else h * scale * weight.to(h.dtype)
+        return _into(out, h.to(x.dtype))
     if compute_dtype is not None:
         h = (h * scale).to(x.dtype)
         return _into(out, h) if weight is None else torch.mul(h, weight, out=out)
@@ -35,13 +47,14 @@ register_op(OpDef("ost.rms_norm", rms_norm, category="fused"))
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                 compute_dtype: torch.dtype | None = None, *, out_sum: torch.Tensor | None = None,
+                 compute_dtype: torch.dtype | None = None, weight_offset: float = 0.0, weight_first: bool = False,
+                 *, out_sum: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(s, rms_norm(s, weight, eps, compute_dtype))`` with ``s = x + residual``: a residual add and the
-    norm that reads it (the next block's pre-norm), one pass over the row instead of two. Both
-    results are returned: the sum is the residual stream the block adds to again."""
+    """``(s, rms_norm(s, weight, eps, ...))`` with ``s = x + residual``: a residual add and the norm
+    that reads it (the next block's pre-norm), one pass over the row instead of two. Both results are
+    returned: the sum is the residual stream the block adds to again."""
     s = torch.add(x, residual, out=out_sum)
-    return s, rms_norm(s, weight, eps, compute_dtype, out=out)
+    return s, rms_norm(s, weight, eps, compute_dtype, weight_offset, weight_first, out=out)
 
 
 add_rms_norm.multi_output = True   # backends unpack its (sum, norm)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..ir import Graph, Node, Value, get_op, map_values
 
 Replacements = dict[int, Any]
@@ -95,3 +97,15 @@ def drop_nodes(g: Graph, dead: set[int]) -> None:
     """Remove the nodes whose ``id()`` is in ``dead`` (their outputs must have no uses left)."""
     if dead:
         g.nodes = [n for n in g.nodes if id(n) not in dead]
+
+
+_CAST_NEUTRAL = {"layout": (None, torch.strided), "memory_format": (None, torch.preserve_format),
+                 "non_blocking": (False,), "pin_memory": (None, False)}
+
+
+def is_dtype_cast(node: Node | None) -> bool:
+    """``_to_copy(x, dtype=…)`` changing nothing but the dtype. ``type_as`` adds the device: the
+    export device, the one every tensor of the graph lives on, so no move."""
+    if node is None or node.op != "aten._to_copy" or len(node.args) != 1 or "dtype" not in node.kwargs:
+        return False
+    return all(k in ("dtype", "device") or v in _CAST_NEUTRAL.get(k, ()) for k, v in node.kwargs.items())

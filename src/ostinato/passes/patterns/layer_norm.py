@@ -18,10 +18,8 @@ not a graph output or mutation value. Kept: ``x``, the weight and the bias.
 """
 from __future__ import annotations
 
-import torch
-
 from ...ir import Graph, Node, TensorMeta, Value
-from ..rewrite import drop_nodes, pinned_values
+from ..rewrite import drop_nodes, is_dtype_cast, pinned_values
 
 Users = dict[int, list[Node]]
 
@@ -59,16 +57,6 @@ def _is_mean_last(node: Node | None, h: Value) -> bool:
         and node.args[0] is h and _last_dims(node.args[1], h.meta.rank) and node.args[2] is True
 
 
-_CAST_NEUTRAL = {"layout": (None, torch.strided), "memory_format": (None, torch.preserve_format),
-                 "non_blocking": (False,), "pin_memory": (None, False)}
-
-
-def _is_cast(node: Node | None) -> bool:
-    """``_to_copy(x, dtype=…)`` changing nothing but the dtype. ``type_as`` adds the device: the
-    export device, the one every tensor of the graph lives on, so no move."""
-    if node is None or node.op != "aten._to_copy" or len(node.args) != 1 or "dtype" not in node.kwargs:
-        return False
-    return all(k in ("dtype", "device") or v in _CAST_NEUTRAL.get(k, ()) for k, v in node.kwargs.items())
 
 
 def _vector_of(v, d) -> bool:
@@ -160,7 +148,7 @@ def _match(node: Node, users: Users, pinned: set[int]) -> tuple[list[Node], tupl
     x, compute_dtype, out = h, None, absorbed[-1].outputs[0]
     up = h.producer
     # The upcast goes in only with the cast back, and when the norm is all that reads it.
-    if _is_cast(up) and h.id not in pinned and isinstance(up.args[0], Value) \
+    if is_dtype_cast(up) and h.id not in pinned and isinstance(up.args[0], Value) \
             and all(n in absorbed for n in users.get(h.id, [])):
         x, compute_dtype = up.args[0], up.kwargs["dtype"]
 
@@ -183,7 +171,7 @@ def _match(node: Node, users: Users, pinned: set[int]) -> tuple[list[Node], tupl
         absorbed.append(add)
     if compute_dtype is not None:
         down = _only_user(users, out, pinned)
-        if _is_cast(down) and down.kwargs["dtype"] == x.meta.dtype:
+        if is_dtype_cast(down) and down.kwargs["dtype"] == x.meta.dtype:
             absorbed = [up, *absorbed, down]
             out = down.outputs[0]
         else:

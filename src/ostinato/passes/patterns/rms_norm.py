@@ -1,5 +1,7 @@
 """``ost.rms_norm``: absorbs pow(2) → mean(-1, keepdim) → add(eps) → rsqrt → mul(x, ·), the optional
-upcast around it (HF's ``x.to(float32)`` … ``.to(input_dtype)``) and the weight multiply after it.
+upcast around it (HF's ``x.to(float32)`` … ``.to(input_dtype)``) and the weight multiply after it, or
+before the cast back (Gemma's form: ``weight_first``), with a weight computed as ``weight + c`` from a
+weight read by nothing else (Gemma's ``1 + weight``: ``weight_offset``).
 
 Absorbed: every node of the chain, provided each intermediate has exactly one reader and is not a
 graph output or mutation value. Kept: ``x`` and the weight (whatever produces them).
@@ -7,7 +9,7 @@ graph output or mutation value. Kept: ``x`` and the weight (whatever produces th
 from __future__ import annotations
 
 from ...ir import Graph, Node, TensorMeta, Value
-from ..rewrite import drop_nodes, pinned_values
+from ..rewrite import drop_nodes, is_dtype_cast, pinned_values
 
 
 def _only_user(users: dict[int, list[Node]], v: Value, pinned: set[int]) -> Node | None:
@@ -25,12 +27,6 @@ def _other(node: Node, v: Value):
     if b is v and a is not v:
         return a
     return None
-
-
-def _is_cast(node: Node | None) -> bool:
-    """``_to_copy(x, dtype=…)`` with nothing but a dtype change."""
-    return node is not None and node.op == "aten._to_copy" and len(node.args) == 1 \
-        and set(node.kwargs) == {"dtype"}
 
 
 def _match(g: Graph, pow_node: Node, users, pinned) -> tuple[list[Node], tuple, Value] | None:
@@ -55,25 +51,77 @@ def _match(g: Graph, pow_node: Node, users, pinned) -> tuple[list[Node], tuple, 
     if norm is None or norm.op != "aten.mul.Tensor" or _other(norm, rsqrt.outputs[0]) is not h:
         return None
     absorbed += [mean, add, rsqrt, norm]
+    eps = float(add.args[1])
     x, compute_dtype, out = h, None, norm.outputs[0]
     up = h.producer
     # The upcast is absorbed only when pow and the normalizing mul are its sole readers.
-    if _is_cast(up) and h.id not in pinned and isinstance(up.args[0], Value) and len(users.get(h.id, [])) == 2:
+    upcast = is_dtype_cast(up) and h.id not in pinned and isinstance(up.args[0], Value) and len(users.get(h.id, [])) == 2
+    if upcast:
         down = _only_user(users, out, pinned)
-        if _is_cast(down) and down.kwargs["dtype"] == up.args[0].meta.dtype:
+        if is_dtype_cast(down) and down.kwargs["dtype"] == up.args[0].meta.dtype:
             x, compute_dtype = up.args[0], up.kwargs["dtype"]
             absorbed = [up] + absorbed + [down]
             out = down.outputs[0]
+        else:
+            gemma = _weight_first(users, pinned, up, out)
+            if gemma is not None:
+                mul, down, w = gemma
+                weight, offset, weight_nodes = _offset_weight(users, pinned, w, weight_first=True)
+                absorbed = [up] + weight_nodes + absorbed + [mul, down]
+                return absorbed, (up.args[0], weight, eps, up.kwargs["dtype"], offset, True), down.outputs[0]
     weight = None
     mul = _only_user(users, out, pinned)
     if mul is not None and mul.op == "aten.mul.Tensor":
         w = _other(mul, out)
-        if isinstance(w, Value) and isinstance(w.meta, TensorMeta) and w.meta.rank == 1 \
-                and str(w.meta.shape[0]) == str(x.meta.shape[-1]):
-            weight = w
+        if _is_row_weight(w, x):
+            weight, offset, weight_nodes = _offset_weight(users, pinned, w, weight_first=False)
+            if offset:
+                absorbed = weight_nodes + absorbed + [mul]
+                return absorbed, (x, weight, eps, compute_dtype, offset, False), mul.outputs[0]
             absorbed.append(mul)
             out = mul.outputs[0]
-    return absorbed, (x, weight, float(add.args[1]), compute_dtype), out
+    return absorbed, (x, weight, eps, compute_dtype), out
+
+
+def _is_row_weight(w, x: Value) -> bool:
+    """A 1-D Value as long as x's last dim: a norm's per-channel weight."""
+    return isinstance(w, Value) and isinstance(w.meta, TensorMeta) and w.meta.rank == 1 \
+        and str(w.meta.shape[0]) == str(x.meta.shape[-1])
+
+
+def _weight_first(users, pinned, up: Node, out: Value) -> tuple[Node, Node, Value] | None:
+    """Gemma's form after the normalizing mul: ``mul(out, w)`` in the compute dtype, then the cast back
+    to the input's dtype; (mul, cast, w) or None."""
+    mul = _only_user(users, out, pinned)
+    if mul is None or mul.op != "aten.mul.Tensor":
+        return None
+    w = _other(mul, out)
+    if not _is_row_weight(w, up.args[0]) or w.meta.dtype != up.kwargs["dtype"]:
+        return None
+    down = _only_user(users, mul.outputs[0], pinned)
+    if not is_dtype_cast(down) or down.kwargs["dtype"] != up.args[0].meta.dtype:
+        return None
+    return mul, down, w
+
+
+def _offset_weight(users, pinned, w: Value, weight_first: bool) -> tuple[Value, float, list[Node]]:
+    """``w = add(base, c)`` (Gemma's ``1 + weight``), read by the norm alone: (base, c, the nodes
+    computing w). With ``weight_first`` a cast of base to the compute dtype is taken too (the reference
+    casts the weight itself). Otherwise (w, 0.0, [])."""
+    p = w.producer
+    if p is None or p.op != "aten.add.Tensor" or p.kwargs or len(p.args) != 2 or w.id in pinned \
+            or len(users.get(w.id, [])) != 1:
+        return w, 0.0, []
+    base, c = p.args
+    if not _is_row_weight(base, w) or not isinstance(c, (int, float)) or isinstance(c, bool) or not c:
+        return w, 0.0, []
+    nodes = [p]
+    cast = base.producer
+    if weight_first and is_dtype_cast(cast) and isinstance(cast.args[0], Value) and base.id not in pinned \
+            and len(users.get(base.id, [])) == 1 and _is_row_weight(cast.args[0], w):
+        nodes.insert(0, cast)
+        base = cast.args[0]
+    return base, float(c), nodes
 
 
 def fuse_rms_norm(g: Graph) -> Graph:

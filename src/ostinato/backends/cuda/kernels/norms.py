@@ -3,37 +3,56 @@ from __future__ import annotations
 
 import torch
 
+from ....ir import fused_ops
 from ..runtime import KernelLibrary
 from .common import block_for, rows_of
 
 
+def _kernel_fits(x: torch.Tensor, compute_dtype, weight_first: bool) -> bool:
+    """Whether the kernels compute what the reference does: Gemma's weight-first form only in fp32
+    (the pattern makes it from an fp32 upcast); other forms always."""
+    return not weight_first or (compute_dtype or x.dtype) == torch.float32
+
+
+def _norm_flags(x: torch.Tensor, weight: torch.Tensor | None, compute_dtype, weight_first: bool) -> tuple:
+    """(result dtype, the kernels' constexprs) of an rms_norm of x (see ir/fused_ops.rms_norm)."""
+    upcast = compute_dtype is not None and compute_dtype != x.dtype
+    dtype = x.dtype if weight is None or weight_first else torch.promote_types(x.dtype, weight.dtype)
+    return dtype, {"HAS_WEIGHT": weight is not None, "UPCAST": upcast or weight_first, "W_FIRST": weight_first}
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, compute_dtype: torch.dtype | None = None,
-             *, out: torch.Tensor | None = None) -> torch.Tensor:
+             weight_offset: float = 0.0, weight_first: bool = False, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """ost.rms_norm (see ir/fused_ops.py) on CUDA."""
+    if not _kernel_fits(x, compute_dtype, weight_first):
+        return fused_ops.rms_norm(x, weight, eps, compute_dtype, weight_offset, weight_first, out=out)
     x = x.contiguous()
-    dtype = x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype)
+    dtype, flags = _norm_flags(x, weight, compute_dtype, weight_first)
     out = torch.empty(x.shape, dtype=dtype, device=x.device) if out is None else out
     rows, n = rows_of(x)
     if rows:
-        LIBRARY.kernel("rms_norm", HAS_WEIGHT=weight is not None,
-                       UPCAST=compute_dtype is not None and compute_dtype != x.dtype, BLOCK=block_for(n))(
-            x, x if weight is None else weight, out, n, float(eps), grid=(rows,))
+        LIBRARY.kernel("rms_norm", **flags, BLOCK=block_for(n))(
+            x, x if weight is None else weight, out, n, float(eps), float(weight_offset), grid=(rows,))
     return out
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                 compute_dtype: torch.dtype | None = None, *, out_sum: torch.Tensor | None = None,
+                 compute_dtype: torch.dtype | None = None, weight_offset: float = 0.0, weight_first: bool = False,
+                 *, out_sum: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """ost.add_rms_norm on CUDA: the residual sum and its norm in one pass over each row."""
+    if not _kernel_fits(x, compute_dtype, weight_first):
+        return fused_ops.add_rms_norm(x, residual, weight, eps, compute_dtype, weight_offset, weight_first,
+                                      out_sum=out_sum, out=out)
     x, residual = x.contiguous(), residual.contiguous()
-    dtype = x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype)
+    dtype, flags = _norm_flags(x, weight, compute_dtype, weight_first)
     out_sum = torch.empty_like(x) if out_sum is None else out_sum
     out = torch.empty(x.shape, dtype=dtype, device=x.device) if out is None else out
     rows, n = rows_of(x)
     if rows:
-        LIBRARY.kernel("add_rms_norm", HAS_WEIGHT=weight is not None,
-                       UPCAST=compute_dtype is not None and compute_dtype != x.dtype, BLOCK=block_for(n))(
-            x, residual, x if weight is None else weight, out_sum, out, n, float(eps), grid=(rows,))
+        LIBRARY.kernel("add_rms_norm", **flags, BLOCK=block_for(n))(
+            x, residual, x if weight is None else weight, out_sum, out, n, float(eps), float(weight_offset),
+            grid=(rows,))
     return out_sum, out
 
 

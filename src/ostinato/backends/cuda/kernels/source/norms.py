@@ -5,35 +5,43 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_scaled(x, w_ptr, cols, mask, n_cols, eps, xdt, HAS_WEIGHT: tl.constexpr, UPCAST: tl.constexpr):
+def _rms_scaled(x, w_ptr, cols, mask, n_cols, eps, w_offset, xdt, HAS_WEIGHT: tl.constexpr, UPCAST: tl.constexpr,
+                W_FIRST: tl.constexpr):
     """x (fp32 values of dtype xdt) times rsqrt(mean(x**2) + eps), rounded where the reference
-    (ir/fused_ops.rms_norm) rounds, times the weight; in fp32."""
+    (ir/fused_ops.rms_norm) rounds, times weight + w_offset; in fp32."""
     if UPCAST:   # HF's upcast form: statistics and the product in fp32, then x's dtype
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     else:        # the plain form works in x's dtype: squares, mean, + eps and rsqrt each rounded
         sq = (x * x).to(xdt).to(tl.float32)
         mean = (tl.sum(sq, axis=0) / n_cols).to(xdt).to(tl.float32)
         rstd = (1.0 / tl.sqrt((mean + eps).to(xdt).to(tl.float32))).to(xdt).to(tl.float32)
-    h = (x * rstd).to(xdt).to(tl.float32)
-    if HAS_WEIGHT:
-        h = h * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    h = x * rstd
+    if W_FIRST:  # Gemma's form: the weight (+ offset) multiplies in fp32, the cast back comes last
+        if HAS_WEIGHT:
+            h = h * (tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + w_offset)
+    else:
+        h = h.to(xdt).to(tl.float32)
+        if HAS_WEIGHT:   # weight + offset rounded to the weight's dtype, as the model's add is
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+            h = h * (w.to(tl.float32) + w_offset).to(w.dtype).to(tl.float32)
     return h
 
 
 @triton.jit
-def rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr, UPCAST: tl.constexpr,
-                    BLOCK: tl.constexpr):
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, eps, w_offset, HAS_WEIGHT: tl.constexpr, UPCAST: tl.constexpr,
+                    W_FIRST: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    h = _rms_scaled(x, w_ptr, cols, mask, n_cols, eps, x_ptr.dtype.element_ty, HAS_WEIGHT, UPCAST)
+    h = _rms_scaled(x, w_ptr, cols, mask, n_cols, eps, w_offset, x_ptr.dtype.element_ty, HAS_WEIGHT, UPCAST,
+                    W_FIRST)
     tl.store(out_ptr + row * n_cols + cols, h.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr,
-                        UPCAST: tl.constexpr, BLOCK: tl.constexpr):
+def add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, n_cols, eps, w_offset, HAS_WEIGHT: tl.constexpr,
+                        UPCAST: tl.constexpr, W_FIRST: tl.constexpr, BLOCK: tl.constexpr):
     """sum = x + r, rounded to the sum's dtype as the reference's add rounds; then rms_norm on it."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -42,7 +50,7 @@ def add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, n_cols, eps, HAS_
     s = (tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
          + tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)).to(sdt)
     tl.store(sum_ptr + row * n_cols + cols, s, mask=mask)
-    h = _rms_scaled(s.to(tl.float32), w_ptr, cols, mask, n_cols, eps, sdt, HAS_WEIGHT, UPCAST)
+    h = _rms_scaled(s.to(tl.float32), w_ptr, cols, mask, n_cols, eps, w_offset, sdt, HAS_WEIGHT, UPCAST, W_FIRST)
     tl.store(out_ptr + row * n_cols + cols, h.to(out_ptr.dtype.element_ty), mask=mask)
 
 
