@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ..cache import get_cache, load_artifacts, make_key, save_artifacts
 from ..cache.disk import DiskTier
 from ..cache.keys import current_target
+from . import write_json
 from ..errors import OstinatoError
 
 HELP = "show, clear, pack, unpack or explain the compile cache"
@@ -37,8 +37,7 @@ def _stats(args: argparse.Namespace) -> int:
         disk.refresh_stats()  # a fresh process has counted nothing; show what the directory holds
     st = cache.stats()
     if args.json:
-        json.dump(st, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_json(st)
         return 0
     cols = ["hits", "misses", "puts", "evictions", "errors", "bytes"]
     sys.stdout.write(f"{'tier':8s}" + "".join(f"{c:>11s}" for c in cols) + "\n")
@@ -91,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise OstinatoError(f"{args.file}: {e}\nFix: pass a file written by `ostinato cache pack`") from None
         if args.json:
-            json.dump(report.as_dict(), sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            write_json(report.as_dict())
             return 0
         sys.stdout.write(f"loaded {len(report.loaded)} entries, skipped {len(report.skipped)}\n")
         for digest, reason in report.skipped:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 
+from . import write_json
 from ..errors import ExportError, MissingOpError, ProgramFormatError
 from ..ir import TensorMeta, Value
 from ..ir.fallback import fallback_nodes
@@ -146,15 +146,13 @@ def run(args: argparse.Namespace) -> int:
     if args.passes:
         t = pass_table(args.file, verify=not args.no_verify)
         if args.json:
-            json.dump(t, sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            write_json(t)
         else:
             _print_passes(t)
         return 0
     d = describe(args.file, verify=not args.no_verify)
     if args.json:
-        json.dump(d, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_json(d)
         return 0
     s, e = d["sizes"], d["exporter"]
     lines = [

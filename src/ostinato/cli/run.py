@@ -9,7 +9,6 @@ are drawn from a small range (see `ostinato export --help`), which suits token i
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -20,6 +19,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import __version__
+from . import write_json
 from ..errors import InputError, OstinatoError
 from ..ir import SymDim, TensorMeta
 from ..program import Program, load
@@ -190,8 +190,7 @@ def run(args: argparse.Namespace) -> int:
         "versions": {"ostinato": __version__, "torch": torch.__version__, "python": platform.python_version()},
     }
     if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_json(report)
     else:
         _print_report(report)
     return 0

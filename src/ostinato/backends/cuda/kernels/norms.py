@@ -8,14 +8,12 @@ from ..runtime import KernelLibrary
 from .common import block_for, rows_of
 
 
-def _kernel_fits(x: torch.Tensor, compute_dtype, weight_first: bool) -> bool:
-    """Whether the kernels compute what the reference does: Gemma's weight-first form only in fp32
-    (the pattern makes it from an fp32 upcast); other forms always."""
-    return not weight_first or (compute_dtype or x.dtype) == torch.float32
-
-
-def _norm_flags(x: torch.Tensor, weight: torch.Tensor | None, compute_dtype, weight_first: bool) -> tuple:
-    """(result dtype, the kernels' constexprs) of an rms_norm of x (see ir/fused_ops.rms_norm)."""
+def _norm_flags(x: torch.Tensor, weight: torch.Tensor | None, compute_dtype, weight_first: bool) -> tuple | None:
+    """(result dtype, the kernels' constexprs) of an rms_norm of x (see ir/fused_ops.rms_norm), or None
+    where the kernels would compute something else than the reference: Gemma's weight-first form
+    runs in fp32 only (the pattern makes it from an fp32 upcast)."""
+    if weight_first and (compute_dtype or x.dtype) != torch.float32:
+        return None
     upcast = compute_dtype is not None and compute_dtype != x.dtype
     dtype = x.dtype if weight is None or weight_first else torch.promote_types(x.dtype, weight.dtype)
     return dtype, {"HAS_WEIGHT": weight is not None, "UPCAST": upcast or weight_first, "W_FIRST": weight_first}
@@ -24,10 +22,11 @@ def _norm_flags(x: torch.Tensor, weight: torch.Tensor | None, compute_dtype, wei
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, compute_dtype: torch.dtype | None = None,
              weight_offset: float = 0.0, weight_first: bool = False, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """ost.rms_norm (see ir/fused_ops.py) on CUDA."""
-    if not _kernel_fits(x, compute_dtype, weight_first):
+    plan = _norm_flags(x, weight, compute_dtype, weight_first)
+    if plan is None:
         return fused_ops.rms_norm(x, weight, eps, compute_dtype, weight_offset, weight_first, out=out)
+    dtype, flags = plan
     x = x.contiguous()
-    dtype, flags = _norm_flags(x, weight, compute_dtype, weight_first)
     out = torch.empty(x.shape, dtype=dtype, device=x.device) if out is None else out
     rows, n = rows_of(x)
     if rows:
@@ -41,11 +40,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
                  *, out_sum: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """ost.add_rms_norm on CUDA: the residual sum and its norm in one pass over each row."""
-    if not _kernel_fits(x, compute_dtype, weight_first):
+    plan = _norm_flags(x, weight, compute_dtype, weight_first)
+    if plan is None:
         return fused_ops.add_rms_norm(x, residual, weight, eps, compute_dtype, weight_offset, weight_first,
                                       out_sum=out_sum, out=out)
+    dtype, flags = plan
     x, residual = x.contiguous(), residual.contiguous()
-    dtype, flags = _norm_flags(x, weight, compute_dtype, weight_first)
     out_sum = torch.empty_like(x) if out_sum is None else out_sum
     out = torch.empty(x.shape, dtype=dtype, device=x.device) if out is None else out
     rows, n = rows_of(x)
