@@ -78,6 +78,15 @@ class Backend(ABC):
     def lower(self, node: Node) -> Launch:
         """A Launch running ``node``; raises BackendError naming the op when it cannot."""
 
+    def lower_graph(self, graph) -> list[Launch]:
+        """The Launches of a whole graph, in order: one per node here; a backend that generates fused
+        kernels (CUDA) groups nodes first."""
+        return [self.lower(n) for n in graph.nodes]
+
+    def plan_key_parts(self) -> dict[str, str]:
+        """What, besides the program and the device, decides this backend's lowering (the plan cache's key)."""
+        return {}
+
     @abstractmethod
     def kernel(self, op: str) -> Callable:
         """The callable a Launch of ``op`` runs (what ``lower`` binds), for plans read from a cache."""

@@ -19,6 +19,16 @@ from .codegen import compile_launches
 from .inputs import InputChecker
 from .plan_cache import cached_plan
 from .segments import Segment, split_plan
+
+
+def launch_is_kernel(launch: Launch) -> bool:
+    """Whether a launch runs device work (views, size arithmetic and no-op aliases do not)."""
+    from ..ir import get_op
+    op = get_op(launch.op)
+    return op is not None and op.category not in ("view", "sym", "creation") or launch.op in (
+        "aten.clone", "aten.cat", "aten.copy", "aten.stack", "aten.constant_pad_nd", "aten.repeat", "aten.flip",
+        "aten.roll", "aten.full", "aten.zeros", "aten.ones", "aten.arange", "aten._to_copy", "aten.full_like",
+        "aten.zeros_like", "aten.ones_like", "aten.fill.Scalar", "aten.slice_scatter", "aten.select_scatter")
 from .session import Session
 
 log = logging.getLogger("ostinato")
@@ -58,7 +68,7 @@ class Executable:
         keep = {x for is_slot, x in self._outputs if is_slot} | {m[3] for m in self._mutations}
 
         def lower() -> list[Launch]:
-            return [backend.lower(n) for n in g.nodes]
+            return backend.lower_graph(g)
 
         def build(launches: list[Launch], keep: set[int]):
             return compile_launches(launches, keep, name="run_" + backend.name)
@@ -148,7 +158,9 @@ class Executable:
 
     def stats(self) -> dict[str, float]:
         """Plan source and, with replay, captures, replays, bucket hits and plan hits/misses."""
-        counts = {"launches": len(self.launches), "compile_seconds": self.compile_seconds}
+        counts = {"launches": len(self.launches), "compile_seconds": self.compile_seconds,
+                  "kernels": sum(1 for l in self.launches if launch_is_kernel(l)),
+                  "fused_kernels": sum(1 for l in self.launches if l.op == "ost.fused")}
         if self.runner is not None:
             counts.update(self.runner.stats())
         return counts

@@ -72,6 +72,7 @@ def plan_key(program: Program, backend: Backend) -> Key:
     target = dict(current_target(backend.name))
     target["device"] = str(backend.device)
     target["shapes"] = shape_signature(program)
+    target.update(backend.plan_key_parts())
     return make_key("plan", program_hash(program), target)
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from ... import codegen
 from ...errors import BackendError
+from ..base import Launch, _bind
 from ..cpu.backend import CPUBackend
 from .library_ops import LIBRARY_OPS
 from .ops import triton_kernels
@@ -20,6 +22,27 @@ class CUDABackend(CPUBackend):
                                f"(torch {torch.__version__}); use device='cpu'")
         dev = torch.device("cuda") if device is None else device
         super().__init__(torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index))
+
+    def lower_graph(self, graph) -> list[Launch]:
+        """Nodes the scheduler groups (ostinato.codegen) become one ``ost.fused`` launch each, running a
+        generated Triton kernel; the rest lower one by one. Off without Triton, with
+        OSTINATO_CUDA_REFERENCE=1 or OSTINATO_FUSION=0."""
+        if not codegen.fusion_enabled() or "ost.fused" not in triton_kernels():
+            return super().lower_graph(graph)
+        launches = []
+        fn = self.kernel("ost.fused")
+        for item in codegen.schedule(graph):
+            if isinstance(item, codegen.FusionGroup):
+                args = (item.spec.to_json(), *(_bind(v) for v in item.inputs))
+                launches.append(Launch.of(fn, "ost.fused", item.name, args, {},
+                                          tuple(v.slot for v in item.outputs), True))
+            else:
+                launches.append(self.lower(item))
+        return launches
+
+    def plan_key_parts(self) -> dict[str, str]:
+        on = codegen.fusion_enabled() and "ost.fused" in triton_kernels()
+        return {"fusion": codegen.codegen_digest()[:16] if on else "off"}
 
     def kernel(self, op: str):
         return triton_kernels().get(op) or LIBRARY_OPS.get(op) or super().kernel(op)

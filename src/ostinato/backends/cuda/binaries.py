@@ -32,9 +32,25 @@ _LAUNCH_TYPE = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u8": 
                 "u64": "K", "fp16": "f", "bf16": "f", "fp32": "f", "fp64": "d"}
 
 
-@functools.lru_cache(maxsize=None)
+# Generated kernel modules (codegen): module name -> source text, registered before any compile.
+_GENERATED: dict[str, str] = {}
+
+
+def register_source(module: str, text: str) -> None:
+    """Make a generated Triton module known by name (no file is written until it must compile)."""
+    _GENERATED[module] = text
+
+
 def source_digest(module: str) -> str:
-    """sha256 of a kernel source file: the content half of its binaries' cache keys (read, not imported)."""
+    """sha256 of a kernel source: the content half of its binaries' cache keys (read, not imported)."""
+    text = _GENERATED.get(module)
+    if text is not None:
+        return hashlib.sha256(text.encode()).hexdigest()
+    return _file_digest(module)
+
+
+@functools.lru_cache(maxsize=None)
+def _file_digest(module: str) -> str:
     with open(os.path.join(_SOURCE_DIR, f"{module}.py"), "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
 
@@ -74,8 +90,31 @@ def binary_key(module: str, kernel: str, arg_types: Sequence[str], constexprs: d
     return make_key(KIND, content, {"backend": "cuda", "arch": f"sm_{arch}"})
 
 
+@functools.lru_cache(maxsize=None)
+def _generated_module(module: str, digest: str):
+    """Import a generated module from a file (Triton's JIT reads a kernel's source back from it)."""
+    import importlib.util
+    import sys
+    folder = os.path.join(tempfile.gettempdir(), f"ostinato-gen-{os.getuid()}")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{module}_{digest[:16]}.py")
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".py")
+        with os.fdopen(fd, "w") as f:
+            f.write(_GENERATED[module])
+        os.replace(tmp, path)
+    name = f"ostinato_generated_{module}_{digest[:16]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def jit_function(module: str, kernel: str):
     """The ``@triton.jit`` function (imports Triton)."""
+    if module in _GENERATED:
+        return getattr(_generated_module(module, source_digest(module)), kernel)
     return getattr(importlib.import_module(f"{SOURCE_PACKAGE}.{module}"), kernel)
 
 
@@ -94,10 +133,11 @@ def compile_binary(module: str, kernel: str, arg_types: Sequence[str], constexpr
     if len(runtime) != len(arg_types):
         raise BackendError(f"Triton kernel {kernel} takes {len(runtime)} runtime arguments "
                            f"({', '.join(runtime)}), got {len(arg_types)}")
-    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs]
+    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs and p.name != "num_warps"]
     if missing:
         raise BackendError(f"Triton kernel {kernel}: no value for constexpr {', '.join(missing)}")
     signature, attrs, constexprs = {}, {}, dict(constexprs)
+    options = {"num_warps": constexprs.pop("num_warps")} if "num_warps" in constexprs else {}
     for p in fn.params:
         if p.is_constexpr:
             signature[p.name] = "constexpr"
@@ -112,7 +152,7 @@ def compile_binary(module: str, kernel: str, arg_types: Sequence[str], constexpr
     signature = {p.name: signature[p.name] for p in fn.params}
     try:
         compiled = triton.compile(ASTSource(fn, signature, dict(constexprs), attrs),
-                                  target=GPUTarget("cuda", arch, 32))
+                                  target=GPUTarget("cuda", arch, 32), options=options)
     except Exception as e:  # noqa: BLE001 - re-raised naming the kernel; the cause is chained
         spec = ", ".join(f"{k}={v}" for k, v in constexprs.items())
         raise BackendError(f"Triton kernel {kernel} [{spec}] for sm_{arch} failed to compile: "

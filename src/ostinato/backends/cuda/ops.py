@@ -21,8 +21,9 @@ def triton_kernels() -> dict[str, Callable]:
     if importlib.util.find_spec("triton") is None:
         log.warning("ostinato: Triton is not installed; fused ops run their torch references on CUDA")
         return {}
-    from .kernels import attention, elementwise, norms
+    from .kernels import attention, elementwise, fused, norms
     return {
+        "ost.fused": fused.run_fused,
         "ost.rms_norm": norms.rms_norm,
         "ost.add_rms_norm": norms.add_rms_norm,
         "ost.layer_norm": norms.layer_norm,

@@ -1,0 +1,176 @@
+"""Launching generated fusion kernels (ostinato.codegen): ``run_fused(spec, *inputs)`` is what an
+``ost.fused`` Launch calls on CUDA.
+
+Per input shapes and strides (memoized) the launcher works out the iteration space, collapses the dims
+every operand walks contiguously, picks the kernel variant (ranks, a row held whole or walked in
+chunks, 32- or 64-bit indices) and its block sizes, and keeps the integer arguments; a call then only
+allocates the outputs and launches. Variants are rendered on first use and compiled through the same
+KernelLibrary and cache tiers as the hand-written kernels: a warm process launches cached cubins
+without importing Triton.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ....codegen.prims import DTYPES
+from ....codegen.reference import iteration_shape, parse
+from ....codegen.spec import GroupSpec
+from ....codegen.triton_source import render
+from ...cuda.binaries import register_source
+from ..runtime import KernelLibrary
+from .common import cdiv
+
+MAX_PERSISTENT_ROW = 4096   # rows up to this many elements are held in registers
+_LOOP_RBLOCK = 1024
+
+
+def _pow2(n: int) -> int:
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def _collapse(sizes: list[int], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 dims and merge neighbours every operand walks contiguously (row-major order)."""
+    keep = [d for d, s in enumerate(sizes) if s != 1]
+    sizes = [sizes[d] for d in keep]
+    strides = [[st[d] for d in keep] for st in strides]
+    out_sizes: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in strides]
+    for d, size in enumerate(sizes):
+        if out_sizes and all(st[d - 1] == st[d] * size for st in strides):
+            out_sizes[-1] *= size
+            for o, st in zip(out_strides, strides):
+                o[-1] = st[d]
+        else:
+            out_sizes.append(size)
+            for o, st in zip(out_strides, strides):
+                o.append(st[d])
+    if not out_sizes:
+        return [1], [[0] for _ in strides]
+    return out_sizes, out_strides
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc if d != 1 else 0)
+        acc *= d
+    return out[::-1]
+
+
+class _LaunchPlan:
+    __slots__ = ("kernel", "ints", "grid", "out_shapes", "empty")
+
+    def __init__(self, kernel, ints, grid, out_shapes, empty):
+        self.kernel, self.ints, self.grid, self.out_shapes, self.empty = kernel, ints, grid, out_shapes, empty
+
+
+class FusedLauncher:
+    """One fusion group's kernel variants and launch plans."""
+
+    def __init__(self, spec_json: str):
+        self.spec: GroupSpec = parse(spec_json)
+        self.n_in = len(self.spec.inputs)
+        self.out_dtypes = [DTYPES[o[1]] for o in self.spec.outputs]
+        self._plans: dict[tuple, _LaunchPlan] = {}
+        self._libraries: dict[tuple, KernelLibrary] = {}
+        self._lock = threading.Lock()
+
+    def library(self, xr: int, rr: int, loop: bool, i64: bool) -> tuple[KernelLibrary, str]:
+        key = (xr, rr, loop, i64)
+        lib = self._libraries.get(key)
+        if lib is None:
+            source, name = render(self.spec, xr, rr, loop, i64)
+            module = f"gen_{name}"
+            register_source(module, source)
+            lib = self._libraries[key] = KernelLibrary(module, {"k": name})
+        return lib, "k"
+
+    def plan(self, tensors) -> _LaunchPlan:
+        spec = self.spec
+        shape = iteration_shape(spec, tensors)
+        rank, red = spec.rank, spec.red
+        row = tuple(1 if i in red else d for i, d in enumerate(shape))
+        strides: list[list[int]] = []
+        for k, t in enumerate(tensors):
+            unsq = spec.inputs[k][2]
+            tshape = tuple(t.shape) + (1,) * unsq
+            tstride = tuple(t.stride()) + (0,) * unsq
+            pad = rank - len(tshape)
+            strides.append([0 if d < pad or tshape[d - pad] == 1 else tstride[d - pad] for d in range(rank)])
+        out_shapes = []
+        for _, _, level, keepdim in spec.outputs:
+            if level == "x":
+                out_shapes.append(shape)
+                strides.append(_contiguous_strides(shape))
+            else:
+                strides.append(_contiguous_strides(row))
+                out_shapes.append(row if keepdim else tuple(d for i, d in enumerate(shape) if i not in red))
+        outer = [d for d in range(rank) if d not in red]
+        xs, xst = _collapse([shape[d] for d in outer], [[st[d] for d in outer] for st in strides])
+        numel = 1
+        for d in shape:
+            numel *= d
+        if not red:
+            rs, rst = [], [[] for _ in strides]
+        else:
+            rs, rst = _collapse([shape[d] for d in red], [[st[d] for d in red] for st in strides])
+        xnumel = 1
+        for s in xs:
+            xnumel *= s
+        rnumel = 1
+        for s in rs:
+            rnumel *= s
+        biggest = max([numel] + [sum((sz - 1) * abs(s) for sz, s in zip(xs + rs, a + b)) + 1
+                                 for a, b in zip(xst, rst)])
+        i64 = biggest >= 2**31 - 2**20
+        ints = [xnumel] + ([rnumel] if red else []) + xs[1:] + rs[1:]
+        for a, b in zip(xst, rst):
+            ints += a + b
+        if red:
+            loop = _pow2(rnumel) > MAX_PERSISTENT_ROW
+            rblock = _LOOP_RBLOCK if loop else _pow2(rnumel)
+            xblock = 1 if loop else min(_pow2(xnumel), max(1, 2048 // rblock))
+            warps = 8 if rblock * xblock >= 2048 else 4
+            lib, name = self.library(len(xs), len(rs), loop, i64)
+            kernel = lib.kernel(name, XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
+        else:
+            xblock = min(1024, max(128, _pow2(xnumel)))
+            lib, name = self.library(len(xs), 0, False, i64)
+            kernel = lib.kernel(name, XBLOCK=xblock, num_warps=4)
+        return _LaunchPlan(kernel, tuple(ints), (cdiv(xnumel, xblock),), out_shapes, numel == 0)
+
+    def __call__(self, *args) -> tuple[torch.Tensor, ...]:
+        tensors = args[:self.n_in]
+        key = tuple((t.shape, t.stride()) for t in tensors)
+        plan = self._plans.get(key)
+        if plan is None:
+            with self._lock:
+                plan = self._plans[key] = self.plan(tensors)
+        device = tensors[0].device
+        outs = tuple(torch.empty(s, dtype=dt, device=device) for s, dt in zip(plan.out_shapes, self.out_dtypes))
+        if not plan.empty:
+            plan.kernel(*tensors, *outs, *args[self.n_in:], *plan.ints, grid=plan.grid)
+        return outs
+
+
+_LAUNCHERS: dict[str, FusedLauncher] = {}
+
+
+def launcher(spec_json: str) -> FusedLauncher:
+    f = _LAUNCHERS.get(spec_json)
+    if f is None:
+        f = _LAUNCHERS.setdefault(spec_json, FusedLauncher(spec_json))
+    return f
+
+
+def run_fused(spec_json: str, *args) -> tuple[torch.Tensor, ...]:
+    """ost.fused on CUDA: the group's generated kernel."""
+    f = _LAUNCHERS.get(spec_json)
+    if f is None:
+        f = launcher(spec_json)
+    return f(*args)
+
+
+run_fused.multi_output = True

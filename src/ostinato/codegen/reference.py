@@ -1,0 +1,87 @@
+"""A fusion group computed with torch, primitive by primitive: the reference every generated kernel is
+checked against, and what ``ost.fused`` runs where no kernel is generated (the CPU backend, a plan
+decoded with ``OSTINATO_CUDA_REFERENCE=1``)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..ir.ops import OpDef, register_op
+from .prims import BINARY, DTYPES, HALF, REDUCTIONS, UNARY, compute_dtype, decode_const
+from .spec import GroupSpec
+
+
+@functools.lru_cache(maxsize=1024)
+def parse(spec_json: str) -> GroupSpec:
+    return GroupSpec.from_json(spec_json)
+
+
+def iteration_shape(spec: GroupSpec, tensors) -> tuple[int, ...]:
+    """The group's iteration space for these inputs: their broadcast (after each one's trailing 1-dims)."""
+    shapes = [tuple(t.shape) + (1,) * spec.inputs[k][2] for k, t in enumerate(tensors)]
+    shape = tuple(torch.broadcast_shapes(*shapes))
+    if len(shape) != spec.rank:
+        raise ValueError(f"fusion group of rank {spec.rank} got inputs broadcasting to {list(shape)}")
+    return shape
+
+
+def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
+    shape = iteration_shape(spec, tensors)
+    red = tuple(spec.red)
+    device = tensors[0].device if tensors else torch.device("cpu")
+    vals: list[torch.Tensor] = []
+    for name, code, _, *args in spec.ops:
+        ct = compute_dtype(code)
+        if name == "in":
+            t = tensors[args[0]]
+            v = t.reshape(tuple(t.shape) + (1,) * spec.inputs[args[0]][2]).to(ct)
+        elif name == "scalar":
+            v = torch.tensor(scalars[args[0]], dtype=ct, device=device)
+        elif name == "const":
+            v = torch.tensor(decode_const(args[0]), dtype=ct, device=device)
+        elif name == "rnumel":
+            n = 1
+            for d in red:
+                n *= shape[d]
+            v = torch.tensor(float(n), dtype=ct, device=device)
+        elif name == "cast":
+            v = vals[args[0]].to(DTYPES[code]).to(ct)
+        elif name == "where":
+            c, x, y = (vals[a] for a in args)
+            v = torch.where(c, x.to(ct), y.to(ct))
+        elif name in REDUCTIONS:
+            v = REDUCTIONS[name][2](torch.broadcast_to(vals[args[0]].to(ct), shape), red)
+        elif name in UNARY:
+            x = vals[args[0]]
+            v = UNARY[name][1](x if code == "bool" else x.to(ct))
+        elif name in BINARY:
+            a, b = (vals[i] for i in args)
+            if code == "bool":
+                v = BINARY[name][1](a, b)
+            else:
+                v = BINARY[name][1](a.to(ct), b.to(ct))
+        else:
+            raise ValueError(f"unknown primitive {name}")
+        if code in HALF and name not in ("in", "const", "scalar", "rnumel"):
+            v = v.to(DTYPES[code]).to(ct)
+        vals.append(v)
+    outs = []
+    row = tuple(1 if i in red else d for i, d in enumerate(shape))
+    for ref, code, level, keepdim in spec.outputs:
+        v = torch.broadcast_to(vals[ref], shape if level == "x" else row).to(DTYPES[code]).contiguous()
+        if level == "r" and not keepdim:
+            v = v.reshape(tuple(d for i, d in enumerate(shape) if i not in red))
+        outs.append(v)
+    return outs
+
+
+def fused(spec_json: str, *args) -> tuple[torch.Tensor, ...]:
+    """``ost.fused``: a fusion group's outputs, computed with torch (its inputs, then its host scalars)."""
+    spec = parse(spec_json)
+    n = len(spec.inputs)
+    return tuple(evaluate(spec, args[:n], args[n:]))
+
+
+fused.multi_output = True
+register_op(OpDef("ost.fused", fused, category="fused"))

@@ -1,0 +1,257 @@
+"""The scheduler: group a graph's nodes into fusion groups, each to become one generated kernel.
+
+A group has one iteration space: a shape S and the dims R it reduces (none for a pointwise group).
+Every member computes either a value of shape S ("x" level) or one value per row, S with 1 in every
+dim of R ("r" level): so no member is recomputed for more elements than eager computes it, and every
+intermediate a group absorbs is a tensor that is never written to memory nor read back. That is the
+cost model: a merge always saves 2 x the intermediate's bytes and a launch, and the iteration-space
+rule forbids the merges that would recompute (a small tensor's ops repeated across a broadcast).
+
+Nodes are visited in graph order. A node the code generator can express (expand.HANDLERS) joins the
+open groups that produce its inputs when their spaces combine; a group is closed as soon as a node
+outside it reads one of its values (its kernel must have run by then) and when an impure node runs
+(a state write must not move across a group's reads). Groups of one node stay ordinary ATen nodes:
+torch's kernel for one op is as good as a generated one. A group's kernel runs where its last
+member stood; its outputs are the members' values read outside it or returned by the graph.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from ..ir import Graph, Node, Value, get_op
+from ..ir.types import TensorMeta
+from .expand import HANDLERS, Builder, Kind, NotFusible, code_of
+from .spec import GroupSpec
+
+log = logging.getLogger("ostinato")
+
+# OSTINATO_FUSION=0 turns generic fusion off (every node lowers on its own): the A/B switch.
+def fusion_enabled() -> bool:
+    return os.environ.get("OSTINATO_FUSION", "1") != "0"
+
+
+def _same_dim(a, b) -> bool:
+    return a is b or a == b
+
+
+def _same_shape(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(_same_dim(x, y) for x, y in zip(a, b))
+
+
+def row_shape(shape: tuple, red: tuple) -> tuple:
+    return tuple(1 if i in red else d for i, d in enumerate(shape))
+
+
+@dataclass
+class Space:
+    shape: tuple
+    red: tuple = ()
+
+    def combine(self, other: "Space") -> "Space | None":
+        """The space holding both, or None when no space holds both without recomputation."""
+        if _same_shape(self.shape, other.shape) and (not self.red or not other.red or self.red == other.red):
+            return Space(self.shape, self.red or other.red)
+        for a, b in ((self, other), (other, self)):
+            if a.red and not b.red and _same_shape(b.shape, row_shape(a.shape, a.red)):
+                return a
+        return None
+
+    def holds(self, meta) -> bool:
+        """Whether a value of this meta is a member value of the space (x or r level, right rank)."""
+        if not isinstance(meta, TensorMeta):
+            return False
+        return _same_shape(meta.shape, self.shape) or bool(self.red) and _same_shape(
+            meta.shape, row_shape(self.shape, self.red))
+
+
+@dataclass
+class FusionGroup:
+    nodes: list[Node]
+    space: Space
+    closed: bool = False
+    # Filled by build():
+    spec: GroupSpec | None = None
+    inputs: list[Value] = field(default_factory=list)     # tensor inputs, then host scalars
+    outputs: list[Value] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"fused_{self.nodes[0].name}__{self.nodes[-1].name}"
+
+    def build(self, read_outside: set[int]) -> None:
+        """The group's spec; its inputs and outputs (values read outside it, by id in ``read_outside``)."""
+        b = Builder(len(self.space.shape), list(self.space.red), self.space.shape)
+        produced: list[Value] = []
+        for node in self.nodes:
+            refs = HANDLERS[node.op].emit(b, node)
+            for v, ref in zip(node.outputs, refs):
+                if v is None:
+                    continue
+                if ref is None:
+                    if v.id in read_outside:
+                        raise NotFusible(f"{node.op} result {v.name} is read")
+                    continue
+                if b.code(ref) != code_of(v):
+                    ref = b.cast(ref, code_of(v))
+                b.refs[v.id] = ref
+                produced.append(v)
+        outputs = []
+        for v in produced:
+            if v.id not in read_outside:
+                continue
+            ref = b.refs[v.id]
+            is_x = _same_shape(v.meta.shape, self.space.shape)
+            level = "x" if is_x else "r"
+            if is_x and not self.space.red and b.level(ref) == "r":
+                # a pointwise group's value computed from constants only: not worth a kernel's output
+                raise NotFusible(f"{v.name} is a constant")
+            outputs.append([ref, code_of(v), level, len(v.meta.shape) == len(self.space.shape)])
+            self.outputs.append(v)
+        if not outputs:
+            raise NotFusible("the group's results are never read")
+        self.spec = b.spec(outputs)
+        self.spec.check()
+        self.inputs = b.input_values + b.scalar_values
+
+    def bytes_moved(self, bindings: dict | None = None) -> int | None:
+        """Bytes the kernel reads and writes (each input and output once); None when a shape is symbolic."""
+        total = 0
+        for v in (*self.inputs, *self.outputs):
+            if not isinstance(v.meta, TensorMeta):
+                continue
+            n = 1
+            for d in v.meta.shape:
+                if not isinstance(d, int):
+                    if bindings is None:
+                        return None
+                    d = d.evaluate(bindings)
+                n *= d
+            total += n * v.meta.dtype.itemsize
+        return total
+
+
+def node_space(node: Node, users: dict[int, list[Node]], graph_reads: set[int]) -> Space | None:
+    """The node's own iteration space when the code generator can take it, else None."""
+    handler = HANDLERS.get(node.op)
+    if handler is None:
+        return None
+    outs = [v for v in node.outputs if v is not None]
+    if not outs or not all(isinstance(v.meta, TensorMeta) and code_of(v) is not None for v in outs):
+        return None
+    if not any(isinstance(v, Value) and isinstance(v.meta, TensorMeta) for v in node.inputs):
+        return None
+    kind: Kind | None = handler.kind(node)
+    if kind is None:
+        return None
+    if kind.red:
+        x = kind.reduced
+        if all(x.meta.shape[d] == 1 for d in kind.red):
+            return None         # reducing size-1 dims is a copy
+        space = Space(tuple(x.meta.shape), kind.red)
+    else:
+        space = Space(tuple(outs[0].meta.shape))
+    if not all(space.holds(v.meta) or (not kind.keepdim and kind.red) for v in outs):
+        return None
+    # A trial expansion in the node's own space: dtypes and arguments the generator cannot take.
+    try:
+        b = Builder(len(space.shape), list(space.red), space.shape)
+        refs = handler.emit(b, node)
+    except NotFusible:
+        return None
+    for v, ref in zip(node.outputs, refs):
+        if v is not None and ref is None and (users.get(v.id) or v.id in graph_reads):
+            return None
+    return space
+
+
+def schedule(graph: Graph) -> list[Node | FusionGroup]:
+    """The graph's nodes in order, chains of fusible nodes replaced by FusionGroups."""
+    users = graph.users()
+    graph_reads = {v.id for v in graph.output_values()}
+    graph_reads |= {t.id for t, new in graph.mutations} | {new.id for t, new in graph.mutations}
+    group_of: dict[int, FusionGroup] = {}
+    member: dict[int, FusionGroup] = {}        # id(node) -> group
+    groups: list[FusionGroup] = []
+
+    def close_readers_of(node: Node) -> None:
+        for v in node.inputs:
+            g = group_of.get(v.id)
+            if g is not None:
+                g.closed = True
+
+    for node in graph.nodes:
+        opdef = get_op(node.op)
+        if opdef is None or not opdef.pure:
+            for g in groups:
+                g.closed = True
+            continue
+        space = node_space(node, users, graph_reads)
+        if space is None:
+            close_readers_of(node)
+            continue
+        candidates: list[FusionGroup] = []
+        for v in node.inputs:
+            g = group_of.get(v.id)
+            if g is not None and not g.closed and g not in candidates:
+                candidates.append(g)
+        target = space
+        merged: list[FusionGroup] = []
+        for g in candidates:
+            combined = target.combine(g.space)
+            # every value the node reads from the merged groups must be a member value of the space
+            if combined is not None and all(combined.holds(v.meta) for v in node.inputs
+                                            if group_of.get(v.id) in (*merged, g)):
+                target = combined
+                merged.append(g)
+        for g in candidates:
+            if g not in merged:
+                g.closed = True          # the node reads its value from outside it
+        if merged:
+            group = merged[0]
+            for g in merged[1:]:
+                group.nodes.extend(g.nodes)
+                groups.remove(g)
+                for n in g.nodes:
+                    member[id(n)] = group
+                    for v in n.outputs:
+                        if v is not None:
+                            group_of[v.id] = group
+            group.nodes.append(node)
+            group.space = target
+        else:
+            group = FusionGroup([node], target)
+            groups.append(group)
+        member[id(node)] = group
+        for v in node.outputs:
+            if v is not None:
+                group_of[v.id] = group
+
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    last_of: dict[int, FusionGroup] = {}
+    fused: set[int] = set()
+    for g in groups:
+        if len(g.nodes) < 2:
+            continue
+        g.nodes.sort(key=lambda n: position[id(n)])
+        ids = {id(n) for n in g.nodes}
+        read_outside = set(graph_reads)
+        for n in g.nodes:
+            for v in n.outputs:
+                if v is not None and any(id(u) not in ids for u in users.get(v.id, ())):
+                    read_outside.add(v.id)
+        try:
+            g.build(read_outside)
+        except NotFusible as e:
+            log.debug("ostinato fusion: %s left unfused: %s", g.name, e)
+            continue
+        last_of[id(g.nodes[-1])] = g
+        fused |= ids
+    out: list[Node | FusionGroup] = []
+    for n in graph.nodes:
+        if id(n) in last_of:
+            out.append(last_of[id(n)])
+        elif id(n) not in fused:
+            out.append(n)
+    return out

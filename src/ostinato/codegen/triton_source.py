@@ -1,0 +1,253 @@
+"""Triton source for a fusion group (spec.py), one kernel per variant of its launch.
+
+The iteration space is seen as [X, R]: the kept dims (collapsed at launch into ``xr`` dims) and the
+reduced ones (``rr`` dims; none for a pointwise group). Each operand, inputs and outputs alike, is
+addressed through its own strides over those dims, passed at launch: broadcasts are stride 0, any
+layout works, and a dim of size or stride 1 is compiled in as a constant (binaries.arg_type). One
+program handles XBLOCK rows; a reduction holds a row in registers (``loop=False``, rows up to 4096
+elements) or walks it in RBLOCK chunks, recomputing the pointwise ops each pass needs.
+
+Only text is produced here: nothing imports Triton until a kernel must be compiled.
+"""
+from __future__ import annotations
+
+import os
+
+from .prims import (BINARY, COMPARE, FLOATS, HALF, LOGICAL, REDUCTIONS, TRITON_TYPES, UNARY, compute_code,
+                    decode_const, literal, template)
+from .spec import GroupSpec
+
+
+def kernel_name(spec: GroupSpec) -> str:
+    return f"fused_{spec.digest[:16]}"
+
+
+def param_names(spec: GroupSpec, xr: int, rr: int) -> list[str]:
+    """The kernel's runtime parameters, in launch order."""
+    n_in, n_out = len(spec.inputs), len(spec.outputs)
+    names = [f"in{k}" for k in range(n_in)] + [f"out{k}" for k in range(n_out)]
+    names += [f"sc{k}" for k in range(len(spec.scalars))]
+    names += ["xnumel"] + (["rnumel"] if spec.red else [])
+    names += [f"xs{d}" for d in range(1, xr)] + [f"rs{d}" for d in range(1, rr)]
+    for k in range(n_in + n_out):
+        names += [f"xst{k}_{d}" for d in range(xr)] + [f"rst{k}_{d}" for d in range(rr if spec.red else 0)]
+    return names
+
+
+def _ct(code: str) -> str:
+    return TRITON_TYPES[compute_code(code)]
+
+
+class _Emitter:
+    def __init__(self, spec: GroupSpec, xr: int, rr: int):
+        self.spec, self.xr, self.rr = spec, xr, rr
+        self.row = bool(spec.red)
+        self.n_in = len(spec.inputs)
+        self.lines: list[str] = []
+        self.interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+
+    def line(self, text: str, indent: int = 1) -> None:
+        self.lines.append("    " * indent + text)
+
+    # -- indexing -------------------------------------------------------------------------------
+    def coords(self, prefix: str, idx: str, rank: int, indent: int) -> None:
+        """``{prefix}c{d}``: the coordinates of flat index ``idx`` over the sizes ``{prefix}s{d}``."""
+        if rank == 1:
+            self.line(f"{prefix}c0 = {idx}", indent)
+            return
+        self.line(f"{prefix}t = {idx}", indent)
+        for d in range(rank - 1, 0, -1):
+            self.line(f"{prefix}c{d} = {prefix}t % {prefix}s{d}", indent)
+            self.line(f"{prefix}t = {prefix}t // {prefix}s{d}", indent)
+        self.line(f"{prefix}c0 = {prefix}t", indent)
+
+    def offsets(self, prefix: str, rank: int, indent: int) -> None:
+        for k in range(self.n_in + len(self.spec.outputs)):
+            terms = " + ".join(f"{prefix}c{d} * {prefix}st{k}_{d}" for d in range(rank))
+            self.line(f"{prefix}off{k} = {terms}", indent)
+
+    # -- values ---------------------------------------------------------------------------------
+    def expr(self, i: int) -> str:
+        """The right-hand side computing op ``i`` (its arguments already computed)."""
+        name, code, level, *args = self.spec.ops[i]
+        ops = self.spec.ops
+        ct = _ct(code)
+        if name == "in":
+            k = args[0]
+            off = f"xoff{k}" if level == "r" or not self.row else f"xoff{k} + roff{k}"
+            mask = "xmask" if level == "r" or not self.row else "mask"
+            load = f"tl.load(in{k} + {off}, mask={mask}, other=0)"
+            return load + (".to(tl.float32)" if code in HALF else "")
+        if name == "scalar":
+            return f"sc{args[0]}"
+        if name == "const":
+            shape = "[1, 1]" if self.row else "[1]"
+            return f"tl.full({shape}, {literal(decode_const(args[0]))}, {ct})"
+        if name == "rnumel":
+            return f"tl.full({'[1, 1]' if self.row else '[1]'}, rnumel, tl.float32)"
+        if name == "cast":
+            src = f"v{args[0]}"
+            if code == "bool":
+                return f"({src} != 0)"
+            if code in HALF:
+                return f"{src}.to(tl.float32).to({TRITON_TYPES[code]}).to(tl.float32)"
+            return f"{src}.to({ct})"
+        if name in REDUCTIONS:
+            raise AssertionError("reductions are emitted by the loop")
+        if name == "where":
+            c, x, y = args
+            return f"tl.where(v{c}, {self._conv(x, code)}, {self._conv(y, code)})"
+        if name in COMPARE:
+            a, b = args
+            float_args = [ops[j][1] for j in (a, b) if ops[j][1] in FLOATS]
+            if float_args:
+                common = "f64" if "f64" in float_args else "f32"
+                return BINARY[name][0].format(self._conv(a, common), self._conv(b, common))
+            return BINARY[name][0].format(f"v{a}", f"v{b}")
+        if name in LOGICAL:
+            return (UNARY[name][0] if name in UNARY else BINARY[name][0]).format(*(f"v{a}" for a in args))
+        if name in UNARY:
+            return self._rounded(template(name, self.interpreted).format(self._conv(args[0], code), t=ct), code)
+        if name in BINARY:
+            return self._rounded(template(name, self.interpreted).format(*(self._conv(a, code) for a in args)),
+                                 code)
+        raise AssertionError(f"unknown primitive {name}")
+
+    def _conv(self, j: int, code: str) -> str:
+        """Op ``j``'s value in ``code``'s compute type."""
+        src = self.spec.ops[j][1]
+        if compute_code(src) == compute_code(code):
+            return f"v{j}"
+        return f"v{j}.to({_ct(code)})"
+
+    @staticmethod
+    def _rounded(text: str, code: str) -> str:
+        return f"({text}).to({TRITON_TYPES[code]}).to(tl.float32)" if code in HALF else text
+
+    def needed(self, roots: list[int], level: str) -> list[int]:
+        """The ops of ``level`` that ``roots`` depend on (through ops of that level), in order."""
+        seen: set[int] = set()
+        stack = list(roots)
+        while stack:
+            i = stack.pop()
+            if i in seen or self.spec.ops[i][2] != level:
+                continue
+            seen.add(i)
+            name, _, _, *args = self.spec.ops[i]
+            if name not in ("in", "scalar", "const", "rnumel") and name not in REDUCTIONS:
+                stack.extend(args)
+        return sorted(seen)
+
+    def emit_ops(self, ids, indent: int, skip=()) -> None:
+        for i in ids:
+            if i not in skip and self.spec.ops[i][0] not in REDUCTIONS:
+                self.line(f"v{i} = {self.expr(i)}", indent)
+
+    # -- kernels --------------------------------------------------------------------------------
+    def render(self, name: str, loop: bool, i64: bool) -> str:
+        spec = self.spec
+        params = param_names(spec, self.xr, self.rr)
+        head = f"def {name}({', '.join(params)}, XBLOCK: tl.constexpr" + (", RBLOCK: tl.constexpr" if self.row else "") + "):"
+        self.lines = ["@triton.jit", head]
+        pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
+        if self.row:
+            self.line(f"xidx = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        else:
+            self.line(f"xidx = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
+        self.line("xmask = xidx < xnumel")
+        self.coords("x", "xidx", self.xr, 1)
+        self.offsets("x", self.xr, 1)
+        if not self.row:
+            self.emit_ops(range(len(spec.ops)), 1)
+            for k, (ref, code, _, _) in enumerate(spec.outputs):
+                self._store(k, ref, code, "xoff", "xmask", 1)
+            return "\n".join(self.lines) + "\n"
+        x_outs = [(k, o) for k, o in enumerate(spec.outputs) if o[2] == "x"]
+        r_outs = [(k, o) for k, o in enumerate(spec.outputs) if o[2] == "r"]
+        reductions = [i for i, op in enumerate(spec.ops) if op[0] in REDUCTIONS]
+        r_done: set[int] = set()
+
+        def emit_r_before(limit: int) -> None:
+            ids = [i for i, op in enumerate(spec.ops) if i < limit and op[2] == "r" and i not in r_done
+                   and op[0] not in REDUCTIONS]
+            self.emit_ops(ids, 1)
+            r_done.update(ids)
+
+        if not loop:
+            self.line("ridx = tl.arange(0, RBLOCK)[None, :]")
+            self._row_body(1)
+            for i, op in enumerate(spec.ops):
+                if op[0] in REDUCTIONS:
+                    self._reduce_whole(i)
+                else:
+                    self.line(f"v{i} = {self.expr(i)}")
+            for k, (ref, code, level, _) in enumerate(spec.outputs):
+                if level == "x":
+                    self._store(k, ref, code, "xoff{k} + roff{k}", "mask", 1, full=True)
+                else:
+                    self._store(k, ref, code, "xoff", "xmask", 1)
+            return "\n".join(self.lines) + "\n"
+        for j in reductions:
+            emit_r_before(j)
+            rname, code = spec.ops[j][0], spec.ops[j][1]
+            ident, combine, _ = REDUCTIONS[rname]
+            arg = spec.ops[j][3]
+            act = _ct(code)
+            self.line(f"acc{j} = tl.full([XBLOCK, RBLOCK], {ident}, {act})")
+            self.line("for r0 in range(0, rnumel, RBLOCK):")
+            self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]", 2)
+            self._row_body(2)
+            self.emit_ops(self.needed([arg], "x"), 2)
+            val = f"tl.where(mask, {self._conv(arg, code)}, {ident})"
+            if rname == "sum":
+                self.line(f"acc{j} = acc{j} + {val}", 2)
+            else:
+                fn = "tl.maximum" if rname == "rmax" else "tl.minimum"
+                self.line(f"acc{j} = {fn}(acc{j}, {val})", 2)
+            self.line(f"v{j} = {combine.format(f'acc{j}')}[:, None]")
+            r_done.add(j)
+        emit_r_before(len(spec.ops))
+        for k, (ref, code, _, _) in r_outs:
+            self._store(k, ref, code, "xoff", "xmask", 1)
+        if x_outs:
+            self.line("for r0 in range(0, rnumel, RBLOCK):")
+            self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]", 2)
+            self._row_body(2)
+            self.emit_ops(self.needed([o[0] for _, o in x_outs], "x"), 2)
+            for k, (ref, code, _, _) in x_outs:
+                self._store(k, ref, code, "xoff{k} + roff{k}", "mask", 2, full=True)
+        return "\n".join(self.lines) + "\n"
+
+    def _row_body(self, indent: int) -> None:
+        self.line("rmask = ridx < rnumel", indent)
+        self.line("mask = xmask & rmask", indent)
+        self.coords("r", "ridx", self.rr, indent)
+        self.offsets("r", self.rr, indent)
+
+    def _reduce_whole(self, j: int) -> None:
+        rname, code, _, arg = self.spec.ops[j]
+        ident, combine, _ = REDUCTIONS[rname]
+        val = f"tl.where(mask, {self._conv(arg, code)}, {ident})"
+        self.line(f"v{j} = {combine.format(val)}[:, None]")
+
+    def _store(self, k: int, ref: int, code: str, off: str, mask: str, indent: int, full: bool = False) -> None:
+        slot = self.n_in + k
+        offset = off.format(k=slot) if "{k}" in off else f"{off}{slot}"
+        value = f"v{ref}"
+        if full and self.spec.ops[ref][2] == "r":
+            value = f"tl.broadcast_to({value}, [XBLOCK, RBLOCK])"
+        elif not self.row and self.spec.ops[ref][2] == "r":
+            value = f"tl.broadcast_to({value}, [XBLOCK])"
+        store_ty = TRITON_TYPES[code]
+        conv = f"({value} != 0)" if code == "bool" else f"{value}.to({store_ty})"
+        self.line(f"tl.store(out{k} + {offset}, {conv}, mask={mask})", indent)
+
+
+def render(spec: GroupSpec, xr: int, rr: int, loop: bool, i64: bool) -> tuple[str, str]:
+    """(module source, kernel name) of one variant: ``xr`` kept dims, ``rr`` reduced dims (0 for a
+    pointwise group), ``loop`` over row chunks, ``i64`` index arithmetic."""
+    name = f"{kernel_name(spec)}_x{xr}r{rr}{'l' if loop else 'p'}{'w' if i64 else ''}"
+    body = _Emitter(spec, xr, rr if spec.red else 0).render(name, loop, i64)
+    head = ('"""Generated by ostinato.codegen from a fusion group; do not edit."""\n'
+            "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n")
+    return head + f"# spec: {spec.to_json()}\n" + body, name
