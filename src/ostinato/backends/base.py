@@ -66,6 +66,21 @@ class Launch:
         return f"Launch({self.name}: {self.op})"
 
 
+def fused_launches(backend: "Backend", graph, fused_fn: Callable) -> list[Launch]:
+    """The graph's Launches with each fusion group of ostinato.codegen's scheduler as one ``ost.fused``
+    launch of ``fused_fn`` (the group's spec, then its inputs); other nodes through ``backend.lower``."""
+    from .. import codegen
+    launches = []
+    for item in codegen.schedule(graph):
+        if isinstance(item, codegen.FusionGroup):
+            args = (item.spec.to_json(), *(_bind(v) for v in item.inputs))
+            launches.append(Launch.of(fused_fn, "ost.fused", item.name, args, {},
+                                      tuple(v.slot for v in item.outputs), True))
+        else:
+            launches.append(backend.lower(item))
+    return launches
+
+
 class Backend(ABC):
     """What a device needs to provide to run ostinato programs."""
 

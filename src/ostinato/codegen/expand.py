@@ -609,20 +609,41 @@ def _add_rms_norm(b: Builder, node: Node):
     return [s, _rms(b, s, node, 2, _out(node, 1))]
 
 
+def _aten_layer_norm_kind(node: Node) -> Kind | None:
+    x, shape = node.args[0], node.args[1]
+    if not isinstance(x, Value) or code_of(x) not in FLOATS or not isinstance(shape, (list, tuple)) \
+            or not 0 < len(shape) <= x.meta.rank:
+        return None
+    return Kind(tuple(range(x.meta.rank - len(shape), x.meta.rank)), x, True)
+
+
+@handles("aten.layer_norm", "aten.native_layer_norm", kind=_aten_layer_norm_kind)
+def _aten_layer_norm(b: Builder, node: Node):
+    args = list(node.args) + [None] * 4
+    eps = args[4] if args[4] is not None else node.kwargs.get("eps", 1e-5)
+    y = _normalize(b, node.args[0], args[2], args[3], eps, _out(node), None)
+    return [y] if node.op == "aten.layer_norm" else [y, None, None]
+
+
 @handles("ost.layer_norm", kind=_last_dim_kind)
 def _layer_norm(b: Builder, node: Node):
     args = list(node.args) + [None] * 4
     _, weight, bias, eps, compute_dtype = args[:5]
-    code = _out(node)
+    return [_normalize(b, node.args[0], weight, bias, eps, _out(node), compute_dtype)]
+
+
+def _normalize(b: Builder, x: Value, weight, bias, eps: float, code: str, compute_dtype, unsq: int = 0) -> int:
+    """(x - mean) * rsqrt(var + eps) * weight + bias over the group's reduced dims, in fp32 (torch's
+    layer and group norm kernels), rounded once to ``compute_dtype`` and then ``code``."""
     hd = DTYPE_CODES.get(compute_dtype) if compute_dtype is not None else code
     ct = compute_code(hd)
-    h = _f(b, b.value(node.args[0]), hd)
+    h = _f(b, b.value(x), hd)
     n = b.rnumel()
     d = b.emit("sub", ct, h, b.emit("div", ct, b.emit("sum", ct, h), n))
     var = b.emit("div", ct, b.emit("sum", ct, b.emit("mul", ct, d, d)), n)
     y = b.emit("mul", ct, d, b.emit("rsqrt", ct, b.emit("add", ct, var, b.const(float(eps), ct))))
     if weight is not None:
-        y = b.emit("mul", ct, y, _f(b, b.value(weight), hd))
+        y = b.emit("mul", ct, y, _f(b, b.value(weight, unsq), hd))
     if bias is not None:
-        y = b.emit("add", ct, y, _f(b, b.value(bias), hd))
-    return [b.cast(b.cast(y, hd), code)]
+        y = b.emit("add", ct, y, _f(b, b.value(bias, unsq), hd))
+    return b.cast(b.cast(y, hd), code)

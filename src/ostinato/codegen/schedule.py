@@ -71,6 +71,7 @@ class FusionGroup:
     nodes: list[Node]
     space: Space
     closed: bool = False
+    merged_into: "FusionGroup | None" = None    # set when another group absorbed this one
     # Filled by build():
     spec: GroupSpec | None = None
     inputs: list[Value] = field(default_factory=list)     # tensor inputs, then host scalars
@@ -137,9 +138,6 @@ def node_space(node: Node, users: dict[int, list[Node]], graph_reads: set[int]) 
     handler = HANDLERS.get(node.op)
     if handler is None:
         return None
-    outs = [v for v in node.outputs if v is not None]
-    if not outs or not all(isinstance(v.meta, TensorMeta) and code_of(v) is not None for v in outs):
-        return None
     if not any(isinstance(v, Value) and isinstance(v.meta, TensorMeta) for v in node.inputs):
         return None
     kind: Kind | None = handler.kind(node)
@@ -151,9 +149,10 @@ def node_space(node: Node, users: dict[int, list[Node]], graph_reads: set[int]) 
             return None         # reducing size-1 dims is a copy
         space = Space(tuple(x.meta.shape), kind.red)
     else:
-        space = Space(tuple(outs[0].meta.shape))
-    if not all(space.holds(v.meta) or (not kind.keepdim and kind.red) for v in outs):
-        return None
+        out0 = node.outputs[0]
+        if out0 is None or not isinstance(out0.meta, TensorMeta):
+            return None
+        space = Space(tuple(out0.meta.shape))
     # A trial expansion in the node's own space: dtypes and arguments the generator cannot take.
     try:
         b = Builder(len(space.shape), list(space.red), space.shape)
@@ -161,7 +160,12 @@ def node_space(node: Node, users: dict[int, list[Node]], graph_reads: set[int]) 
     except NotFusible:
         return None
     for v, ref in zip(node.outputs, refs):
-        if v is not None and ref is None and (users.get(v.id) or v.id in graph_reads):
+        if v is None:
+            continue
+        if ref is None:
+            if users.get(v.id) or v.id in graph_reads:
+                return None
+        elif code_of(v) is None or not (space.holds(v.meta) or kind.red and not kind.keepdim):
             return None
     return space
 
@@ -174,6 +178,7 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
     group_of: dict[int, FusionGroup] = {}
     member: dict[int, FusionGroup] = {}        # id(node) -> group
     groups: list[FusionGroup] = []
+    readers_of: dict[int, list[FusionGroup]] = {}   # value id -> groups reading it
 
     def close_readers_of(node: Node) -> None:
         for v in node.inputs:
@@ -191,14 +196,21 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
         if space is None:
             close_readers_of(node)
             continue
-        candidates: list[FusionGroup] = []
+        candidates: list[FusionGroup] = []      # groups producing the node's inputs
         for v in node.inputs:
             g = group_of.get(v.id)
             if g is not None and not g.closed and g not in candidates:
                 candidates.append(g)
+        siblings: list[FusionGroup] = []        # groups reading one of the node's inputs (horizontal fusion)
+        for v in node.inputs:
+            for g in readers_of.get(v.id, ()):
+                while g.merged_into is not None:
+                    g = g.merged_into
+                if not g.closed and g not in candidates and g not in siblings:
+                    siblings.append(g)
         target = space
         merged: list[FusionGroup] = []
-        for g in candidates:
+        for g in candidates + siblings:
             combined = target.combine(g.space)
             # every value the node reads from the merged groups must be a member value of the space
             if combined is not None and all(combined.holds(v.meta) for v in node.inputs
@@ -213,6 +225,7 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
             for g in merged[1:]:
                 group.nodes.extend(g.nodes)
                 groups.remove(g)
+                g.merged_into = group
                 for n in g.nodes:
                     member[id(n)] = group
                     for v in n.outputs:
@@ -224,6 +237,10 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
             group = FusionGroup([node], target)
             groups.append(group)
         member[id(node)] = group
+        for v in node.inputs:
+            readers = readers_of.setdefault(v.id, [])
+            if group not in readers:
+                readers.append(group)
         for v in node.outputs:
             if v is not None:
                 group_of[v.id] = group

@@ -7,7 +7,7 @@ import torch
 
 from ... import codegen
 from ...errors import BackendError
-from ..base import Launch, _bind
+from ..base import Launch, fused_launches
 from ..cpu.backend import CPUBackend
 from .library_ops import LIBRARY_OPS
 from .ops import triton_kernels
@@ -29,16 +29,7 @@ class CUDABackend(CPUBackend):
         OSTINATO_CUDA_REFERENCE=1 or OSTINATO_FUSION=0."""
         if not codegen.fusion_enabled() or "ost.fused" not in triton_kernels():
             return super().lower_graph(graph)
-        launches = []
-        fn = self.kernel("ost.fused")
-        for item in codegen.schedule(graph):
-            if isinstance(item, codegen.FusionGroup):
-                args = (item.spec.to_json(), *(_bind(v) for v in item.inputs))
-                launches.append(Launch.of(fn, "ost.fused", item.name, args, {},
-                                          tuple(v.slot for v in item.outputs), True))
-            else:
-                launches.append(self.lower(item))
-        return launches
+        return fused_launches(self, graph, self.kernel("ost.fused"))
 
     def plan_key_parts(self) -> dict[str, str]:
         on = codegen.fusion_enabled() and "ost.fused" in triton_kernels()

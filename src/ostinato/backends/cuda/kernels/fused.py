@@ -10,6 +10,7 @@ without importing Triton.
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
@@ -78,10 +79,11 @@ class FusedLauncher:
         self._lock = threading.Lock()
 
     def library(self, xr: int, rr: int, loop: bool, i64: bool) -> tuple[KernelLibrary, str]:
-        key = (xr, rr, loop, i64)
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        key = (xr, rr, loop, i64, interpreted)
         lib = self._libraries.get(key)
         if lib is None:
-            source, name = render(self.spec, xr, rr, loop, i64)
+            source, name = render(self.spec, xr, rr, loop, i64, interpreted)
             module = f"gen_{name}"
             register_source(module, source)
             lib = self._libraries[key] = KernelLibrary(module, {"k": name})

@@ -1,0 +1,48 @@
+"""CPU backends that lower fusion groups as the CUDA backend does, running each group through its
+torch reference (``ost.fused``) or through the generated Triton kernel in Triton's interpreter."""
+from __future__ import annotations
+
+import torch
+
+from ostinato.backends.base import fused_launches
+from ostinato.backends.cpu.backend import CPUBackend
+from ostinato.codegen.reference import fused
+from ostinato.ir import get_op
+from ostinato.program import Program
+from ostinato.runtime.executable import Executable
+
+
+class ReferenceFusionBackend(CPUBackend):
+    """Groups run their torch reference: checks the scheduler and the expansions, fast."""
+
+    def lower_graph(self, graph):
+        return fused_launches(self, graph, fused)
+
+
+class InterpretedFusionBackend(CPUBackend):
+    """Groups run their generated Triton kernel on CPU tensors (needs TRITON_INTERPRET=1)."""
+
+    def lower_graph(self, graph):
+        from ostinato.backends.cuda.kernels.fused import run_fused
+        return fused_launches(self, graph, run_fused)
+
+
+def fused_executable(prog: Program, backend) -> Executable:
+    return Executable(prog, backend, cache=False)
+
+
+def fused_ops(exe: Executable) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for launch in exe.launches:
+        counts[launch.op] = counts.get(launch.op, 0) + 1
+    return counts
+
+
+def unfused_compute(exe: Executable) -> list[str]:
+    """Elementwise, reduction and norm ATen ops left as launches of their own."""
+    return [l.op for l in exe.launches if get_op(l.op) is not None
+            and get_op(l.op).category in ("elementwise", "reduction", "norm")]
+
+
+def decode_dtype(dtype: torch.dtype) -> float:
+    return {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]

@@ -1,0 +1,145 @@
+"""Small modules written in the styles users write them (never the repository's examples' forms), each
+with the fusion groups the scheduler must find in it. Used on the CPU (torch reference of each
+group), in Triton's interpreter and on the GPU."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Case:
+    name: str
+    build: Callable[[torch.dtype], tuple[nn.Module, tuple]]
+    groups: int                 # ost.fused launches expected (generic pipeline: no hand patterns)
+    leftover: tuple = ()        # elementwise/reduction ATen ops allowed to stay unfused
+
+
+class RMSPlain(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * w with no upcast, then a projection."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.w, self.proj = nn.Parameter(torch.randn(d)), nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        return self.proj(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w)
+
+
+class RMSUpcastDiv(nn.Module):
+    """The upcast form written with a division by sqrt."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.w, self.proj = nn.Parameter(torch.randn(d)), nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        h = x.float()
+        h = h / torch.sqrt((h * h).mean(dim=-1, keepdim=True) + 1e-5)
+        return self.proj(self.w * h.to(x.dtype))
+
+
+class ResidualLayerNorm(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.ln, self.proj = nn.LayerNorm(d), nn.Linear(d, d)
+
+    def forward(self, x, y):
+        h = x + y
+        return self.proj(self.ln(h)), h
+
+
+class GeluTanhFormula(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        u = self.up(x)
+        g = 0.5 * u * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (u + 0.044715 * torch.pow(u, 3.0))))
+        return self.down(g)
+
+
+class SwiGLUSeparate(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.g, self.u, self.d = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False), nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return self.d(F.silu(self.g(x)) * self.u(x))
+
+
+class MaskedSoftmax(nn.Module):
+    def forward(self, q, k, mask):
+        s = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5) + mask
+        return torch.softmax(s, dim=-1)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.gamma, self.mlp = nn.Parameter(torch.rand(d) * 0.1), nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.gamma * torch.relu(self.mlp(x))
+
+
+class DiTModulation(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.norm, self.ada, self.mlp = nn.LayerNorm(d, elementwise_affine=False), nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x, c):
+        shift, scale, gate = self.ada(F.silu(c)).chunk(3, dim=-1)
+        h = self.norm(x) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+        return x + gate.unsqueeze(1) * self.mlp(h)
+
+
+class ConvBNReLUAdd(nn.Module):
+    def __init__(self, c=16):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+            self.bn.weight.uniform_(0.5, 1.5)
+            self.bn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)) + x)
+
+
+class StatsHead(nn.Module):
+    """Several reductions of one tensor (mean, var, amax) and a standardization."""
+
+    def forward(self, x):
+        m = x.mean(-1, keepdim=True)
+        v = x.var(-1, keepdim=True, unbiased=False)
+        z = (x - m) / torch.sqrt(v + 1e-5)
+        return z, x.amax(-1)
+
+
+def _r(*shape, dtype):
+    return torch.randn(*shape).to(dtype)
+
+
+CASES = [
+    Case("rms_plain", lambda dt: (RMSPlain().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
+    Case("rms_upcast_div", lambda dt: (RMSUpcastDiv().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
+    Case("residual_layer_norm", lambda dt: (ResidualLayerNorm().to(dt), (_r(3, 64, dtype=dt), _r(3, 64, dtype=dt))), 1),
+    Case("gelu_tanh_formula", lambda dt: (GeluTanhFormula().to(dt), (_r(2, 3, 64, dtype=dt),)), 1),
+    Case("swiglu_separate", lambda dt: (SwiGLUSeparate().to(dt), (_r(2, 3, 64, dtype=dt),)), 1),
+    Case("masked_softmax", lambda dt: (MaskedSoftmax(), (_r(2, 4, 9, 16, dtype=dt), _r(2, 4, 9, 16, dtype=dt),
+                                                          _r(1, 1, 9, 9, dtype=dt))), 1),
+    Case("layer_scale", lambda dt: (LayerScale().to(dt), (_r(2, 7, 64, dtype=dt),)), 1),
+    # silu(c) before the projection, the norm with its modulation, the gated residual
+    Case("dit_modulation", lambda dt: (DiTModulation().to(dt), (_r(2, 6, 64, dtype=dt), _r(2, 64, dtype=dt))), 2,
+         leftover=("aten.silu", "aten.add.Tensor")),
+    Case("conv_bn_relu_add", lambda dt: (ConvBNReLUAdd().to(dt), (_r(2, 16, 9, 9, dtype=dt),)), 1),
+    Case("stats_head", lambda dt: (StatsHead(), (_r(4, 5, 33, dtype=dt),)), 1),
+]

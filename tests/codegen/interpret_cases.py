@@ -1,0 +1,74 @@
+"""Generated fusion kernels in Triton's interpreter against eager, on CPU tensors. Run with
+TRITON_INTERPRET=1 (test_triton_fused.py does): ``python interpret_cases.py zoo|rows float32|float16``.
+Prints one JSON object, case -> "ok" or the first line of the failure."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+for p in (HERE, os.path.dirname(HERE), os.path.join(os.path.dirname(os.path.dirname(HERE)), "src")):
+    sys.path.insert(0, p)
+
+import torch  # noqa: E402
+
+import ostinato  # noqa: E402
+from ostinato.passes import GENERIC_PIPELINE  # noqa: E402
+from fusion_backend import InterpretedFusionBackend, fused_executable, fused_ops  # noqa: E402
+from fusion_models import CASES  # noqa: E402
+from helpers import assert_same  # noqa: E402
+
+# fp16 on the CPU: eager rounds some ops differently from the kernel's fp32 arithmetic (one ulp of fp16).
+TOL = {torch.float32: 1e-5, torch.float16: 4e-3}
+
+
+class Rows(torch.nn.Module):
+    """A norm and a softmax over rows of a given length, a broadcast weight, a transposed input and a
+    reduction over two dims."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+        t = x.transpose(0, 1)
+        return h, torch.softmax(t * 2.0, dim=-1), (t.sigmoid() + 1).sum(dim=(0, 2))
+
+
+def run(model, args, groups, tol):
+    torch.manual_seed(0)
+    prog = ostinato.export(model.eval(), args, passes=GENERIC_PIPELINE)
+    exe = fused_executable(prog, InterpretedFusionBackend())
+    got = fused_ops(exe).get("ost.fused", 0)
+    if groups is not None and got != groups:
+        raise AssertionError(f"{got} fused groups, expected {groups}")
+    with torch.no_grad():
+        ref = model(*args)
+    assert_same(exe(*args), ref, tol=tol)
+
+
+def main(what: str, dtype_name: str) -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    dtype = getattr(torch, dtype_name)
+    results = {}
+    if what == "zoo":
+        items = [(c.name, lambda c=c: (*c.build(dtype), c.groups)) for c in CASES]
+        tol = TOL[dtype]
+    else:
+        items = [(f"row{n}", lambda n=n: (Rows(n), (torch.randn(3, 5, n),), 2)) for n in (1, 3, 100, 4096, 5000)]
+        tol = 1e-4
+    for name, make in items:
+        torch.manual_seed(0)
+        try:
+            model, args, groups = make()
+            run(model, args, groups, tol)
+            results[name] = "ok"
+        except Exception as e:  # noqa: BLE001 - reported per case
+            results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

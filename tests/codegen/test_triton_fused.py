@@ -1,0 +1,114 @@
+"""Generated fusion kernels: run in Triton's interpreter on CPU tensors against eager (fp32, fp16), and
+compiled for sm_90 (no GPU needed) in every variant the launcher picks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ostinato
+from ostinato.passes import GENERIC_PIPELINE
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fusion_backend import fused_executable  # noqa: E402
+from fusion_models import CASES  # noqa: E402
+
+pytest.importorskip("triton", reason="Triton is a dev dependency: pip install -e '.[dev]'")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _interpret(what: str, dtype: str) -> dict:
+    """Run interpret_cases.py in a subprocess: Triton must be imported with TRITON_INTERPRET=1 set (its
+    own @triton.jit helpers, tl.sigmoid among them, are made interpreted at import)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "interpret_cases.py"), what, dtype], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_interpreted_kernels_match_eager(dtype):
+    results = _interpret("zoo", dtype)
+    assert set(results) == {c.name for c in CASES}
+    failed = {k: v for k, v in results.items() if v != "ok"}
+    assert not failed, failed
+
+
+def test_interpreted_row_lengths():
+    """Rows held whole and walked in chunks (over 4096), lengths not multiples of the block, transposed
+    inputs (strided loads), a reduction over two dims."""
+    results = _interpret("rows", "float32")
+    assert len(results) == 5
+    failed = {k: v for k, v in results.items() if v != "ok"}
+    assert not failed, failed
+
+
+def _variants():
+    """(case, dtype): bf16 and fp32 groups, persistent and looped rows."""
+    return [(c, dt) for c in CASES for dt in (torch.bfloat16, torch.float32)]
+
+
+def test_every_variant_compiles_for_sm90():
+    """Each group of the zoo, in each variant its launch picks, compiles for sm_90 with Triton."""
+    from ostinato.backends.base import fused_launches
+    from ostinato.backends.cpu.backend import CPUBackend
+    from ostinato.backends.cuda.binaries import compile_binary
+    from ostinato.backends.cuda.kernels.fused import launcher
+    from ostinato.backends.cuda.runtime import arg_type
+
+    compiled = set()
+    for case, dtype in _variants():
+        model, args = case.build(dtype)
+        prog = ostinato.export(model.eval(), args, passes=GENERIC_PIPELINE)
+        for launch in fused_launches(CPUBackend(), prog.graph, lambda *a: None):
+            if launch.op != "ost.fused":
+                continue
+            spec_json = launch.args[0]
+            f = launcher(spec_json)
+            # inputs of the group's shapes, from a reference run of the model
+            from ostinato.codegen.reference import parse
+            exe = fused_executable(prog, CPUBackend())
+            env_shapes = _input_tensors(exe, prog, args, launch)
+            for long_rows in (False, True) if f.spec.red == [f.spec.rank - 1] else (False,):
+                tensors = _stretch(env_shapes, f.spec) if long_rows else env_shapes
+                plan = f.plan(tensors)
+                outs = [torch.empty(s, dtype=dt) for s, dt in zip(plan.out_shapes, f.out_dtypes)]
+                scalars = [1.5] * len(parse(spec_json).scalars)
+                types = tuple(arg_type(a) for a in (*tensors, *outs, *scalars, *plan.ints))
+                key = (plan.kernel.library.module, types, tuple(sorted(plan.kernel.specialization.items())))
+                if key in compiled:
+                    continue
+                meta, cubin = compile_binary(plan.kernel.library.module, plan.kernel.library.function_name("k"),
+                                             types, plan.kernel.specialization, 90)
+                assert cubin[:4] == b"\x7fELF" and meta.num_warps in (4, 8)
+                compiled.add(key)
+    assert len(compiled) >= len(CASES)
+
+
+def _input_tensors(exe, prog, args, launch):
+    """Tensors shaped as the launch's inputs: the reference plan's environment after a run."""
+    env = exe.bind(exe.session, exe.check_inputs(args, {})[0])
+    for l in exe.launches:
+        from ostinato.runtime.codegen import compile_launches
+        compile_launches([l], set(o for o in l.outs if o >= 0))(env)
+    out = []
+    from ostinato.backends.base import _Slot
+    for a in launch.args[1:]:
+        if type(a) is _Slot:
+            v = env[a.i]
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+    return out
+
+
+def _stretch(tensors, spec):
+    """The same group's inputs with rows longer than the persistent limit (the looped variant)."""
+    n = next(t.shape[-1] for k, t in enumerate(tensors) if spec.inputs[k][1] == "x")
+    return [t.repeat_interleave(-(-5000 // n), dim=-1)[..., :5000].contiguous() if t.dim() and t.shape[-1] == n > 1
+            else t for t in tensors]
