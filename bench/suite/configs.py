@@ -17,14 +17,17 @@ import fnmatch
 import json
 from dataclasses import dataclass, field
 
-CATEGORIES = ("dispatch-heavy", "small-llm", "diffusion", "gpu-bound", "speech-vision")
-RUNNERS = ("eager", "cuda_graph_eager", "torch_compile", "torch_compile_ro", "ostinato", "ostinato_replay")
+CATEGORIES = ("dispatch-heavy", "small-llm", "diffusion", "gpu-bound", "speech-vision", "user-written")
+RUNNERS = ("eager", "cuda_graph_eager", "torch_compile", "torch_compile_ro", "ostinato", "ostinato_replay",
+           "ostinato_replay_unfused")
+# Runners only run when --runners names them (diagnostics: generic fusion off, for an A/B in one process).
+OPTIONAL_RUNNERS = ("ostinato_replay_unfused",)
 CUDA_ONLY_RUNNERS = ("cuda_graph_eager",)
 PART_BUDGET_S = 540.0      # a part's estimate stays under this: 10-minute runs with start-up to spare
 QUICK_BUDGET_S = 420.0     # --quick on one GPU: under 8 minutes with start-up to spare
 # --quick measures time to first output (four fresh processes) for these only: they are the costly part.
 # and runs torch.compile in reduce-overhead mode only (its default mode would double the compile time).
-QUICK_RUNNERS = tuple(r for r in RUNNERS if r != "torch_compile")
+QUICK_RUNNERS = tuple(r for r in RUNNERS if r != "torch_compile" and r not in OPTIONAL_RUNNERS)
 QUICK_STARTUP = ("gpu/tiny-decoder-h128-l32", "cpu/tiny-decoder-h128-l16")
 
 
@@ -84,6 +87,13 @@ def _gpu() -> list[Config]:
         out.append(Config(f"gpu/resnet18-b{batch}", "speech-vision", "resnet", "resnet",
                           {"width": 64, "res": 224, "batch": batch}, "cuda", "bfloat16",
                           _est(2, 5, 10, 0.005 * batch ** 0.5)))
+    # Written as users write them (bench/suite/user_models.py), never seen by the hand patterns: issue #15's probes.
+    for name, params, est in (("user-decoder-h128-l64", {"dim": 128, "layers": 64, "style": "rms"}, (2, 25, 90, 0.06)),
+                              ("user-decoder-h4096-l4", {"dim": 4096, "layers": 4, "style": "rms"}, (4, 6, 15, 0.02)),
+                              ("user-decoder-ln-h512-l16", {"dim": 512, "layers": 16, "style": "ln"}, (2, 8, 25, 0.02)),
+                              ("conv-stack-b8-r64", {"ch": 64, "blocks": 4, "batch": 8, "res": 64}, (1, 5, 12, 0.01))):
+        out.append(Config(f"gpu/{name}", "user-written", name.rsplit("-", 1)[0] if "conv" in name else "user-decoder",
+                          "conv-stack" if "conv" in name else "user-decoder", params, "cuda", "bfloat16", _est(*est)))
     return out
 
 
@@ -121,6 +131,10 @@ def _cpu() -> list[Config]:
         out.append(Config(f"cpu/resnet-w32-b{batch}", "speech-vision", "resnet", "resnet",
                           {"width": 32, "res": 112, "batch": batch}, "cpu", "float32",
                           _est(0.5, 5, 25, 0.01 * batch)))
+    out.append(Config("cpu/user-decoder-h128-l16", "user-written", "user-decoder", "user-decoder",
+                      {"dim": 128, "layers": 16, "style": "rms"}, "cpu", "float32", _est(0.5, 10, 40, 0.01)))
+    out.append(Config("cpu/conv-stack-b1-r32", "user-written", "conv-stack", "conv-stack",
+                      {"ch": 64, "blocks": 4, "batch": 1, "res": 32}, "cpu", "float32", _est(0.5, 5, 25, 0.01)))
     return out
 
 
@@ -135,7 +149,7 @@ def by_name(name: str) -> Config:
 
 
 def runners_for(config: Config, wanted: list[str] | None = None) -> list[str]:
-    names = [r for r in RUNNERS if wanted is None or r in wanted]
+    names = [r for r in RUNNERS if (r not in OPTIONAL_RUNNERS if wanted is None else r in wanted)]
     return [r for r in names if config.device == "cuda" or r not in CUDA_ONLY_RUNNERS]
 
 

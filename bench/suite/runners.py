@@ -15,6 +15,7 @@ DESCRIPTIONS = {
     "torch_compile_ro": "torch.compile(model, mode='reduce-overhead')",
     "ostinato": "ostinato.compile(program, device), step by step",
     "ostinato_replay": "ostinato.compile(program, device, replay=True): captured once, replayed",
+    "ostinato_replay_unfused": "ostinato_replay with generic fusion off (OSTINATO_FUSION=0): the A/B of codegen",
 }
 
 
@@ -71,6 +72,14 @@ def make_runner(name: str, model: nn.Module, program, device: torch.device,
         if program is None:
             raise RuntimeError("no ostinato Program: the export failed (see export_error)")
         return ostinato.compile(program, device=device, replay=name == "ostinato_replay")
+    if name == "ostinato_replay_unfused":
+        import os
+        old = os.environ.get("OSTINATO_FUSION")
+        os.environ["OSTINATO_FUSION"] = "0"
+        try:
+            return ostinato.compile(program, device=device, replay=True)
+        finally:
+            os.environ.pop("OSTINATO_FUSION") if old is None else os.environ.__setitem__("OSTINATO_FUSION", old)
     raise ValueError(f"unknown runner {name!r}; runners: {', '.join(DESCRIPTIONS)}")
 
 

@@ -177,9 +177,32 @@ def whisper_encoder(p: dict, device: torch.device, dtype: torch.dtype) -> Worklo
                                               f"batch {p['batch']}, {2 * p['positions']} mel frames")
 
 
+def user_decoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
+    from .user_models import UserDecoder
+    torch.manual_seed(0)
+    model = UserDecoder(p["dim"], p["layers"], p["style"]).eval().to(device=device, dtype=dtype)
+    g = _gen()
+    steps = [((torch.randint(0, 1024, (1, 1), generator=g).to(device), torch.tensor([s], device=device)), {})
+             for s in range(INPUT_STEPS)]
+    norm = "x * rsqrt(mean(x^2) + eps) * w, index_copy_ KV cache, SwiGLU" if p["style"] == "rms" else \
+        "LayerNorm, GELU(tanh), ring-buffer KV cache"
+    return Workload(model, steps, description=f"user-written decoder (hidden {p['dim']}, {p['layers']} layers, fused QKV, "
+                                              f"{norm}), decode step")
+
+
+def conv_stack(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
+    from .user_models import ConvStack
+    torch.manual_seed(0)
+    model = ConvStack(p["ch"], p["blocks"]).eval().to(device=device, dtype=dtype)
+    g, r, b = _gen(), p["res"], p["batch"]
+    steps = [((torch.randn(b, p["ch"], r, r, generator=g).to(device, dtype),), {}) for _ in range(2)]
+    return Workload(model, steps, description=f"{p['blocks']} conv blocks (GroupNorm, SiLU, depthwise conv) and a "
+                                              f"pixel shuffle, {b}x{p['ch']}x{r}x{r}")
+
+
 BUILDERS: dict[str, Callable[[dict, torch.device, torch.dtype], Workload]] = {
     "tiny-decoder": tiny_decoder, "hf-decoder": hf_decoder, "unet": unet, "dit": dit, "resnet": resnet,
-    "whisper-encoder": whisper_encoder,
+    "whisper-encoder": whisper_encoder, "user-decoder": user_decoder, "conv-stack": conv_stack,
 }
 
 

@@ -1,0 +1,80 @@
+"""Generated fusion kernels on the GPU: the zoo, the user-written decoders and the conv stack in bf16 and
+fp32, step by step and replayed, against eager."""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+import pytest
+import torch
+
+import ostinato
+from ostinato.passes import GENERIC_PIPELINE
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench"))
+from fusion_models import CASES  # noqa: E402
+from helpers import assert_same  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+def _cuda(args):
+    return tuple(a.cuda() for a in args)
+
+
+@pytest.mark.parametrize("replay", [False, True], ids=["step", "replay"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_zoo_on_cuda(case, dtype, replay):
+    model, args = case.build(dtype)
+    model = model.eval().cuda()
+    args = _cuda(args)
+    prog = ostinato.export(model, args, passes=GENERIC_PIPELINE)
+    exe = ostinato.compile(prog, device="cuda", replay=replay)
+    assert exe.stats()["fused_kernels"] == case.groups
+    with torch.no_grad():
+        ref = model(*args)
+    for _ in range(2):
+        assert_same(exe(*args), ref, tol=TOL[dtype])
+
+
+@pytest.mark.parametrize("style", ["rms", "ln"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_user_decoder_decode_steps(style, dtype):
+    from suite.user_models import UserDecoder
+    torch.manual_seed(0)
+    model = UserDecoder(256, 3, style).eval().to("cuda", dtype)
+    ref = copy.deepcopy(model)
+    prog = ostinato.export(model, (torch.tensor([[1]], device="cuda"), torch.tensor([0], device="cuda")))
+    exe = ostinato.compile(prog, device="cuda", replay=True)
+    for step in range(6):
+        ids, pos = torch.tensor([[step * 7 % 1024]], device="cuda"), torch.tensor([step], device="cuda")
+        with torch.no_grad():
+            expected = ref(ids, pos)
+        assert_same(exe(ids, pos), expected, tol=TOL[dtype] * (3 if dtype == torch.bfloat16 else 1),
+                    msg=f"step {step}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_conv_stack(dtype):
+    from suite.user_models import ConvStack
+    torch.manual_seed(0)
+    model = ConvStack(64, 2).eval().to("cuda", dtype)
+    x = torch.randn(2, 64, 24, 24, device="cuda", dtype=dtype)
+    exe = ostinato.compile(ostinato.export(model, (x,)), device="cuda", replay=True)
+    with torch.no_grad():
+        ref = model(x)
+    assert_same(exe(x), ref, tol=TOL[dtype] * (3 if dtype == torch.bfloat16 else 1))
+
+
+def test_fusion_off_runs_unfused(monkeypatch):
+    model, args = CASES[0].build(torch.float32)
+    prog = ostinato.export(model.eval().cuda(), _cuda(args), passes=GENERIC_PIPELINE)
+    monkeypatch.setenv("OSTINATO_FUSION", "0")
+    exe = ostinato.compile(prog, device="cuda")
+    assert exe.stats()["fused_kernels"] == 0
