@@ -124,6 +124,23 @@ class StatsHead(nn.Module):
         return z, x.amax(-1)
 
 
+class GroupNormSiLU(nn.Module):
+    """UNet's resblock core: GroupNorm then SiLU, a conv, again, and the residual add."""
+
+    def __init__(self, c=16, groups=4):
+        super().__init__()
+        self.gn1, self.gn2 = nn.GroupNorm(groups, c), nn.GroupNorm(groups, c)
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        with torch.no_grad():
+            for gn in (self.gn1, self.gn2):
+                gn.weight.uniform_(0.5, 1.5)
+                gn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        h = self.conv(F.silu(self.gn1(x)))
+        return x + F.silu(self.gn2(h))
+
+
 def _r(*shape, dtype):
     return torch.randn(*shape).to(dtype)
 
@@ -142,4 +159,5 @@ CASES = [
          leftover=("aten.silu", "aten.add.Tensor")),
     Case("conv_bn_relu_add", lambda dt: (ConvBNReLUAdd().to(dt), (_r(2, 16, 9, 9, dtype=dt),)), 1),
     Case("stats_head", lambda dt: (StatsHead(), (_r(4, 5, 33, dtype=dt),)), 1),
+    Case("group_norm_silu", lambda dt: (GroupNormSiLU().to(dt), (_r(2, 16, 7, 9, dtype=dt),)), 2),
 ]

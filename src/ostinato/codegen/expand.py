@@ -25,6 +25,7 @@ class Kind:
     red: tuple[int, ...] = ()
     reduced: Value | None = None
     keepdim: bool = True
+    split: tuple | None = None      # (dim, groups): see schedule.Space
 
 
 @dataclass
@@ -56,8 +57,8 @@ def code_of(v) -> str | None:
 class Builder:
     """Collects one group's spec: inputs loaded on first use, ops appended in order."""
 
-    def __init__(self, rank: int, red: list[int], shape: tuple):
-        self.rank, self.red, self.shape = rank, red, shape
+    def __init__(self, rank: int, red: list[int], shape: tuple, split: tuple | None = None):
+        self.rank, self.red, self.shape, self.split = rank, red, shape, split
         self.inputs: list[list] = []
         self.input_values: list[Value] = []
         self.scalars: list[str] = []
@@ -74,6 +75,12 @@ class Builder:
         if not self.red:
             return "x"
         shape = tuple(v.meta.shape) + (1,) * unsq
+        if self.split:
+            d, groups = self.split
+            pad = len(self.shape) - len(shape)
+            if d >= pad:   # the split dim: [groups, size / groups], or [1, 1] where it broadcasts
+                size = shape[d - pad]
+                shape = shape[:d - pad] + ((1, 1) if size == 1 else (groups, 0)) + shape[d - pad + 1:]
         pad = self.rank - len(shape)
         return "r" if all(d < pad or shape[d - pad] == 1 for d in self.red) else "x"
 
@@ -140,7 +147,8 @@ class Builder:
         return self.emit("rnumel", "f32")
 
     def spec(self, outputs: list[list]) -> GroupSpec:
-        return GroupSpec(self.rank, list(self.red), self.inputs, self.scalars, self.ops, outputs)
+        return GroupSpec(self.rank, list(self.red), self.inputs, self.scalars, self.ops, outputs,
+                         list(self.split) if self.split else [])
 
 
 class NotFusible(Exception):
@@ -623,6 +631,21 @@ def _aten_layer_norm(b: Builder, node: Node):
     eps = args[4] if args[4] is not None else node.kwargs.get("eps", 1e-5)
     y = _normalize(b, node.args[0], args[2], args[3], eps, _out(node), None)
     return [y] if node.op == "aten.layer_norm" else [y, None, None]
+
+
+def _group_norm_kind(node: Node) -> Kind | None:
+    x, groups = node.args[0], node.args[6] if len(node.args) > 6 else None
+    if not isinstance(x, Value) or code_of(x) not in FLOATS or x.meta.rank < 2 or not isinstance(groups, int) \
+            or not isinstance(x.meta.shape[1], int) or x.meta.shape[1] % groups:
+        return None
+    return Kind(tuple(range(2, x.meta.rank + 1)), x, True, (1, groups))
+
+
+@handles("aten.native_group_norm", kind=_group_norm_kind)
+def _group_norm(b: Builder, node: Node):
+    x, weight, bias = node.args[:3]
+    eps = node.args[7]
+    return [_normalize(b, x, weight, bias, eps, _out(node), None, unsq=x.meta.rank - 2), None, None]
 
 
 @handles("ost.layer_norm", kind=_last_dim_kind)

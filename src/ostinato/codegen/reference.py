@@ -17,13 +17,37 @@ def parse(spec_json: str) -> GroupSpec:
     return GroupSpec.from_json(spec_json)
 
 
-def iteration_shape(spec: GroupSpec, tensors) -> tuple[int, ...]:
-    """The group's iteration space for these inputs: their broadcast (after each one's trailing 1-dims)."""
+def base_shape(spec: GroupSpec, tensors) -> tuple[int, ...]:
+    """The broadcast of the inputs' shapes (after each one's trailing 1-dims): the shape of the group's
+    full-size values, before any split."""
     shapes = [tuple(t.shape) + (1,) * spec.inputs[k][2] for k, t in enumerate(tensors)]
     shape = tuple(torch.broadcast_shapes(*shapes))
-    if len(shape) != spec.rank:
+    if len(shape) != spec.rank - (1 if spec.split else 0):
         raise ValueError(f"fusion group of rank {spec.rank} got inputs broadcasting to {list(shape)}")
     return shape
+
+
+def split_dims(spec: GroupSpec, shape: tuple, strides: tuple | None = None):
+    """``shape`` (right-aligned to the base rank) with the split dim as [groups, size / groups] ([1, 1]
+    where it broadcasts), and ``strides`` likewise when given."""
+    base = spec.rank - 1
+    shape = (1,) * (base - len(shape)) + tuple(shape)
+    if strides is not None:
+        strides = (0,) * (base - len(strides)) + tuple(strides)
+    d, groups = spec.split
+    size = shape[d]
+    parts = (1, 1) if size == 1 else (groups, size // groups)
+    new_shape = shape[:d] + parts + shape[d + 1:]
+    if strides is None:
+        return new_shape
+    st = strides[d]
+    return new_shape, strides[:d] + ((0, 0) if size == 1 else (st * parts[1], st)) + strides[d + 1:]
+
+
+def iteration_shape(spec: GroupSpec, tensors) -> tuple[int, ...]:
+    """The group's iteration space for these inputs."""
+    shape = base_shape(spec, tensors)
+    return split_dims(spec, shape) if spec.split else shape
 
 
 def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
@@ -35,7 +59,8 @@ def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
         ct = compute_dtype(code)
         if name == "in":
             t = tensors[args[0]]
-            v = t.reshape(tuple(t.shape) + (1,) * spec.inputs[args[0]][2]).to(ct)
+            t = t.reshape(tuple(t.shape) + (1,) * spec.inputs[args[0]][2])
+            v = (t.reshape(split_dims(spec, tuple(t.shape))) if spec.split else t).to(ct)
         elif name == "scalar":
             v = torch.tensor(scalars[args[0]], dtype=ct, device=device)
         elif name == "const":
@@ -72,6 +97,8 @@ def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
         v = torch.broadcast_to(vals[ref], shape if level == "x" else row).to(DTYPES[code]).contiguous()
         if level == "r" and not keepdim:
             v = v.reshape(tuple(d for i, d in enumerate(shape) if i not in red))
+        elif spec.split:
+            v = v.reshape(base_shape(spec, tensors))
         outs.append(v)
     return outs
 

@@ -48,9 +48,23 @@ def row_shape(shape: tuple, red: tuple) -> tuple:
 class Space:
     shape: tuple
     red: tuple = ()
+    # (dim, groups): the dim is iterated as [groups, size / groups] (group norm's statistics per group);
+    # ``red`` then counts dims of the split shape, and only values of ``shape`` itself are members.
+    split: tuple | None = None
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape) + (1 if self.split else 0)
 
     def combine(self, other: "Space") -> "Space | None":
         """The space holding both, or None when no space holds both without recomputation."""
+        if self.split or other.split:
+            a, b = (self, other) if self.split else (other, self)
+            if not _same_shape(a.shape, b.shape):
+                return None
+            if b.split is None and not b.red or (b.split == a.split and b.red == a.red):
+                return a
+            return None
         if _same_shape(self.shape, other.shape) and (not self.red or not other.red or self.red == other.red):
             return Space(self.shape, self.red or other.red)
         for a, b in ((self, other), (other, self)):
@@ -62,6 +76,8 @@ class Space:
         """Whether a value of this meta is a member value of the space (x or r level, right rank)."""
         if not isinstance(meta, TensorMeta):
             return False
+        if self.split:
+            return _same_shape(meta.shape, self.shape)
         return _same_shape(meta.shape, self.shape) or bool(self.red) and _same_shape(
             meta.shape, row_shape(self.shape, self.red))
 
@@ -83,7 +99,7 @@ class FusionGroup:
 
     def build(self, read_outside: set[int]) -> None:
         """The group's spec; its inputs and outputs (values read outside it, by id in ``read_outside``)."""
-        b = Builder(len(self.space.shape), list(self.space.red), self.space.shape)
+        b = Builder(self.space.rank, list(self.space.red), self.space.shape, self.space.split)
         produced: list[Value] = []
         for node in self.nodes:
             refs = HANDLERS[node.op].emit(b, node)
@@ -145,9 +161,9 @@ def node_space(node: Node, users: dict[int, list[Node]], graph_reads: set[int]) 
         return None
     if kind.red:
         x = kind.reduced
-        if all(x.meta.shape[d] == 1 for d in kind.red):
+        if not kind.split and all(x.meta.shape[d] == 1 for d in kind.red):
             return None         # reducing size-1 dims is a copy
-        space = Space(tuple(x.meta.shape), kind.red)
+        space = Space(tuple(x.meta.shape), kind.red, kind.split)
     else:
         out0 = node.outputs[0]
         if out0 is None or not isinstance(out0.meta, TensorMeta):
@@ -155,7 +171,7 @@ def node_space(node: Node, users: dict[int, list[Node]], graph_reads: set[int]) 
         space = Space(tuple(out0.meta.shape))
     # A trial expansion in the node's own space: dtypes and arguments the generator cannot take.
     try:
-        b = Builder(len(space.shape), list(space.red), space.shape)
+        b = Builder(space.rank, list(space.red), space.shape, space.split)
         refs = handler.emit(b, node)
     except NotFusible:
         return None

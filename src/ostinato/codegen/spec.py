@@ -35,10 +35,15 @@ class GroupSpec:
     scalars: list[str]
     ops: list[list]         # [name, dtype, level, *args]
     outputs: list[list]     # [op index, dtype, level, keepdim]
+    split: list = None      # [dim, groups] or []: that dim of every operand iterates as [groups, size / groups]
+
+    def __post_init__(self):
+        if self.split is None:
+            self.split = []
 
     def to_json(self) -> str:
         return json.dumps({"v": SPEC_VERSION, "rank": self.rank, "red": self.red, "inputs": self.inputs,
-                           "scalars": self.scalars, "ops": self.ops, "outputs": self.outputs},
+                           "scalars": self.scalars, "ops": self.ops, "outputs": self.outputs, "split": self.split},
                           sort_keys=True, separators=(",", ":"))
 
     @property
@@ -55,7 +60,7 @@ class GroupSpec:
         d = json.loads(text)
         if not isinstance(d, dict) or d.get("v") != SPEC_VERSION:
             raise ValueError("fusion spec has another version")
-        spec = cls(d["rank"], d["red"], d["inputs"], d["scalars"], d["ops"], d["outputs"])
+        spec = cls(d["rank"], d["red"], d["inputs"], d["scalars"], d["ops"], d["outputs"], d.get("split", []))
         spec.check()
         return spec
 
@@ -71,6 +76,9 @@ class GroupSpec:
             need(isinstance(i, list) and len(i) == 3 and i[0] in DTYPES and i[1] in ("x", "r")
                  and isinstance(i[2], int) and 0 <= i[2] <= 8, "bad input")
         need(all(s in ("f", "i") for s in self.scalars), "bad scalar")
+        need(self.split == [] or (len(self.split) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                              for x in self.split)
+                                  and 0 <= self.split[0] < self.rank - 1 and self.split[1] >= 1), "bad split")
         for k, op in enumerate(self.ops):
             need(isinstance(op, list) and len(op) >= 3 and op[1] in DTYPES and op[2] in ("x", "r"), f"bad op {k}")
             name, args = op[0], op[3:]

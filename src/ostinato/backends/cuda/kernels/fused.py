@@ -16,7 +16,7 @@ import threading
 import torch
 
 from ....codegen.prims import DTYPES
-from ....codegen.reference import iteration_shape, parse
+from ....codegen.reference import base_shape, iteration_shape, parse, split_dims
 from ....codegen.spec import GroupSpec
 from ....codegen.triton_source import render
 from ...cuda.binaries import register_source
@@ -94,18 +94,22 @@ class FusedLauncher:
         shape = iteration_shape(spec, tensors)
         rank, red = spec.rank, spec.red
         row = tuple(1 if i in red else d for i, d in enumerate(shape))
+        base = base_shape(spec, tensors) if spec.split else shape
+        brank = len(base)
         strides: list[list[int]] = []
         for k, t in enumerate(tensors):
             unsq = spec.inputs[k][2]
             tshape = tuple(t.shape) + (1,) * unsq
             tstride = tuple(t.stride()) + (0,) * unsq
-            pad = rank - len(tshape)
-            strides.append([0 if d < pad or tshape[d - pad] == 1 else tstride[d - pad] for d in range(rank)])
+            pad = brank - len(tshape)
+            st = [0 if d < pad or tshape[d - pad] == 1 else tstride[d - pad] for d in range(brank)]
+            strides.append(list(split_dims(spec, base, tuple(st))[1]) if spec.split else st)
         out_shapes = []
         for _, _, level, keepdim in spec.outputs:
             if level == "x":
-                out_shapes.append(shape)
-                strides.append(_contiguous_strides(shape))
+                out_shapes.append(base)
+                st = _contiguous_strides(base)
+                strides.append(list(split_dims(spec, base, tuple(st))[1]) if spec.split else st)
             else:
                 strides.append(_contiguous_strides(row))
                 out_shapes.append(row if keepdim else tuple(d for i, d in enumerate(shape) if i not in red))
