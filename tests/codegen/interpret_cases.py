@@ -37,6 +37,21 @@ class Rows(torch.nn.Module):
         return h, torch.softmax(t * 2.0, dim=-1), (t.sigmoid() + 1).sum(dim=(0, 2))
 
 
+class ChannelsLast(torch.nn.Module):
+    """Groups reading channels-last tensors (a conv's output on the GPU): outputs keep that layout."""
+
+    def __init__(self):
+        super().__init__()
+        self.gn = torch.nn.GroupNorm(4, 16)
+        self.bn = torch.nn.BatchNorm2d(16).eval()
+
+    def forward(self, x):
+        h = x.contiguous(memory_format=torch.channels_last)
+        a = torch.nn.functional.silu(self.gn(h)) + 1.0
+        b = torch.relu(self.bn(h)) * h
+        return a, b
+
+
 def run(model, args, groups, tol):
     torch.manual_seed(0)
     prog = ostinato.export(model.eval(), args, passes=GENERIC_PIPELINE)
@@ -46,7 +61,10 @@ def run(model, args, groups, tol):
         raise AssertionError(f"{got} fused groups, expected {groups}")
     with torch.no_grad():
         ref = model(*args)
-    assert_same(exe(*args), ref, tol=tol)
+    out = exe(*args)
+    assert_same(out, ref, tol=tol)
+    if isinstance(model, ChannelsLast):
+        assert all(o.is_contiguous(memory_format=torch.channels_last) for o in out), "layout not kept"
 
 
 def main(what: str, dtype_name: str) -> None:
@@ -58,6 +76,7 @@ def main(what: str, dtype_name: str) -> None:
         tol = TOL[dtype]
     else:
         items = [(f"row{n}", lambda n=n: (Rows(n), (torch.randn(3, 5, n),), 2)) for n in (1, 3, 100, 4096, 5000)]
+        items.append(("channels_last", lambda: (ChannelsLast(), (torch.randn(2, 16, 5, 6),), 1)))
         tol = 1e-4
     for name, make in items:
         torch.manual_seed(0)

@@ -60,11 +60,30 @@ def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
     return out[::-1]
 
 
-class _LaunchPlan:
-    __slots__ = ("kernel", "ints", "grid", "out_shapes", "empty")
+def _layout_of(tensors, shape: tuple) -> torch.memory_format:
+    """The memory format x-level outputs take: channels-last when an input of the full 4-D shape is in it
+    (as torch's pointwise ops keep their input's layout), else contiguous."""
+    if len(shape) == 4:
+        for t in tensors:
+            if tuple(t.shape) == shape and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+                return torch.channels_last
+    return torch.contiguous_format
 
-    def __init__(self, kernel, ints, grid, out_shapes, empty):
+
+def _strides_in(shape: tuple, fmt: torch.memory_format) -> list[int]:
+    if fmt is torch.channels_last:
+        n, c, h, w = shape
+        st = [h * w * c, 1, w * c, c]
+        return [0 if d == 1 else s for d, s in zip(shape, st)]
+    return _contiguous_strides(shape)
+
+
+class _LaunchPlan:
+    __slots__ = ("kernel", "ints", "grid", "out_shapes", "empty", "formats")
+
+    def __init__(self, kernel, ints, grid, out_shapes, empty, formats):
         self.kernel, self.ints, self.grid, self.out_shapes, self.empty = kernel, ints, grid, out_shapes, empty
+        self.formats = formats
 
 
 class FusedLauncher:
@@ -104,11 +123,13 @@ class FusedLauncher:
             pad = brank - len(tshape)
             st = [0 if d < pad or tshape[d - pad] == 1 else tstride[d - pad] for d in range(brank)]
             strides.append(list(split_dims(spec, base, tuple(st))[1]) if spec.split else st)
-        out_shapes = []
+        out_shapes, formats = [], []
+        fmt = _layout_of(tensors, base)
         for _, _, level, keepdim in spec.outputs:
+            formats.append(fmt if level == "x" else torch.contiguous_format)
             if level == "x":
                 out_shapes.append(base)
-                st = _contiguous_strides(base)
+                st = _strides_in(base, fmt)
                 strides.append(list(split_dims(spec, base, tuple(st))[1]) if spec.split else st)
             else:
                 strides.append(_contiguous_strides(row))
@@ -145,7 +166,7 @@ class FusedLauncher:
             xblock = min(1024, max(128, _pow2(xnumel)))
             lib, name = self.library(len(xs), 0, False, i64)
             kernel = lib.kernel(name, XBLOCK=xblock, num_warps=4)
-        return _LaunchPlan(kernel, tuple(ints), (cdiv(xnumel, xblock),), out_shapes, numel == 0)
+        return _LaunchPlan(kernel, tuple(ints), (cdiv(xnumel, xblock),), out_shapes, numel == 0, formats)
 
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
         tensors = args[:self.n_in]
@@ -155,7 +176,8 @@ class FusedLauncher:
             with self._lock:
                 plan = self._plans[key] = self.plan(tensors)
         device = tensors[0].device
-        outs = tuple(torch.empty(s, dtype=dt, device=device) for s, dt in zip(plan.out_shapes, self.out_dtypes))
+        outs = tuple(torch.empty(s, dtype=dt, device=device, memory_format=f)
+                     for s, dt, f in zip(plan.out_shapes, self.out_dtypes, plan.formats))
         if not plan.empty:
             plan.kernel(*tensors, *outs, *args[self.n_in:], *plan.ints, grid=plan.grid)
         return outs
