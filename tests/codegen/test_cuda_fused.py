@@ -14,9 +14,19 @@ from ostinato.passes import GENERIC_PIPELINE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench"))
 from fusion_models import CASES  # noqa: E402
 from helpers import assert_same  # noqa: E402
+
+
+def _user_models():
+    """bench/suite/user_models.py, loaded by path: putting bench/ on sys.path would shadow tests/replay
+    with bench/replay.py."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench", "suite", "user_models.py")
+    spec = importlib.util.spec_from_file_location("ostinato_bench_user_models", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 pytestmark = pytest.mark.cuda
 
@@ -46,7 +56,7 @@ def test_zoo_on_cuda(case, dtype, replay):
 @pytest.mark.parametrize("style", ["rms", "ln"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_user_decoder_decode_steps(style, dtype):
-    from suite.user_models import UserDecoder
+    UserDecoder = _user_models().UserDecoder
     torch.manual_seed(0)
     model = UserDecoder(256, 3, style).eval().to("cuda", dtype)
     ref = copy.deepcopy(model)
@@ -62,7 +72,7 @@ def test_user_decoder_decode_steps(style, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_conv_stack(dtype):
-    from suite.user_models import ConvStack
+    ConvStack = _user_models().ConvStack
     torch.manual_seed(0)
     model = ConvStack(64, 2).eval().to("cuda", dtype)
     x = torch.randn(2, 64, 24, 24, device="cuda", dtype=dtype)

@@ -20,8 +20,9 @@ def kernel_name(spec: GroupSpec) -> str:
     return f"fused_{spec.digest[:16]}"
 
 
-def param_names(spec: GroupSpec, xr: int, rr: int) -> list[str]:
-    """The kernel's runtime parameters, in launch order."""
+def param_names(spec: GroupSpec, xr: int, rr: int, loop: bool = False) -> list[str]:
+    """The kernel's runtime parameters, in launch order (a looped row kernel ends with ``rchunk``: the row
+    elements whose outputs one program along grid axis 1 writes)."""
     n_in, n_out = len(spec.inputs), len(spec.outputs)
     names = [f"in{k}" for k in range(n_in)] + [f"out{k}" for k in range(n_out)]
     names += [f"sc{k}" for k in range(len(spec.scalars))]
@@ -29,7 +30,7 @@ def param_names(spec: GroupSpec, xr: int, rr: int) -> list[str]:
     names += [f"xs{d}" for d in range(1, xr)] + [f"rs{d}" for d in range(1, rr)]
     for k in range(n_in + n_out):
         names += [f"xst{k}_{d}" for d in range(xr)] + [f"rst{k}_{d}" for d in range(rr if spec.red else 0)]
-    return names
+    return names + (["rchunk"] if loop and spec.red else [])
 
 
 def _ct(code: str) -> str:
@@ -144,7 +145,7 @@ class _Emitter:
     # -- kernels --------------------------------------------------------------------------------
     def render(self, name: str, loop: bool, i64: bool) -> str:
         spec = self.spec
-        params = param_names(spec, self.xr, self.rr)
+        params = param_names(spec, self.xr, self.rr, loop)
         head = f"def {name}({', '.join(params)}, XBLOCK: tl.constexpr" + (", RBLOCK: tl.constexpr" if self.row else "") + "):"
         self.lines = ["@triton.jit", head]
         pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
@@ -205,10 +206,13 @@ class _Emitter:
             self.line(f"v{j} = {combine.format(f'acc{j}')}[:, None]")
             r_done.add(j)
         emit_r_before(len(spec.ops))
+        # Grid axis 1 splits the output pass of a row (each program computed the row's statistics):
+        # rows that are few and long still fill the GPU. Row-level results are stored by chunk 0.
+        self.line("chunk = tl.program_id(1)")
         for k, (ref, code, _, _) in r_outs:
-            self._store(k, ref, code, "xoff", "xmask", 1)
+            self._store(k, ref, code, "xoff", "xmask & (chunk == 0)", 1)
         if x_outs:
-            self.line("for r0 in range(0, rnumel, RBLOCK):")
+            self.line("for r0 in range(chunk * rchunk, tl.minimum(rnumel, chunk * rchunk + rchunk), RBLOCK):")
             self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]", 2)
             self._row_body(2)
             self.emit_ops(self.needed([o[0] for _, o in x_outs], "x"), 2)

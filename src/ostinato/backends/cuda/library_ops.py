@@ -95,12 +95,8 @@ def _prepared_weight(w: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
 
 
 def _conv_plan(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> ConvPlan:
-    """NHWC where the input is channels-last already, and for every 2-D fp16/bf16 convolution: cuDNN's
-    tensor-core kernels want it, the output comes out channels-last, and the pointwise kernels after it
-    (generated ones keep their input's layout) hand it on to the next convolution without a copy."""
-    nhwc = x.dim() == 4 and not transposed and (
-        (not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last))
-        or x.dtype in (torch.float16, torch.bfloat16))
+    nhwc = (x.dim() == 4 and not transposed and not x.is_contiguous()
+            and x.is_contiguous(memory_format=torch.channels_last))
     return ConvPlan(torch.channels_last if nhwc else torch.contiguous_format)
 
 
@@ -111,8 +107,6 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
         lambda: _conv_plan(x, weight, transposed))
     if plan.memory_format is torch.channels_last:
         weight = _prepared_weight(weight, torch.channels_last)
-        if not x.is_contiguous(memory_format=torch.channels_last):
-            x = x.contiguous(memory_format=torch.channels_last)
     return aten.convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 

@@ -25,6 +25,7 @@ from .common import cdiv
 
 MAX_PERSISTENT_ROW = 4096   # rows up to this many elements are held in registers
 _LOOP_RBLOCK = 1024
+_TARGET_PROGRAMS = 512      # a looped row kernel splits its output pass until about this many programs run
 
 
 def _pow2(n: int) -> int:
@@ -155,6 +156,7 @@ class FusedLauncher:
         ints = [xnumel] + ([rnumel] if red else []) + xs[1:] + rs[1:]
         for a, b in zip(xst, rst):
             ints += a + b
+        chunks = 1
         if red:
             loop = _pow2(rnumel) > MAX_PERSISTENT_ROW
             rblock = _LOOP_RBLOCK if loop else _pow2(rnumel)
@@ -162,11 +164,17 @@ class FusedLauncher:
             warps = 8 if rblock * xblock >= 2048 else 4
             lib, name = self.library(len(xs), len(rs), loop, i64)
             kernel = lib.kernel(name, XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
+            if loop:
+                chunks = max(1, min(cdiv(rnumel, rblock), cdiv(_TARGET_PROGRAMS, xnumel)))
+                rchunk = cdiv(cdiv(rnumel, chunks), rblock) * rblock
+                chunks = cdiv(rnumel, rchunk)
+                ints.append(rchunk)
         else:
             xblock = min(1024, max(128, _pow2(xnumel)))
             lib, name = self.library(len(xs), 0, False, i64)
             kernel = lib.kernel(name, XBLOCK=xblock, num_warps=4)
-        return _LaunchPlan(kernel, tuple(ints), (cdiv(xnumel, xblock),), out_shapes, numel == 0, formats)
+        grid = (cdiv(xnumel, xblock),) if chunks == 1 else (cdiv(xnumel, xblock), chunks)
+        return _LaunchPlan(kernel, tuple(ints), grid, out_shapes, numel == 0, formats)
 
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
         tensors = args[:self.n_in]
