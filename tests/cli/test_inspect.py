@@ -141,3 +141,114 @@ def test_inspect_in_a_fresh_process_needs_import_for_custom_ops(tmp_path):
                          env=env, cwd=frontend_dir)
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(json.loads(out.stdout)["fallback"]) == 3
+
+
+class _NormLinear(torch.nn.Module):
+    """A hand-written RMSNorm (no pattern pass takes it under GENERIC_PIPELINE) and a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64))
+        self.lin = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.lin(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w)
+
+
+NORM_OPS = ["aten.pow.Tensor_Scalar", "aten.mean.dim", "aten.add.Tensor", "aten.rsqrt", "aten.mul.Tensor",
+            "aten.mul.Tensor"]
+
+
+def _norm_linear_program(tmp_path):
+    from ostinato.passes import GENERIC_PIPELINE
+    torch.manual_seed(0)
+    prog = ostinato.export(_NormLinear(), (torch.randn(4, 64),), passes=GENERIC_PIPELINE)
+    path = tmp_path / "norm_linear.ost"
+    prog.save(path)
+    return prog, path
+
+
+def test_inspect_launches_cuda_fuses_the_norm_and_leaves_the_linear(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OSTINATO_FUSION", raising=False)
+    from ostinato.codegen import schedule
+    from ostinato.codegen.triton_source import kernel_name
+    prog, path = _norm_linear_program(tmp_path)
+    assert main(["inspect", "--launches", str(path), "--device", "cuda", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d) == {"device", "launches", "summary"} and d["device"] == "cuda"
+    rows = d["launches"]
+    assert [r["kind"] for r in rows] == ["fused", "aten.linear"]
+    fused, linear = rows
+    assert fused["ops"] == NORM_OPS and fused["op_count"] == 6
+    group = next(item for item in schedule(prog.graph) if hasattr(item, "spec"))
+    assert fused["kernel"] == kernel_name(group.spec) == f"fused_{group.spec.digest[:16]}"
+    assert fused["name"] == group.name
+    # the kernel reads x [4, 64] and w [64] and writes the normed x [4, 64], all float32
+    assert fused["bytes"] == (4 * 64 + 64 + 4 * 64) * 4
+    assert linear["ops"] == ["aten.linear"] and linear["kernel"] is None
+    # linear: x [4, 64], weight [32, 64], bias [32] in; [4, 32] out
+    assert linear["bytes"] == (4 * 64 + 32 * 64 + 32 + 4 * 32) * 4
+    assert [r["index"] for r in rows] == [0, 1]
+    s = d["summary"]
+    assert (s["launches"], s["fused_kernels"], s["ops_absorbed"], s["nodes"], s["skipped"]) == (2, 1, 6, 7, 0)
+    assert s["bytes"] == fused["bytes"] + linear["bytes"] and s["fusion"] is True
+
+
+def test_inspect_launches_cpu_and_fusion_off_run_every_node(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OSTINATO_FUSION", raising=False)
+    prog, path = _norm_linear_program(tmp_path)
+    assert main(["inspect", "--launches", str(path), "--device", "cpu", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["device"] == "cpu" and all(r["kind"] != "fused" and r["kernel"] is None for r in d["launches"])
+    assert [r["kind"] for r in d["launches"]] == NORM_OPS + ["aten.linear"]
+    assert [r["name"] for r in d["launches"]] == [n.name for n in prog.graph.nodes]
+    assert d["summary"]["launches"] == 7 > 2 and d["summary"]["fused_kernels"] == 0
+    assert d["summary"]["fusion"] is False
+    # OSTINATO_FUSION=0 is the A/B switch: cuda lowers node by node too
+    monkeypatch.setenv("OSTINATO_FUSION", "0")
+    assert main(["inspect", "--launches", str(path), "--json"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert off["device"] == "cuda" and off["launches"] == d["launches"]
+    assert main(["inspect", "--launches", str(path)]) == 0
+    assert "fusion off: OSTINATO_FUSION=0" in capsys.readouterr().out
+
+
+def test_inspect_launches_human_output_has_table_and_summary(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OSTINATO_FUSION", raising=False)
+    _, path = _norm_linear_program(tmp_path)
+    assert main(["inspect", "--launches", str(path)]) == 0          # cuda is the default device
+    text = capsys.readouterr().out
+    assert "on cuda (fusion on)" in text
+    assert "6: pow, mean, add, rsqrt, mul, mul" in text and "aten.linear" in text
+    assert "2.25 KiB" in text                                        # the fused kernel's bytes moved
+    assert "2 launches per step (1 generated fused kernels absorbing 6 ops;" in text
+    assert main(["inspect", "--launches", str(path), "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "7 launches per step (0 generated fused kernels absorbing 0 ops;" in text
+    assert "fused_" not in text
+
+
+def test_inspect_launches_skips_views_and_reports_symbolic_bytes(tmp_path, capsys):
+    _, prog = tiny_decoder_program(seed=4)
+    path = tmp_path / "dec.ost"
+    prog.save(path)
+    assert main(["inspect", "--launches", str(path), "--device", "cpu", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    s = d["summary"]
+    assert s["nodes"] == prog.num_nodes and 0 < s["skipped"] < s["nodes"]
+    assert s["launches"] + s["skipped"] == s["nodes"]
+    views = {n.op for n in prog.graph.nodes if ostinato.ir.get_op(n.op).category in ("view", "sym")}
+    assert views and not views & {r["kind"] for r in d["launches"]}
+    assert s["bytes"] is None and all(r["bytes"] is None for r in d["launches"])    # T is symbolic
+    assert main(["inspect", "--launches", str(path), "--device", "cpu"]) == 0
+    assert "symbolic" in capsys.readouterr().out
+
+
+def test_inspect_launches_errors_are_one_line(tmp_path, capsys):
+    _, path = _norm_linear_program(tmp_path)
+    assert main(["inspect", str(path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--device applies to --launches only" in err and "Fix: add --launches" in err
+    assert "Traceback" not in err
+    assert main(["inspect", "--launches", str(tmp_path / "missing.ost")]) == 2
+    assert "No such file" in capsys.readouterr().err

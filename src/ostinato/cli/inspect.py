@@ -3,6 +3,10 @@ the ops that run through eager torch because ostinato has no kernel for them (th
 
 ``--passes`` shows the node count after each graph pass: for a .ost file, the counts its exporter
 recorded; for ``MODULE:FACTORY``, a fresh export of the model the factory builds, with each pass's time.
+
+``--launches`` lists the kernels one step launches on ``--device`` (cuda by default), worked out without
+the device: on CUDA the scheduler's fusion groups become one generated kernel each (unless
+OSTINATO_FUSION=0); on CPU every node with device work is its own launch.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import os
 import sys
 
 from . import write_json
-from ..errors import ExportError, MissingOpError, ProgramFormatError
+from ..errors import ExportError, MissingOpError, OstinatoError, ProgramFormatError
 from ..ir import TensorMeta, Value
 from ..ir.fallback import fallback_nodes
 from ..program import load, spec_structure
@@ -23,8 +27,13 @@ HELP = "describe a .ost program file"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="a .ost program file (or MODULE:FACTORY with --passes)")
-    p.add_argument("--passes", action="store_true",
-                   help="show the node count (and, exporting MODULE:FACTORY, the time) after each pass")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--passes", action="store_true",
+                      help="show the node count (and, exporting MODULE:FACTORY, the time) after each pass")
+    mode.add_argument("--launches", action="store_true",
+                      help="list the kernels one step launches (fused groups and their ops), no GPU needed")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="with --launches: the device whose lowering to show (default cuda)")
     p.add_argument("--json", action="store_true", help="print one JSON object (for machines)")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks of the file's segments")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -141,8 +150,59 @@ def _print_passes(t: dict) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
+def launch_report(path: str, device: str, verify: bool = True) -> dict:
+    """The launches of one step of a program file on ``device`` (see ostinato.codegen.report)."""
+    from ..codegen import fusion_enabled
+    from ..codegen.report import fuses, launch_table, summarize
+    prog = _load(path, verify)
+    rows = launch_table(prog.graph, device)
+    summary = summarize(prog.graph, rows)
+    summary["fusion"] = fuses(device)
+    summary["fusion_off_by_env"] = device == "cuda" and not fusion_enabled()
+    return {"file": path, "model": prog.info.get("model", "?"), "device": device,
+            "launches": rows, "summary": summary}
+
+
+def _short(op: str) -> str:
+    """``aten.mul.Tensor`` → ``mul``; ``ost.linear`` stays whole (not an ATen op)."""
+    return op.split(".")[1] if op.startswith("aten.") else op
+
+
+def _print_launches(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    # Wide when not a terminal: a pipe or a log keeps each line whole (rich would wrap at 80 columns).
+    console = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
+    s = r["summary"]
+    why = ("fusion on" if s["fusion"] else
+           "fusion off: OSTINATO_FUSION=0" if s["fusion_off_by_env"] else "cpu: no generated kernels")
+    console.print(f"{r['file']}: {r['model']}, launches of one step on {r['device']} ({why})")
+    t = Table("#", "kernel", "ops absorbed", "bytes moved", "group / node", box=None, pad_edge=False)
+    t.columns[0].justify = t.columns[3].justify = "right"
+    for row in r["launches"]:
+        fused = row["kind"] == "fused"
+        kernel = row["kernel"] if fused else row["kind"]
+        ops = f"{row['op_count']}: " + ", ".join(_short(o) for o in row["ops"]) if fused else "-"
+        size = "symbolic" if row["bytes"] is None else _human(row["bytes"])
+        t.add_row(str(row["index"]), kernel, ops, size, row["name"])
+    console.print(t)
+    total = "" if s["bytes"] is None else f"; {_human(s['bytes'])} moved"
+    console.print(f"{s['launches']} launches per step ({s['fused_kernels']} generated fused kernels absorbing "
+                  f"{s['ops_absorbed']} ops; {s['skipped']} of {s['nodes']} nodes without device work "
+                  f"skipped{total})")
+
+
 def run(args: argparse.Namespace) -> int:
     import_modules(args.imports)
+    if args.device is not None and not args.launches:
+        raise OstinatoError("--device applies to --launches only\nFix: add --launches, or drop --device")
+    if args.launches:
+        r = launch_report(args.file, args.device or "cuda", verify=not args.no_verify)
+        if args.json:
+            write_json({"device": r["device"], "launches": r["launches"], "summary": r["summary"]})
+        else:
+            _print_launches(r)
+        return 0
     if args.passes:
         t = pass_table(args.file, verify=not args.no_verify)
         if args.json:

@@ -252,3 +252,39 @@ def _positions(n: int, like: torch.Tensor) -> torch.Tensor:
 
 
 register_op(OpDef("ost.sdpa", sdpa, category="fused"))
+
+
+def _packed_rows(ws: list[torch.Tensor]) -> torch.Tensor | None:
+    """The [sum of rows, in] matrix the weights are consecutive row blocks of, when they are: contiguous,
+    one after another in one storage (runtime.packing lays them out so); else None."""
+    w0 = ws[0]
+    if type(w0) not in (torch.Tensor, torch.nn.Parameter) or w0.device.type == "meta":
+        return None      # fake tensors (shape checks) have no memory to look at
+    if not all(w.is_contiguous() and w.dtype == w0.dtype and w.device == w0.device and w.shape[1:] == w0.shape[1:]
+               for w in ws):
+        return None
+    size = w0.element_size()
+    end = w0.data_ptr() + w0.numel() * size
+    for w in ws[1:]:
+        if w.data_ptr() != end or w.untyped_storage().data_ptr() != w0.untyped_storage().data_ptr():
+            return None
+        end += w.numel() * size
+    rows = sum(w.shape[0] for w in ws)
+    return w0.as_strided((rows,) + tuple(w0.shape[1:]), w0.stride())
+
+
+def multi_linear(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, ...]:
+    """``tuple(linear(x, w_i, b_i))``: sibling projections of one input (q, k and v; gate and up). When
+    the weights lie one after another in memory (the runtime packs them so) this is one matmul whose
+    result is split into views along the last dim; otherwise one matmul each."""
+    w = _packed_rows(weights)
+    b = None if biases is None else _packed_rows(biases) if w is not None else None
+    if w is None or (biases is not None and b is None):
+        return tuple(torch.nn.functional.linear(x, wi, None if biases is None else biases[i])
+                     for i, wi in enumerate(weights))
+    return torch.nn.functional.linear(x, w, b).split([wi.shape[0] for wi in weights], dim=-1)
+
+
+multi_linear.multi_output = True
+register_op(OpDef("ost.multi_linear", multi_linear, category="fused"))

@@ -45,6 +45,21 @@ def get_op(name: str) -> OpDef | None:
     return op
 
 
+# Ops of the view and creation categories that still write memory (copies, fills, scatters).
+_WRITING = frozenset("""aten.clone aten.cat aten.copy aten.stack aten.constant_pad_nd aten.repeat aten.flip aten.roll
+    aten.full aten.zeros aten.ones aten.arange aten.arange.start aten.arange.start_step aten._to_copy aten.full_like
+    aten.zeros_like aten.ones_like aten.fill.Scalar aten.slice_scatter aten.select_scatter""".split())
+
+
+def does_device_work(name: str) -> bool:
+    """Whether an op, once lowered, launches device work: views and size arithmetic do not (a count of
+    launches per step skips them)."""
+    op = get_op(name)
+    if op is None:
+        return False
+    return op.category not in ("view", "sym", "creation") or name in _WRITING
+
+
 def registered_ops() -> dict[str, OpDef]:
     return dict(_REGISTRY)
 

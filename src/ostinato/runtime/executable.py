@@ -13,22 +13,19 @@ from torch.utils import _pytree as pytree
 from ..backends import Backend, Launch, get_backend
 from ..errors import OstinatoError
 from ..ir import Value
+from ..ir.ops import does_device_work
 from ..ir.fallback import is_fallback
 from ..program import Program
 from .codegen import compile_launches
 from .inputs import InputChecker
+from .packing import pack_sibling_weights
 from .plan_cache import cached_plan
 from .segments import Segment, split_plan
 
 
 def launch_is_kernel(launch: Launch) -> bool:
     """Whether a launch runs device work (views, size arithmetic and no-op aliases do not)."""
-    from ..ir import get_op
-    op = get_op(launch.op)
-    return op is not None and op.category not in ("view", "sym", "creation") or launch.op in (
-        "aten.clone", "aten.cat", "aten.copy", "aten.stack", "aten.constant_pad_nd", "aten.repeat", "aten.flip",
-        "aten.roll", "aten.full", "aten.zeros", "aten.ones", "aten.arange", "aten._to_copy", "aten.full_like",
-        "aten.zeros_like", "aten.ones_like", "aten.fill.Scalar", "aten.slice_scatter", "aten.select_scatter")
+    return does_device_work(launch.op)
 from .session import Session
 
 log = logging.getLogger("ostinato")
@@ -59,6 +56,7 @@ class Executable:
         self._template: list[Any] = [None] * self.num_slots
         for v in g.constants:
             self._template[v.slot] = backend.place(program.weights[v.name])
+        pack_sibling_weights(g, self._template)
         self._state_slots = [(v.slot, v.name) for v in g.state]
         self._input_slots = [(pos, g.inputs[s.index].slot) for pos, s in enumerate(program.inputs)
                              if s.kind != "constant"]
