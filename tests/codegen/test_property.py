@@ -60,7 +60,7 @@ def test_generator_covers_every_op():
     seen, fusing, reductions = collections.Counter(), 0, 0
     recipes = [pc.build_recipe(pc.RandomChooser(seed)) for seed in range(300)]
     for r in recipes:
-        assert 3 <= len(r.steps) <= 11 and r.outputs and r.live() >= set(range(r.n_in, r.n_in + len(r.steps)))
+        assert 3 <= len(r.steps) <= 10 and r.outputs and r.live() >= set(range(r.n_in, r.n_in + len(r.steps)))
         assert all(o >= r.n_in for o in r.outputs)
         seen.update((s[0], s[1]) for s in r.steps)
         seen.update(("param", p) for _, p in r.inputs)
@@ -76,9 +76,6 @@ def test_generator_covers_every_op():
         {("param", True), ("param", False)} | {("input", k) for k in pc.INPUT_KINDS}
     assert expected <= set(seen), expected - set(seen)
     assert fusing > 0.5 * len(recipes) and reductions > 0.3 * len(recipes)
-    # the excluded op is really left out of the interpreter's recipes
-    assert not any(s[1] in pc.INTERPRETER_EXCLUDE for seed in range(100)
-                   for s in pc.build_recipe(pc.RandomChooser(seed), pc.INTERPRETER_EXCLUDE).steps)
 
 
 def test_canaries_pass_unpatched():
@@ -124,10 +121,6 @@ def test_interpreted_wrong_expansion_is_caught(interpreted):
     assert interpreted["canary_wrong_expansion"] == "caught", interpreted["canary_wrong_expansion"]
 
 
-@pytest.mark.xfail(strict=True, reason="codegen bug: in Triton's interpreter the erf primitive (gelu, "
-                   "approximate='none') renders as libdevice.erf, which the interpreter does not run (returns "
-                   "None: AttributeError 'NoneType' object has no attribute 'type'); prims.INTERPRETED has no "
-                   "'erf' entry (tl.erf would do). Remove 'gelu' from INTERPRETER_EXCLUDE when fixed.")
 def test_interpreted_gelu_erf(interpreted):
     """Minimal recipe: v1 = F.gelu(x0); return 2.0 * v1 (one fusion group) in the interpreter."""
     assert interpreted["gelu_erf"] == "ok", interpreted["gelu_erf"]

@@ -92,6 +92,7 @@ LOGICAL = {"and", "or", "xor", "not", "isnan"}
 # positive base only). Kernels for a GPU always use the libdevice forms above.
 INTERPRETED = {
     "tanh": "(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)",
+    "erf": "tl.erf({0})",
     "expm1": "(tl.exp({0}) - 1.0)",
     "log1p": "tl.log(1.0 + {0})",
     "tan": "(tl.sin({0}) / tl.cos({0}))",
