@@ -25,3 +25,10 @@ if [ -n "${CONFIGS:-}" ] || [ -n "${PART:-}" ]; then
     --no-startup --workdir "$work" --out "$OUT/$tag" 2>&1 | tail -40
   rm -rf "$work"
 fi
+if [ -n "${ALSO:-}" ]; then   # configurations to (re-)measure after the part, into $OUT/also
+  work="$(mktemp -d /tmp/ostinato-fusion-XXXX)"
+  timeout --signal=INT --kill-after=20 "${ALSO_TIMEOUT:-120}" "$PY" bench/run_suite.py --device cuda --configs "$ALSO" \
+    --runners "${RUNNERS:-eager,cuda_graph_eager,torch_compile_ro,ostinato_replay,ostinato_replay_unfused}" \
+    --no-startup --workdir "$work" --out "$OUT/also" 2>&1 | tail -12
+  rm -rf "$work"
+fi

@@ -24,7 +24,7 @@ from ..runtime import KernelLibrary
 from .common import cdiv
 
 MAX_PERSISTENT_ROW = 4096   # rows up to this many elements are held in registers
-_LOOP_RBLOCK = 1024
+_LOOP_RBLOCK = 4096        # long rows: few, wide iterations (each pass over a row is a chain of dependent loads)
 _TARGET_PROGRAMS = 512      # a looped row kernel splits its output pass until about this many programs run
 
 
