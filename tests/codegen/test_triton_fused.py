@@ -49,6 +49,12 @@ def test_interpreted_row_lengths():
     assert not failed, failed
 
 
+def test_interpreted_hf_decoders():
+    """transformers' Llama and Gemma, three decode steps with every group a generated kernel."""
+    results = _interpret("hf", "float32")
+    assert results == {"llama": "ok", "gemma": "ok"}, results
+
+
 def _variants():
     """(case, dtype): bf16 and fp32 groups, persistent and looped rows."""
     return [(c, dt) for c in CASES for dt in (torch.bfloat16, torch.float32)]

@@ -449,6 +449,20 @@ def _convert(b: Builder, node: Node):
     return [b.cast(b.value(node.args[0]), _out(node))]
 
 
+def _copy_kind(node: Node) -> Kind | None:
+    dst, src = node.args[0], node.args[1] if len(node.args) > 1 else None
+    if not isinstance(dst, Value) or not isinstance(src, Value) or not isinstance(src.meta, TensorMeta) \
+            or str(dst.meta.shape) != str(src.meta.shape) or node.kwargs.get("non_blocking"):
+        return None      # a broadcasting copy has a larger space than its input's
+    return Kind()
+
+
+@handles("aten.copy", kind=_copy_kind)
+def _copy(b: Builder, node: Node):
+    """The functional copy: ``src`` in ``dst``'s dtype (``dst``'s values are not read)."""
+    return [b.cast(b.value(node.args[1]), _out(node))]
+
+
 # -- fused ops with a pointwise meaning ---------------------------------------------------------------
 @handles("ost.swiglu", "ost.geglu")
 def _gated(b: Builder, node: Node):

@@ -93,8 +93,10 @@ def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
         vals.append(v)
     outs = []
     row = tuple(1 if i in red else d for i, d in enumerate(shape))
-    for ref, code, level, keepdim in spec.outputs:
+    for ref, code, level, keepdim, *rank in spec.outputs:
         v = torch.broadcast_to(vals[ref], shape if level == "x" else row).to(DTYPES[code]).contiguous()
+        if rank:
+            v = v.reshape(shape[len(shape) - rank[0]:])
         if level == "r" and not keepdim:
             v = v.reshape(tuple(d for i, d in enumerate(shape) if i not in red))
         elif spec.split:

@@ -40,6 +40,14 @@ def _same_shape(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(_same_dim(x, y) for x, y in zip(a, b))
 
 
+def _strip(shape: tuple) -> tuple:
+    """The shape without its leading 1-dims: () and (1,) hold the same elements in the same order."""
+    i = 0
+    while i < len(shape) and shape[i] == 1:
+        i += 1
+    return tuple(shape[i:])
+
+
 def row_shape(shape: tuple, red: tuple) -> tuple:
     return tuple(1 if i in red else d for i, d in enumerate(shape))
 
@@ -65,6 +73,8 @@ class Space:
             if b.split is None and not b.red or (b.split == a.split and b.red == a.red):
                 return a
             return None
+        if not self.red and not other.red and _same_shape(_strip(self.shape), _strip(other.shape)):
+            return self if len(self.shape) >= len(other.shape) else other    # pointwise: leading 1s aside
         if _same_shape(self.shape, other.shape) and (not self.red or not other.red or self.red == other.red):
             return Space(self.shape, self.red or other.red)
         for a, b in ((self, other), (other, self)):
@@ -78,6 +88,8 @@ class Space:
             return False
         if self.split:
             return _same_shape(meta.shape, self.shape)
+        if not self.red:
+            return _same_shape(_strip(tuple(meta.shape)), _strip(self.shape)) and len(meta.shape) <= len(self.shape)
         return _same_shape(meta.shape, self.shape) or bool(self.red) and _same_shape(
             meta.shape, row_shape(self.shape, self.red))
 
@@ -88,6 +100,7 @@ class FusionGroup:
     space: Space
     closed: bool = False
     merged_into: "FusionGroup | None" = None    # set when another group absorbed this one
+    launch_at: int = -1     # the graph position whose place the kernel takes (nodes hoisted in later keep it)
     # Filled by build():
     spec: GroupSpec | None = None
     inputs: list[Value] = field(default_factory=list)     # tensor inputs, then host scalars
@@ -119,12 +132,14 @@ class FusionGroup:
             if v.id not in read_outside:
                 continue
             ref = b.refs[v.id]
-            is_x = _same_shape(v.meta.shape, self.space.shape)
+            is_x = _same_shape(v.meta.shape, self.space.shape) or not self.space.red and self.space.holds(v.meta)
             level = "x" if is_x else "r"
             if is_x and not self.space.red and b.level(ref) == "r":
                 # a pointwise group's value computed from constants only: not worth a kernel's output
                 raise NotFusible(f"{v.name} is a constant")
-            outputs.append([ref, code_of(v), level, len(v.meta.shape) == len(self.space.shape)])
+            rank = len(v.meta.shape)
+            outputs.append([ref, code_of(v), level, rank == len(self.space.shape)]
+                           + ([rank] if level == "x" and rank != len(self.space.shape) else []))
             self.outputs.append(v)
         if not outputs:
             raise NotFusible("the group's results are never read")
@@ -202,11 +217,37 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
             if g is not None:
                 g.closed = True
 
-    for node in graph.nodes:
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    last_impure = -1
+
+    def resolve(g: FusionGroup) -> FusionGroup:
+        while g.merged_into is not None:
+            g = g.merged_into
+        return g
+
+    def hoistable(node: Node, g: FusionGroup) -> bool:
+        """Whether ``node`` may run at ``g``'s launch (earlier than it stands): every input is g's, a
+        constant, a value some pure node made before that point, or an input or state buffer no impure
+        node has written since."""
+        for v in node.inputs:
+            h = group_of.get(v.id)
+            if h is not None and resolve(h) is g:
+                continue
+            if v.producer is None:
+                if v.role != "constant" and last_impure > g.launch_at:
+                    return False
+                continue
+            producer = get_op(v.producer.op)
+            if producer is None or not producer.pure or position[id(v.producer)] >= g.launch_at:
+                return False
+        return True
+
+    for pos, node in enumerate(graph.nodes):
         opdef = get_op(node.op)
         if opdef is None or not opdef.pure:
             for g in groups:
                 g.closed = True
+            last_impure = pos
             continue
         space = node_space(node, users, graph_reads)
         if space is None:
@@ -236,6 +277,20 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
         for g in candidates:
             if g not in merged:
                 g.closed = True          # the node reads its value from outside it
+        if not merged:
+            # A node reading only a closed group's values (and older ones) joins it, run at its launch.
+            producers = {id(resolve(group_of[v.id])): resolve(group_of[v.id]) for v in node.inputs if v.id in group_of}
+            if len(producers) == 1:
+                (g,) = producers.values()
+                combined = g.space.combine(space)
+                if g.closed and combined is not None and combined == g.space and hoistable(node, g) \
+                        and all(combined.holds(v.meta) for v in node.inputs if v.id in group_of):
+                    g.nodes.append(node)
+                    member[id(node)] = g
+                    for v in node.outputs:
+                        if v is not None:
+                            group_of[v.id] = g
+                    continue
         if merged:
             group = merged[0]
             for g in merged[1:]:
@@ -249,8 +304,9 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
                             group_of[v.id] = group
             group.nodes.append(node)
             group.space = target
+            group.launch_at = pos
         else:
-            group = FusionGroup([node], target)
+            group = FusionGroup([node], target, launch_at=pos)
             groups.append(group)
         member[id(node)] = group
         for v in node.inputs:
@@ -261,7 +317,6 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
             if v is not None:
                 group_of[v.id] = group
 
-    position = {id(n): i for i, n in enumerate(graph.nodes)}
     last_of: dict[int, FusionGroup] = {}
     fused: set[int] = set()
     for g in groups:
@@ -279,7 +334,7 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
         except NotFusible as e:
             log.debug("ostinato fusion: %s left unfused: %s", g.name, e)
             continue
-        last_of[id(g.nodes[-1])] = g
+        last_of[id(graph.nodes[g.launch_at])] = g
         fused |= ids
     out: list[Node | FusionGroup] = []
     for n in graph.nodes:

@@ -12,7 +12,8 @@ untrusted cache without code: ``GroupSpec.from_json`` checks every field. Its pa
 - ``ops``: ``[name, dtype, level, *args]`` in topological order; args are indices of earlier ops, except
   for "in"/"scalar" (the input's index) and "const" (the literal).
 - ``outputs``: ``[op index, dtype, level, keepdim]``; a row-level output is stored once per row, with
-  the reduced dims kept as 1 or dropped.
+  the reduced dims kept as 1 or dropped. A pointwise group's output of lower rank than the space (its
+  leading 1-dims dropped: ``()`` beside ``[1]``) adds its rank as a fifth item.
 """
 from __future__ import annotations
 
@@ -98,8 +99,10 @@ class GroupSpec:
                      f"op {k} ({name}) has bad arguments")
                 need(name not in REDUCTIONS or self.red, f"reduction {name} in a pointwise group")
         for o in self.outputs:
-            need(isinstance(o, list) and len(o) == 4 and isinstance(o[0], int) and 0 <= o[0] < len(self.ops)
+            need(isinstance(o, list) and len(o) in (4, 5) and isinstance(o[0], int) and 0 <= o[0] < len(self.ops)
                  and o[1] in DTYPES and o[2] in ("x", "r") and isinstance(o[3], bool), "bad output")
+            need(len(o) == 4 or (o[2] == "x" and not self.red and isinstance(o[4], int) and 0 <= o[4] < self.rank),
+                 "bad output rank")
         need(bool(self.outputs), "no outputs")
 
 

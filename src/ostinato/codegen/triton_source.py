@@ -158,7 +158,7 @@ class _Emitter:
         self.offsets("x", self.xr, 1)
         if not self.row:
             self.emit_ops(range(len(spec.ops)), 1)
-            for k, (ref, code, _, _) in enumerate(spec.outputs):
+            for k, (ref, code, *_) in enumerate(spec.outputs):
                 self._store(k, ref, code, "xoff", "xmask", 1)
             return "\n".join(self.lines) + "\n"
         x_outs = [(k, o) for k, o in enumerate(spec.outputs) if o[2] == "x"]
@@ -180,7 +180,7 @@ class _Emitter:
                     self._reduce_whole(i)
                 else:
                     self.line(f"v{i} = {self.expr(i)}")
-            for k, (ref, code, level, _) in enumerate(spec.outputs):
+            for k, (ref, code, level, *_) in enumerate(spec.outputs):
                 if level == "x":
                     self._store(k, ref, code, "xoff{k} + roff{k}", "mask", 1, full=True)
                 else:
@@ -209,14 +209,14 @@ class _Emitter:
         # Grid axis 1 splits the output pass of a row (each program computed the row's statistics):
         # rows that are few and long still fill the GPU. Row-level results are stored by chunk 0.
         self.line("chunk = tl.program_id(1)")
-        for k, (ref, code, _, _) in r_outs:
+        for k, (ref, code, *_) in r_outs:
             self._store(k, ref, code, "xoff", "xmask & (chunk == 0)", 1)
         if x_outs:
             self.line("for r0 in range(chunk * rchunk, tl.minimum(rnumel, chunk * rchunk + rchunk), RBLOCK):")
             self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]", 2)
             self._row_body(2)
             self.emit_ops(self.needed([o[0] for _, o in x_outs], "x"), 2)
-            for k, (ref, code, _, _) in x_outs:
+            for k, (ref, code, *_) in x_outs:
                 self._store(k, ref, code, "xoff{k} + roff{k}", "mask", 2, full=True)
         return "\n".join(self.lines) + "\n"
 

@@ -126,10 +126,11 @@ class FusedLauncher:
             strides.append(list(split_dims(spec, base, tuple(st))[1]) if spec.split else st)
         out_shapes, formats = [], []
         fmt = _layout_of(tensors, base)
-        for _, _, level, keepdim in spec.outputs:
-            formats.append(fmt if level == "x" else torch.contiguous_format)
+        for _, _, level, keepdim, *out_rank in spec.outputs:
+            formats.append(fmt if level == "x" and not out_rank else torch.contiguous_format)
             if level == "x":
-                out_shapes.append(base)
+                # a lower-rank output (leading 1-dims dropped) holds the same elements in the same order
+                out_shapes.append(base[len(base) - out_rank[0]:] if out_rank else base)
                 st = _strides_in(base, fmt)
                 strides.append(list(split_dims(spec, base, tuple(st))[1]) if spec.split else st)
             else:
