@@ -46,3 +46,25 @@ def unfused_compute(exe: Executable) -> list[str]:
 
 def decode_dtype(dtype: torch.dtype) -> float:
     return {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+
+
+def hf_decode_matches(family: str, backend, steps: int, tol: float | None = None):
+    """transformers' ``family`` decoder (tests/models/test_hf_decoders.py) exported with its static cache,
+    run for ``steps`` decode steps through ``backend`` against eager; returns the program."""
+    import copy
+
+    from helpers import assert_same
+    from models.test_hf_decoders import decode_inputs, make_wrapper
+
+    import ostinato
+    wrapper = make_wrapper(family)
+    ref = copy.deepcopy(wrapper)
+    gen = torch.Generator().manual_seed(1)
+    prog = ostinato.export(wrapper, (), decode_inputs(0, gen), trace_strict=True)
+    exe = fused_executable(prog, backend)
+    for pos in range(steps):
+        kwargs = decode_inputs(pos, gen)
+        with torch.no_grad():
+            expected = ref(**kwargs)
+        assert_same(exe(**kwargs), expected, tol=tol, msg=f"{family} step {pos}:")
+    return prog

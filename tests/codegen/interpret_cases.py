@@ -72,20 +72,10 @@ def main(what: str, dtype_name: str) -> None:
     dtype = getattr(torch, dtype_name)
     results = {}
     if what == "hf":     # transformers' decoders, several decode steps (int64 scalar groups included)
-        from models.test_hf_decoders import decode_inputs, make_wrapper
-        import copy
+        from fusion_backend import hf_decode_matches
         for family in ("llama", "gemma"):
             try:
-                wrapper = make_wrapper(family)
-                ref = copy.deepcopy(wrapper)
-                gen = torch.Generator().manual_seed(1)
-                prog = ostinato.export(wrapper, (), decode_inputs(0, gen), trace_strict=True)
-                exe = fused_executable(prog, InterpretedFusionBackend())
-                for pos in range(3):
-                    kwargs = decode_inputs(pos, gen)
-                    with torch.no_grad():
-                        expected = ref(**kwargs)
-                    assert_same(exe(**kwargs), expected, tol=1e-4, msg=f"step {pos}:")
+                hf_decode_matches(family, InterpretedFusionBackend(), 3, tol=1e-4)
                 results[family] = "ok"
             except Exception as e:  # noqa: BLE001 - reported per case
                 results[family] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"

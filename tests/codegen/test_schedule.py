@@ -112,21 +112,10 @@ def test_fusion_off_switch(monkeypatch):
 def test_hf_decoders_decode_with_fusion(family):
     """transformers' models as their authors wrote them: several decode steps with fusion equal eager, and
     the static cache's scalar bookkeeping (cumulative_length's copy and adds) is one kernel per layer."""
-    import copy
-
-    from models.test_hf_decoders import decode_inputs, make_wrapper
+    from fusion_backend import hf_decode_matches
     from ostinato.codegen.report import launch_table
 
-    wrapper = make_wrapper(family)
-    ref = copy.deepcopy(wrapper)
-    gen = torch.Generator().manual_seed(1)
-    prog = ostinato.export(wrapper, (), decode_inputs(0, gen), trace_strict=True)
-    exe = fused_executable(prog, ReferenceFusionBackend())
-    for pos in range(4):
-        kwargs = decode_inputs(pos, gen)
-        with torch.no_grad():
-            expected = ref(**kwargs)
-        assert_same(exe(**kwargs), expected, msg=f"{family} step {pos}:")
+    prog = hf_decode_matches(family, ReferenceFusionBackend(), 4)
     kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
     if family != "gpt2":
         assert "aten.copy" not in kinds and "aten.add.Tensor" not in kinds, kinds
