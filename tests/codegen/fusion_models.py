@@ -161,3 +161,47 @@ CASES = [
     Case("stats_head", lambda dt: (StatsHead(), (_r(4, 5, 33, dtype=dt),)), 1),
     Case("group_norm_silu", lambda dt: (GroupNormSiLU().to(dt), (_r(2, 16, 7, 9, dtype=dt),)), 2),
 ]
+
+
+class ShortAndRows(torch.nn.Module):
+    """A pointwise value of fewer dims beside a reduction over a longer one: they must not share a kernel
+    as if the short value were per row."""
+
+    def forward(self, x, y):
+        a = x * 2
+        c = a + y
+        return a, c, torch.softmax(y, -1)
+
+
+class HalfCompare(torch.nn.Module):
+    """Comparisons with a Python float: torch rounds it to the tensor's dtype first."""
+
+    def forward(self, x):
+        y = x * 1.0 + 0.0
+        return y < 0.1, y == 0.1, torch.where(y >= 0.2, y, -y)
+
+
+class NanRows(torch.nn.Module):
+    def forward(self, x):
+        return (x * 2 + 1).amax(-1), (x - 1).amin(-1, keepdim=True) * 3
+
+
+class FloorDiv(torch.nn.Module):
+    def forward(self, x):
+        return torch.div(x * 1.0, 0.1, rounding_mode="floor") + 1
+
+
+class EmptyRows(torch.nn.Module):
+    def forward(self, x):
+        return (x * 2).sum(-1) + 1, torch.softmax(x * 3, -1)
+
+
+EDGE_CASES = {
+    # name: (model, args builder, exact?)
+    "short_and_rows": (ShortAndRows, lambda: (torch.randn(8), torch.randn(1, 8)), False),
+    "half_compare": (HalfCompare, lambda: (torch.tensor([0.1, 0.2, 0.3, -0.1], dtype=torch.float16),), True),
+    "nan_rows": (NanRows, lambda: (torch.tensor([[1.0, float("nan"), 2.0], [0.5, -1.0, 3.0]]),), False),
+    "floor_div": (FloorDiv, lambda: (torch.tensor([1.0, 0.3, -0.7, 2.5]),), True),
+    "empty_rows": (EmptyRows, lambda: (torch.randn(3, 0),), False),
+    "empty_batch": (EmptyRows, lambda: (torch.randn(0, 8192),), False),
+}

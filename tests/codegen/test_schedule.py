@@ -119,3 +119,15 @@ def test_hf_decoders_decode_with_fusion(family):
     kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
     if family != "gpt2":
         assert "aten.copy" not in kinds and "aten.add.Tensor" not in kinds, kinds
+
+
+@pytest.mark.parametrize("name", ["short_and_rows", "half_compare", "nan_rows", "floor_div", "empty_rows",
+                                  "empty_batch"])
+def test_edge_cases_reference(name):
+    from fusion_models import EDGE_CASES
+    cls, make, exact = EDGE_CASES[name]
+    model, args = cls(), make()
+    prog = ostinato.export(model, args, passes=GENERIC)
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    with torch.no_grad():
+        assert_same(exe(*args), model(*args), tol=0.0 if exact else 1e-5)

@@ -49,6 +49,21 @@ def test_interpreted_row_lengths():
     assert not failed, failed
 
 
+def test_interpreted_edge_cases():
+    """Shorter values beside reductions, fp16 comparisons with a Python float, NaN in amax/amin, floor
+    division, empty rows and an empty batch: the kernels give what eager gives."""
+    from fusion_models import EDGE_CASES
+    results = _interpret("edge", "float32")
+    assert results == {k: "ok" for k in EDGE_CASES}, results
+
+
+def test_interpreted_symbolic_sizes():
+    """A program exported with a symbolic size runs its generated kernels at several sizes (sizes are
+    launch arguments, not constants)."""
+    results = _interpret("dynamic", "float32")
+    assert results == {"rms_seq": "ok", "gn_width": "ok"}, results
+
+
 def test_interpreted_hf_decoders():
     """transformers' Llama and Gemma, three decode steps with every group a generated kernel."""
     results = _interpret("hf", "float32")
@@ -95,6 +110,27 @@ def test_every_variant_compiles_for_sm90():
                 assert cubin[:4] == b"\x7fELF" and meta.num_warps in (4, 8)
                 compiled.add(key)
     assert len(compiled) >= len(CASES)
+
+
+def test_wide_index_variants_compile_for_sm90():
+    """The 64-bit-index variants (tensors past 2^31 elements) of a held and a looped row kernel compile."""
+    from ostinato.backends.cuda.binaries import compile_binary
+    from ostinato.backends.cuda.kernels.fused import launcher
+    from ostinato.codegen.triton_source import param_names
+    from ostinato.passes import GENERIC_PIPELINE
+    from fusion_models import NanRows, StatsHead
+    for model, args in ((StatsHead(), (torch.randn(4, 5, 33),)), (NanRows(), (torch.randn(2, 3),))):
+        prog = ostinato.export(model, args, passes=GENERIC_PIPELINE)
+        specs = [n for n in __import__("ostinato").codegen.schedule(prog.graph) if hasattr(n, "spec")]
+        for g in specs:
+            f = launcher(g.spec.to_json())
+            for loop in (False, True):
+                lib, name = f.library(2, 1, loop, True)
+                names = param_names(f.spec, 2, 1, loop)
+                types = [("*fp32:D" if n.startswith(("in", "out")) else "i64") for n in names]
+                spec = {"XBLOCK": 1 if loop else 4, "RBLOCK": 64, "num_warps": 4}
+                meta, cubin = compile_binary(lib.module, lib.function_name(name), types, spec, 90)
+                assert cubin[:4] == b"\x7fELF"
 
 
 def _input_tensors(exe, prog, args, launch):

@@ -223,10 +223,28 @@ def _binary(b: Builder, node: Node):
     if name in ("and", "or", "xor"):
         return [b.emit(name, "bool", b.cast(x, "bool"), b.cast(y, "bool"))]
     if name in ("eq", "ne", "lt", "le", "gt", "ge"):
+        common = _compare_dtype(node.args[0], node.args[1])
+        if common is None:
+            raise NotFusible(f"{node.op} operand dtypes")
+        if common in FLOATS:      # torch compares in the common dtype: the operands round to it first
+            x, y = b.cast(x, common), b.cast(y, common)
         return [b.emit(name, "bool", x, y)]
     if code in FLOATS:
         x, y = _f(b, x, code), _f(b, y, code)
     return [_arith(b, name, code, x, y)]
+
+
+def _compare_dtype(a, c) -> str | None:
+    """The dtype torch compares ``a`` and ``c`` in (a Python number or a 0-dim tensor takes the other's
+    dtype within its category, as in torch.result_type)."""
+    def proxy(v):
+        if isinstance(v, Value):
+            return torch.empty((0,) * v.meta.rank if v.meta.rank else (), dtype=v.meta.dtype)
+        return v
+    try:
+        return DTYPE_CODES.get(torch.result_type(proxy(a), proxy(c)))
+    except (TypeError, RuntimeError):
+        return None
 
 
 @handles("aten.div.Tensor_mode", "aten.div.Scalar_mode")
@@ -236,9 +254,9 @@ def _div_mode(b: Builder, node: Node):
     if code not in FLOATS:
         raise NotFusible("integer division")
     x, y = _f(b, b.value(node.args[0]), code), _f(b, b.value(node.args[1]), code)
-    name = {None: "div", "trunc": "truncdiv", "floor": "floordiv"}.get(mode)
-    if name is None:
+    if mode is not None:     # torch's floor/trunc division corrects floor(a / b) near integers
         raise NotFusible(f"rounding_mode {mode!r}")
+    name = "div"
     return [b.emit(name, code, x, y)]
 
 

@@ -76,7 +76,12 @@ def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
             c, x, y = (vals[a] for a in args)
             v = torch.where(c, x.to(ct), y.to(ct))
         elif name in REDUCTIONS:
-            v = REDUCTIONS[name][2](torch.broadcast_to(vals[args[0]].to(ct), shape), red)
+            x = torch.broadcast_to(vals[args[0]].to(ct), shape)
+            if x.numel() == 0 and name != "sum":   # torch's amax refuses empty dims; the identity is what a
+                v = torch.full(tuple(1 if i in red else d for i, d in enumerate(shape)),   # kernel would give
+                               float("-inf") if name == "rmax" else float("inf"), dtype=ct, device=device)
+            else:
+                v = REDUCTIONS[name][2](x, red)
         elif name in UNARY:
             x = vals[args[0]]
             v = UNARY[name][1](x if code == "bool" else x.to(ct))

@@ -59,6 +59,7 @@ class Space:
     # (dim, groups): the dim is iterated as [groups, size / groups] (group norm's statistics per group);
     # ``red`` then counts dims of the split shape, and only values of ``shape`` itself are members.
     split: tuple | None = None
+    short: bool = False     # a pointwise space holding values of fewer dims (leading 1s dropped)
 
     @property
     def rank(self) -> int:
@@ -66,6 +67,8 @@ class Space:
 
     def combine(self, other: "Space") -> "Space | None":
         """The space holding both, or None when no space holds both without recomputation."""
+        if (self.short and (other.red or other.split)) or (other.short and (self.red or self.split)):
+            return None     # a shorter member would be taken for a per-row value of the reduction
         if self.split or other.split:
             a, b = (self, other) if self.split else (other, self)
             if not _same_shape(a.shape, b.shape):
@@ -74,7 +77,9 @@ class Space:
                 return a
             return None
         if not self.red and not other.red and _same_shape(_strip(self.shape), _strip(other.shape)):
-            return self if len(self.shape) >= len(other.shape) else other    # pointwise: leading 1s aside
+            longer = self if len(self.shape) >= len(other.shape) else other    # pointwise: leading 1s aside
+            short = self.short or other.short or len(self.shape) != len(other.shape)
+            return Space(longer.shape, (), None, short)
         if _same_shape(self.shape, other.shape) and (not self.red or not other.red or self.red == other.red):
             return Space(self.shape, self.red or other.red)
         for a, b in ((self, other), (other, self)):
@@ -283,9 +288,11 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
             if len(producers) == 1:
                 (g,) = producers.values()
                 combined = g.space.combine(space)
-                if g.closed and combined is not None and combined == g.space and hoistable(node, g) \
+                if g.closed and combined is not None and combined.shape == g.space.shape \
+                        and combined.red == g.space.red and combined.split == g.space.split and hoistable(node, g) \
                         and all(combined.holds(v.meta) for v in node.inputs if v.id in group_of):
                     g.nodes.append(node)
+                    g.space = combined
                     member[id(node)] = g
                     for v in node.outputs:
                         if v is not None:

@@ -172,8 +172,9 @@ class _Emitter:
             self.emit_ops(ids, 1)
             r_done.update(ids)
 
+        self.i64 = i64
         if not loop:
-            self.line("ridx = tl.arange(0, RBLOCK)[None, :]")
+            self.line("ridx = tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if i64 else ""))
             self._row_body(1)
             for i, op in enumerate(spec.ops):
                 if op[0] in REDUCTIONS:
@@ -194,7 +195,7 @@ class _Emitter:
             act = _ct(code)
             self.line(f"acc{j} = tl.full([XBLOCK, RBLOCK], {ident}, {act})")
             self.line("for r0 in range(0, rnumel, RBLOCK):")
-            self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]", 2)
+            self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if i64 else ""), 2)
             self._row_body(2)
             self.emit_ops(self.needed([arg], "x"), 2)
             val = f"tl.where(mask, {self._conv(arg, code)}, {ident})"
@@ -202,8 +203,8 @@ class _Emitter:
                 self.line(f"acc{j} = acc{j} + {val}", 2)
             else:
                 fn = "tl.maximum" if rname == "rmax" else "tl.minimum"
-                self.line(f"acc{j} = {fn}(acc{j}, {val})", 2)
-            self.line(f"v{j} = {combine.format(f'acc{j}')}[:, None]")
+                self.line(f"acc{j} = {fn}(acc{j}, {val}, propagate_nan=tl.PropagateNan.ALL)", 2)
+            self.line(f"v{j} = {self._nan_kept(combine.format(f'acc{j}'), f'acc{j}', rname)}")
             r_done.add(j)
         emit_r_before(len(spec.ops))
         # Grid axis 1 splits the output pass of a row (each program computed the row's statistics):
@@ -213,7 +214,7 @@ class _Emitter:
             self._store(k, ref, code, "xoff", "xmask & (chunk == 0)", 1)
         if x_outs:
             self.line("for r0 in range(chunk * rchunk, tl.minimum(rnumel, chunk * rchunk + rchunk), RBLOCK):")
-            self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]", 2)
+            self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if i64 else ""), 2)
             self._row_body(2)
             self.emit_ops(self.needed([o[0] for _, o in x_outs], "x"), 2)
             for k, (ref, code, *_) in x_outs:
@@ -230,7 +231,17 @@ class _Emitter:
         rname, code, _, arg = self.spec.ops[j]
         ident, combine, _ = REDUCTIONS[rname]
         val = f"tl.where(mask, {self._conv(arg, code)}, {ident})"
-        self.line(f"v{j} = {combine.format(val)}[:, None]")
+        self.line(f"r{j} = {val}")
+        self.line(f"v{j} = {self._nan_kept(combine.format(f'r{j}'), f'r{j}', rname)}")
+
+    @staticmethod
+    def _nan_kept(reduced: str, tile: str, rname: str) -> str:
+        """The row's reduction as [XBLOCK, 1]; max and min give NaN where the row holds one, as torch's
+        amax/amin do (tl.max and tl.min drop NaN)."""
+        if rname == "sum":
+            return f"{reduced}[:, None]"
+        return (f"tl.where(tl.max(({tile} != {tile}).to(tl.int32), axis=1)[:, None] > 0, float('nan'), "
+                f"{reduced}[:, None])")
 
     def _store(self, k: int, ref: int, code: str, off: str, mask: str, indent: int, full: bool = False) -> None:
         slot = self.n_in + k

@@ -96,12 +96,18 @@ def _generated_module(module: str, digest: str):
     import importlib.util
     import sys
     folder = os.path.join(tempfile.gettempdir(), f"ostinato-gen-{os.getuid()}")
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
     path = os.path.join(folder, f"{module}_{digest[:16]}.py")
-    if not os.path.exists(path):
+    text = _GENERATED[module]
+    try:
+        with open(path, encoding="utf-8") as f:
+            current = f.read()
+    except OSError:
+        current = None
+    if current != text:     # absent, or not what was registered (never import another's file as ours)
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".py")
-        with os.fdopen(fd, "w") as f:
-            f.write(_GENERATED[module])
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
         os.replace(tmp, path)
     name = f"ostinato_generated_{module}_{digest[:16]}"
     spec = importlib.util.spec_from_file_location(name, path)

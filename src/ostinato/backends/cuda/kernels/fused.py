@@ -16,7 +16,7 @@ import threading
 import torch
 
 from ....codegen.prims import DTYPES
-from ....codegen.reference import base_shape, iteration_shape, parse, split_dims
+from ....codegen.reference import base_shape, evaluate, iteration_shape, parse, split_dims
 from ....codegen.spec import GroupSpec
 from ....codegen.triton_source import render
 from ...cuda.binaries import register_source
@@ -131,7 +131,7 @@ class FusedLauncher:
             if level == "x":
                 # a lower-rank output (leading 1-dims dropped) holds the same elements in the same order
                 out_shapes.append(base[len(base) - out_rank[0]:] if out_rank else base)
-                st = _strides_in(base, fmt)
+                st = _strides_in(base, formats[-1])
                 strides.append(list(split_dims(spec, base, tuple(st))[1]) if spec.split else st)
             else:
                 strides.append(_contiguous_strides(row))
@@ -141,6 +141,8 @@ class FusedLauncher:
         numel = 1
         for d in shape:
             numel *= d
+        if numel == 0:      # empty tensors: the torch reference gives what eager gives (sums of nothing)
+            return _LaunchPlan(None, (), (0,), out_shapes, True, formats)
         if not red:
             rs, rst = [], [[] for _ in strides]
         else:
@@ -166,7 +168,10 @@ class FusedLauncher:
             lib, name = self.library(len(xs), len(rs), loop, i64)
             kernel = lib.kernel(name, XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
             if loop:
-                chunks = max(1, min(cdiv(rnumel, rblock), cdiv(_TARGET_PROGRAMS, xnumel)))
+                # split the output pass only where there is one (a reduction-only group's chunks would
+                # each read the whole row and store nothing)
+                has_x_out = any(o[2] == "x" for o in spec.outputs)
+                chunks = max(1, min(cdiv(rnumel, rblock), cdiv(_TARGET_PROGRAMS, xnumel))) if has_x_out else 1
                 rchunk = cdiv(cdiv(rnumel, chunks), rblock) * rblock
                 chunks = cdiv(rnumel, rchunk)
                 ints.append(rchunk)
@@ -184,11 +189,12 @@ class FusedLauncher:
         if plan is None:
             with self._lock:
                 plan = self._plans[key] = self.plan(tensors)
+        if plan.empty:
+            return tuple(evaluate(self.spec, tensors, args[self.n_in:]))
         device = tensors[0].device
         outs = tuple(torch.empty(s, dtype=dt, device=device, memory_format=f)
                      for s, dt, f in zip(plan.out_shapes, self.out_dtypes, plan.formats))
-        if not plan.empty:
-            plan.kernel(*tensors, *outs, *args[self.n_in:], *plan.ints, grid=plan.grid)
+        plan.kernel(*tensors, *outs, *args[self.n_in:], *plan.ints, grid=plan.grid)
         return outs
 
 
