@@ -212,7 +212,6 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
     graph_reads = {v.id for v in graph.output_values()}
     graph_reads |= {t.id for t, new in graph.mutations} | {new.id for t, new in graph.mutations}
     group_of: dict[int, FusionGroup] = {}
-    member: dict[int, FusionGroup] = {}        # id(node) -> group
     groups: list[FusionGroup] = []
     readers_of: dict[int, list[FusionGroup]] = {}   # value id -> groups reading it
 
@@ -293,7 +292,6 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
                         and all(combined.holds(v.meta) for v in node.inputs if v.id in group_of):
                     g.nodes.append(node)
                     g.space = combined
-                    member[id(node)] = g
                     for v in node.outputs:
                         if v is not None:
                             group_of[v.id] = g
@@ -305,7 +303,6 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
                 groups.remove(g)
                 g.merged_into = group
                 for n in g.nodes:
-                    member[id(n)] = group
                     for v in n.outputs:
                         if v is not None:
                             group_of[v.id] = group
@@ -315,7 +312,6 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
         else:
             group = FusionGroup([node], target, launch_at=pos)
             groups.append(group)
-        member[id(node)] = group
         for v in node.inputs:
             readers = readers_of.setdefault(v.id, [])
             if group not in readers:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from .prims import BINARY, DTYPES, REDUCTIONS, UNARY, decode_const
 
 SPEC_VERSION = 1
-_LEAF = {"in", "scalar", "const", "rnumel"}
 _OTHER = {"where": 3, "cast": 1}
 
 
@@ -50,10 +49,6 @@ class GroupSpec:
     @property
     def digest(self) -> str:
         return hashlib.sha256(self.to_json().encode()).hexdigest()
-
-    @property
-    def is_reduction(self) -> bool:
-        return bool(self.red)
 
     @classmethod
     def from_json(cls, text: str) -> "GroupSpec":
@@ -105,10 +100,3 @@ class GroupSpec:
                  "bad output rank")
         need(bool(self.outputs), "no outputs")
 
-
-def op_counts(spec: GroupSpec) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for op in spec.ops:
-        if op[0] not in _LEAF:
-            counts[op[0]] = counts.get(op[0], 0) + 1
-    return counts

@@ -27,13 +27,16 @@ class CUDABackend(CPUBackend):
         """Nodes the scheduler groups (ostinato.codegen) become one ``ost.fused`` launch each, running a
         generated Triton kernel; the rest lower one by one. Off without Triton, with
         OSTINATO_CUDA_REFERENCE=1 or OSTINATO_FUSION=0."""
-        if not codegen.fusion_enabled() or "ost.fused" not in triton_kernels():
+        if not self._fuses():
             return super().lower_graph(graph)
         return fused_launches(self, graph, self.kernel("ost.fused"))
 
     def plan_key_parts(self) -> dict[str, str]:
-        on = codegen.fusion_enabled() and "ost.fused" in triton_kernels()
-        return {"fusion": codegen.codegen_digest()[:16] if on else "off"}
+        return {"fusion": codegen.codegen_digest()[:16] if self._fuses() else "off"}
+
+    @staticmethod
+    def _fuses() -> bool:
+        return codegen.fusion_enabled() and "ost.fused" in triton_kernels()
 
     def kernel(self, op: str):
         return triton_kernels().get(op) or LIBRARY_OPS.get(op) or super().kernel(op)

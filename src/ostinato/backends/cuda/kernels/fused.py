@@ -10,6 +10,7 @@ without importing Triton.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 
@@ -138,21 +139,14 @@ class FusedLauncher:
                 out_shapes.append(row if keepdim else tuple(d for i, d in enumerate(shape) if i not in red))
         outer = [d for d in range(rank) if d not in red]
         xs, xst = _collapse([shape[d] for d in outer], [[st[d] for d in outer] for st in strides])
-        numel = 1
-        for d in shape:
-            numel *= d
+        numel = math.prod(shape)
         if numel == 0:      # empty tensors: the torch reference gives what eager gives (sums of nothing)
             return _LaunchPlan(None, (), (0,), out_shapes, True, formats)
         if not red:
             rs, rst = [], [[] for _ in strides]
         else:
             rs, rst = _collapse([shape[d] for d in red], [[st[d] for d in red] for st in strides])
-        xnumel = 1
-        for s in xs:
-            xnumel *= s
-        rnumel = 1
-        for s in rs:
-            rnumel *= s
+        xnumel, rnumel = math.prod(xs), math.prod(rs)
         biggest = max([numel] + [sum((sz - 1) * abs(s) for sz, s in zip(xs + rs, a + b)) + 1
                                  for a, b in zip(xst, rst)])
         i64 = biggest >= 2**31 - 2**20
@@ -180,7 +174,7 @@ class FusedLauncher:
             lib, name = self.library(len(xs), 0, False, i64)
             kernel = lib.kernel(name, XBLOCK=xblock, num_warps=4)
         grid = (cdiv(xnumel, xblock),) if chunks == 1 else (cdiv(xnumel, xblock), chunks)
-        return _LaunchPlan(kernel, tuple(ints), grid, out_shapes, numel == 0, formats)
+        return _LaunchPlan(kernel, tuple(ints), grid, out_shapes, False, formats)
 
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
         tensors = args[:self.n_in]
@@ -210,10 +204,7 @@ def launcher(spec_json: str) -> FusedLauncher:
 
 def run_fused(spec_json: str, *args) -> tuple[torch.Tensor, ...]:
     """ost.fused on CUDA: the group's generated kernel."""
-    f = _LAUNCHERS.get(spec_json)
-    if f is None:
-        f = launcher(spec_json)
-    return f(*args)
+    return launcher(spec_json)(*args)
 
 
 run_fused.multi_output = True
