@@ -9,12 +9,12 @@ import torch
 
 from ..ir.ops import OpDef, register_op
 from .prims import BINARY, DTYPES, HALF, REDUCTIONS, UNARY, compute_dtype, decode_const
-from .spec import GroupSpec
+from .spec import GroupSpec, LinearSpec, parse_spec
 
 
 @functools.lru_cache(maxsize=1024)
-def parse(spec_json: str) -> GroupSpec:
-    return GroupSpec.from_json(spec_json)
+def parse(spec_json: str) -> "GroupSpec | LinearSpec":
+    return parse_spec(spec_json)
 
 
 def base_shape(spec: GroupSpec, tensors) -> tuple[int, ...]:
@@ -110,9 +110,42 @@ def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
     return outs
 
 
+def split_linear_args(spec: LinearSpec, tensors) -> tuple[list, list, list, list]:
+    """A matmul group's launch tensors as (prologue inputs, weights, biases, epilogue inputs other than
+    the slices' results)."""
+    n_pro, g = len(spec.pro.inputs), len(spec.w)
+    weights = list(tensors[n_pro:n_pro + g])
+    biases = list(tensors[n_pro + g:n_pro + 2 * g]) if spec.bias else [None] * g
+    return list(tensors[:n_pro]), weights, biases, list(tensors[n_pro + g * (2 if spec.bias else 1):])
+
+
+def epilogue_inputs(spec: LinearSpec, rest: list, results: list) -> list:
+    """The epilogue's inputs in its order: slice g's result at ``acc[g]``, the other tensors in turn."""
+    it = iter(rest)
+    where = {k: g for g, k in enumerate(spec.acc)}
+    return [results[where[k]] if k in where else next(it) for k in range(len(spec.epi.inputs))]
+
+
+def evaluate_linear(spec: LinearSpec, tensors, scalars) -> list[torch.Tensor]:
+    """A matmul group with torch: the prologue, one ``linear`` per slice (as eager runs it), the epilogue."""
+    pro_in, weights, biases, rest = split_linear_args(spec, tensors)
+    n_sc = len(spec.pro.scalars)
+    pro_outs = evaluate(spec.pro, pro_in, scalars[:n_sc])
+    a = pro_outs[spec.a]
+    results = [torch.nn.functional.linear(a, w, b) for w, b in zip(weights, biases)]
+    outs = [o for o, keep in zip(pro_outs, spec.pro_store) if keep]
+    outs += [r for r, keep in zip(results, spec.mm_store) if keep]
+    if spec.epi is not None:
+        outs += evaluate(spec.epi, epilogue_inputs(spec, rest, results), scalars[n_sc:])
+    return outs
+
+
 def fused(spec_json: str, *args) -> tuple[torch.Tensor, ...]:
     """``ost.fused``: a fusion group's outputs, computed with torch (its inputs, then its host scalars)."""
     spec = parse(spec_json)
+    if isinstance(spec, LinearSpec):
+        n = spec.n_tensors
+        return tuple(evaluate_linear(spec, args[:n], args[n:]))
     n = len(spec.inputs)
     return tuple(evaluate(spec, args[:n], args[n:]))
 

@@ -345,4 +345,7 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
             out.append(last_of[id(n)])
         elif id(n) not in fused:
             out.append(n)
+    from .linear import absorb_linears, linear_fusion_enabled    # it builds on this module's groups
+    if linear_fusion_enabled():
+        out = absorb_linears(graph, out, users, graph_reads)
     return out

@@ -41,10 +41,12 @@ class GroupSpec:
         if self.split is None:
             self.split = []
 
+    def to_dict(self) -> dict:
+        return {"v": SPEC_VERSION, "rank": self.rank, "red": self.red, "inputs": self.inputs,
+                "scalars": self.scalars, "ops": self.ops, "outputs": self.outputs, "split": self.split}
+
     def to_json(self) -> str:
-        return json.dumps({"v": SPEC_VERSION, "rank": self.rank, "red": self.red, "inputs": self.inputs,
-                           "scalars": self.scalars, "ops": self.ops, "outputs": self.outputs, "split": self.split},
-                          sort_keys=True, separators=(",", ":"))
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     @property
     def digest(self) -> str:
@@ -53,7 +55,10 @@ class GroupSpec:
     @classmethod
     def from_json(cls, text: str) -> "GroupSpec":
         """Parse and check a spec; ValueError naming the first thing wrong."""
-        d = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, d) -> "GroupSpec":
         if not isinstance(d, dict) or d.get("v") != SPEC_VERSION:
             raise ValueError("fusion spec has another version")
         spec = cls(d["rank"], d["red"], d["inputs"], d["scalars"], d["ops"], d["outputs"], d.get("split", []))
@@ -100,3 +105,100 @@ class GroupSpec:
                  "bad output rank")
         need(bool(self.outputs), "no outputs")
 
+
+
+@dataclass
+class LinearSpec:
+    """A matmul group: a projection ``y_g = A @ W_g.T (+ b_g)`` over the weight slices ``g`` (one
+    ``aten.linear``, or the packed siblings of an ``ost.multi_linear``) with its neighbours in one kernel.
+
+    - ``pro``: the prologue, a group over ``[..., K]`` reducing K (a norm) or none (pointwise; ``red``
+      then still names K, for addressing); its output ``a`` is A (never stored unless ``pro_store``
+      says so: other readers), the other outputs are values read outside, stored once.
+    - ``w``: the rows of each weight slice; ``bias``: whether each slice has a bias; ``dt``: the
+      projection's dtype (its result rounds to it, as cuBLAS's does).
+    - ``mm_store``: per slice, whether the projection's result itself is an output (read outside the
+      epilogue); without an epilogue every slice is, as views of one ``[..., sum(w)]`` buffer.
+    - ``epi``: the epilogue, a pointwise group over ``[..., N]`` (``red`` names N, for addressing) whose
+      input ``acc[g]`` is slice g's result; every slice then has N rows.
+
+    A launch's tensors: the prologue's inputs, the weights, the biases, the epilogue's inputs other than
+    ``acc``; then the host scalars of the prologue and of the epilogue. Its outputs: the stored prologue
+    outputs, the stored slices, the epilogue's outputs.
+    """
+    pro: GroupSpec
+    a: int
+    pro_store: list[bool]
+    w: list[int]
+    bias: bool
+    dt: str
+    mm_store: list[bool]
+    epi: GroupSpec | None = None
+    acc: list[int] | None = None
+
+    def __post_init__(self):
+        if self.acc is None:
+            self.acc = []
+
+    def to_json(self) -> str:
+        return json.dumps({"v": SPEC_VERSION, "kind": "linear", "pro": self.pro.to_dict(), "a": self.a,
+                           "pro_store": self.pro_store, "w": self.w, "bias": self.bias, "dt": self.dt,
+                           "mm_store": self.mm_store, "epi": self.epi.to_dict() if self.epi else None,
+                           "acc": self.acc}, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    @property
+    def n_tensors(self) -> int:
+        epi = len(self.epi.inputs) - len(self.acc) if self.epi else 0
+        return len(self.pro.inputs) + len(self.w) * (2 if self.bias else 1) + epi
+
+    @property
+    def n_outputs(self) -> int:
+        return sum(self.pro_store) + sum(self.mm_store) + (len(self.epi.outputs) if self.epi else 0)
+
+    @classmethod
+    def from_dict(cls, d) -> "LinearSpec":
+        if not isinstance(d, dict) or d.get("v") != SPEC_VERSION or d.get("kind") != "linear":
+            raise ValueError("linear spec has another version")
+        spec = cls(GroupSpec.from_dict(d["pro"]), d["a"], d["pro_store"], d["w"], d["bias"], d["dt"], d["mm_store"],
+                   GroupSpec.from_dict(d["epi"]) if d["epi"] is not None else None, d["acc"])
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        def need(cond, what):
+            if not cond:
+                raise ValueError(f"linear spec: {what}")
+
+        pro, epi = self.pro, self.epi
+        need(pro.rank >= 2 and pro.red == [pro.rank - 1] and not pro.split, "the prologue must walk [..., K]")
+        need(isinstance(self.a, int) and 0 <= self.a < len(pro.outputs) and pro.outputs[self.a][2] == "x",
+             "A must be a full-size prologue output")
+        need(isinstance(self.pro_store, list) and len(self.pro_store) == len(pro.outputs)
+             and all(isinstance(s, bool) for s in self.pro_store), "bad pro_store")
+        need(isinstance(self.w, list) and self.w and all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                                         for n in self.w), "bad weight rows")
+        need(isinstance(self.bias, bool) and self.dt in ("f16", "bf16", "f32"), "bad bias or dtype")
+        need(isinstance(self.mm_store, list) and len(self.mm_store) == len(self.w)
+             and all(isinstance(s, bool) for s in self.mm_store), "bad mm_store")
+        if epi is None:
+            need(self.acc == [] and all(self.mm_store), "without an epilogue every slice is stored")
+            return
+        need(epi.rank >= 2 and epi.red == [epi.rank - 1] and not epi.split
+             and not any(op[0] in REDUCTIONS for op in epi.ops), "the epilogue must be pointwise over [..., N]")
+        need(isinstance(self.acc, list) and len(self.acc) == len(self.w) and len(set(self.acc)) == len(self.acc)
+             and all(isinstance(i, int) and 0 <= i < len(epi.inputs) and epi.inputs[i][0] == self.dt
+                     and epi.inputs[i][1] == "x" and epi.inputs[i][2] == 0 for i in self.acc),
+             "every slice must be a full-size epilogue input of the projection's dtype")
+        need(len(set(self.w)) == 1, "the slices an epilogue reads must have one size")
+
+
+def parse_spec(text: str) -> "GroupSpec | LinearSpec":
+    """A group's spec from its JSON, of either kind; ValueError naming the first thing wrong."""
+    d = json.loads(text)
+    if isinstance(d, dict) and d.get("kind") == "linear":
+        return LinearSpec.from_dict(d)
+    return GroupSpec.from_dict(d)

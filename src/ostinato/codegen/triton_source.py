@@ -11,9 +11,11 @@ Only text is produced here: nothing imports Triton until a kernel must be compil
 """
 from __future__ import annotations
 
+import re
+
 from .prims import (BINARY, COMPARE, FLOATS, HALF, LOGICAL, REDUCTIONS, TRITON_TYPES, UNARY, compute_code,
                     decode_const, literal, template)
-from .spec import GroupSpec
+from .spec import GroupSpec, LinearSpec
 
 
 def kernel_name(spec: GroupSpec) -> str:
@@ -44,6 +46,9 @@ class _Emitter:
         self.n_in = len(spec.inputs)
         self.lines: list[str] = []
         self.interpreted = interpreted
+        self.rblock = "RBLOCK"                  # the row tile's width (a matmul's epilogue: its column tile)
+        self.loaded: dict[int, str] = {}       # input -> the expression that holds it (a matmul's result)
+        self.i64 = False
 
     def line(self, text: str, indent: int = 1) -> None:
         self.lines.append("    " * indent + text)
@@ -73,6 +78,8 @@ class _Emitter:
         ct = _ct(code)
         if name == "in":
             k = args[0]
+            if k in self.loaded:
+                return self.loaded[k]
             off = f"xoff{k}" if level == "r" or not self.row else f"xoff{k} + roff{k}"
             mask = "xmask" if level == "r" or not self.row else "mask"
             load = f"tl.load(in{k} + {off}, mask={mask}, other=0)"
@@ -163,15 +170,6 @@ class _Emitter:
             return "\n".join(self.lines) + "\n"
         x_outs = [(k, o) for k, o in enumerate(spec.outputs) if o[2] == "x"]
         r_outs = [(k, o) for k, o in enumerate(spec.outputs) if o[2] == "r"]
-        reductions = [i for i, op in enumerate(spec.ops) if op[0] in REDUCTIONS]
-        r_done: set[int] = set()
-
-        def emit_r_before(limit: int) -> None:
-            ids = [i for i, op in enumerate(spec.ops) if i < limit and op[2] == "r" and i not in r_done
-                   and op[0] not in REDUCTIONS]
-            self.emit_ops(ids, 1)
-            r_done.update(ids)
-
         self.i64 = i64
         if not loop:
             self.line("ridx = tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if i64 else ""))
@@ -187,26 +185,7 @@ class _Emitter:
                 else:
                     self._store(k, ref, code, "xoff", "xmask", 1)
             return "\n".join(self.lines) + "\n"
-        for j in reductions:
-            emit_r_before(j)
-            rname, code = spec.ops[j][0], spec.ops[j][1]
-            ident, combine, _ = REDUCTIONS[rname]
-            arg = spec.ops[j][3]
-            act = _ct(code)
-            self.line(f"acc{j} = tl.full([XBLOCK, RBLOCK], {ident}, {act})")
-            self.line("for r0 in range(0, rnumel, RBLOCK):")
-            self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if i64 else ""), 2)
-            self._row_body(2)
-            self.emit_ops(self.needed([arg], "x"), 2)
-            val = f"tl.where(mask, {self._conv(arg, code)}, {ident})"
-            if rname == "sum":
-                self.line(f"acc{j} = acc{j} + {val}", 2)
-            else:
-                fn = "tl.maximum" if rname == "rmax" else "tl.minimum"
-                self.line(f"acc{j} = {fn}(acc{j}, {val}, propagate_nan=tl.PropagateNan.ALL)", 2)
-            self.line(f"v{j} = {self._nan_kept(combine.format(f'acc{j}'), f'acc{j}', rname)}")
-            r_done.add(j)
-        emit_r_before(len(spec.ops))
+        self.looped_reductions(set())
         # Grid axis 1 splits the output pass of a row (each program computed the row's statistics):
         # rows that are few and long still fill the GPU. Row-level results are stored by chunk 0.
         self.line("chunk = tl.program_id(1)")
@@ -220,6 +199,38 @@ class _Emitter:
             for k, (ref, code, *_) in x_outs:
                 self._store(k, ref, code, "xoff{k} + roff{k}", "mask", 2, full=True)
         return "\n".join(self.lines) + "\n"
+
+    def looped_reductions(self, r_done: set[int]) -> None:
+        """Each reduction as a loop over the row in RBLOCK chunks (recomputing the pointwise ops it
+        reads), then every row-level op: the statistics the x-level outputs need."""
+        spec = self.spec
+
+        def emit_r_before(limit: int) -> None:
+            ids = [i for i, op in enumerate(spec.ops) if i < limit and op[2] == "r" and i not in r_done
+                   and op[0] not in REDUCTIONS]
+            self.emit_ops(ids, 1)
+            r_done.update(ids)
+
+        for j in [i for i, op in enumerate(spec.ops) if op[0] in REDUCTIONS]:
+            emit_r_before(j)
+            rname, code = spec.ops[j][0], spec.ops[j][1]
+            ident, combine, _ = REDUCTIONS[rname]
+            arg = spec.ops[j][3]
+            act = _ct(code)
+            self.line(f"acc{j} = tl.full([XBLOCK, RBLOCK], {ident}, {act})")
+            self.line("for r0 in range(0, rnumel, RBLOCK):")
+            self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.i64 else ""), 2)
+            self._row_body(2)
+            self.emit_ops(self.needed([arg], "x"), 2)
+            val = f"tl.where(mask, {self._conv(arg, code)}, {ident})"
+            if rname == "sum":
+                self.line(f"acc{j} = acc{j} + {val}", 2)
+            else:
+                fn = "tl.maximum" if rname == "rmax" else "tl.minimum"
+                self.line(f"acc{j} = {fn}(acc{j}, {val}, propagate_nan=tl.PropagateNan.ALL)", 2)
+            self.line(f"v{j} = {self._nan_kept(combine.format(f'acc{j}'), f'acc{j}', rname)}")
+            r_done.add(j)
+        emit_r_before(len(spec.ops))
 
     def _row_body(self, indent: int) -> None:
         self.line("rmask = ridx < rnumel", indent)
@@ -248,7 +259,7 @@ class _Emitter:
         offset = off.format(k=slot) if "{k}" in off else f"{off}{slot}"
         value = f"v{ref}"
         if full and self.spec.ops[ref][2] == "r":
-            value = f"tl.broadcast_to({value}, [XBLOCK, RBLOCK])"
+            value = f"tl.broadcast_to({value}, [XBLOCK, {self.rblock}])"
         elif not self.row and self.spec.ops[ref][2] == "r":
             value = f"tl.broadcast_to({value}, [XBLOCK])"
         store_ty = TRITON_TYPES[code]
@@ -265,3 +276,102 @@ def render(spec: GroupSpec, xr: int, rr: int, loop: bool, i64: bool, interpreted
     head = ('"""Generated by ostinato.codegen from a fusion group; do not edit."""\n'
             "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n")
     return head + f"# spec: {spec.to_json()}\n" + body, name
+
+
+# A matmul group (spec.LinearSpec): the prologue's and the epilogue's emitters write their names with
+# a prefix (p_, e_) so one kernel holds both; the shared row index (xidx, xmask) is the matmul's rows.
+_OWN_NAMES = re.compile(r"\b(?:(?:in|out|sc|v|acc|r|xoff|roff)\d+|(?:xst|rst)\d+_\d+|xnumel|rnumel)\b")
+
+
+def _prefixed(lines: list[str], prefix: str) -> list[str]:
+    return [_OWN_NAMES.sub(lambda m: prefix + m.group(0), line) for line in lines]
+
+
+def linear_param_names(spec: LinearSpec) -> list[str]:
+    """The matmul kernel's runtime parameters, in launch order: the prologue's (as a row group over
+    [M, K]), the weights and biases, the projection's output, the epilogue's (over [M, N]), then the
+    columns walked, the weights' row stride and the output's."""
+    names = ["p_" + n for n in param_names(spec.pro, 1, 1)] + ["w"] + (["bias"] if spec.bias else [])
+    names += ["mm"] + (["e_" + n for n in param_names(spec.epi, 1, 1)] if spec.epi else [])
+    return names + ["ncols", "wst", "mmst"]
+
+
+def render_linear(spec: LinearSpec, one_row: bool, interpreted: bool = False) -> tuple[str, str]:
+    """(module source, kernel name) of a matmul group's kernel. Each program computes NBLOCK columns of
+    every row (XBLOCK >= the rows): the prologue's statistics first (loops over K), then one loop over
+    K that makes A's tile from the prologue's ops and multiplies it into the weights' [NBLOCK, RBLOCK]
+    tiles (one per slice the epilogue reads), then the bias, the rounding to the projection's dtype and
+    the epilogue on the [XBLOCK, NBLOCK] result tile. ``one_row``: a single row, accumulated as
+    [NBLOCK, RBLOCK] and reduced once at the end."""
+    name = f"lin_{spec.digest[:16]}_{'m1' if one_row else 'mb'}{'_i' if interpreted else ''}"
+    dt = TRITON_TYPES[spec.dt]
+    half = spec.dt in HALF
+    pro = _Emitter(spec.pro, 1, 1, interpreted)
+    slices = [(g, g * spec.w[0]) for g in range(len(spec.w))] if spec.epi else [(0, 0)]
+    lines = ["@triton.jit", f"def {name}({', '.join(linear_param_names(spec))}, XBLOCK: tl.constexpr, "
+             "RBLOCK: tl.constexpr, NBLOCK: tl.constexpr):"]
+    out = lines.append
+
+    pro.lines = []
+    pro.line("pid = tl.program_id(0)")
+    pro.line("xidx = tl.arange(0, XBLOCK)[:, None]")
+    pro.line("xmask = xidx < xnumel")
+    pro.coords("x", "xidx", 1, 1)
+    pro.offsets("x", 1, 1)
+    pro.looped_reductions(set())
+    lines += _prefixed(pro.lines, "p_")
+    out("    col = pid * NBLOCK + tl.arange(0, NBLOCK)")
+    out("    cmask = col < ncols")
+    for g, _ in slices:
+        out(f"    mm_{g} = tl.zeros({'[NBLOCK, RBLOCK]' if one_row else '[XBLOCK, NBLOCK]'}, tl.float32)")
+    out("    for r0 in range(0, p_rnumel, RBLOCK):")
+    out("        ridx = r0 + tl.arange(0, RBLOCK)[None, :]")
+    x_stores = [(k, o) for k, o in enumerate(spec.pro.outputs) if spec.pro_store[k] and o[2] == "x"]
+    r_stores = [(k, o) for k, o in enumerate(spec.pro.outputs) if spec.pro_store[k] and o[2] == "r"]
+    a_ref = spec.pro.outputs[spec.a][0]
+    pro.lines = []
+    pro._row_body(2)
+    pro.emit_ops(pro.needed([a_ref] + [o[0] for _, o in x_stores], "x"), 2)
+    for k, (ref, code, *_) in x_stores:
+        pro._store(k, ref, code, "xoff{k} + roff{k}", "mask & (pid == 0)", 2, full=True)
+    lines += _prefixed(pro.lines, "p_")
+    out(f"        a = tl.where(mask, tl.broadcast_to(p_v{a_ref}, [XBLOCK, RBLOCK]), 0.0)")
+    for g, off in slices:
+        out(f"        wv = tl.load(w + (col[:, None] + {off}).to(tl.int64) * wst + ridx, "
+            "mask=cmask[:, None] & rmask, other=0).to(tl.float32)")
+        if one_row:
+            out(f"        mm_{g} += wv * a")
+        else:
+            out(f"        mm_{g} += tl.sum(a[:, None, :] * wv[None, :, :], axis=2)")
+    for g, off in slices:
+        if one_row:
+            out(f"    mm_{g} = tl.sum(mm_{g}, axis=1)[None, :]")
+        if spec.bias:
+            out(f"    mm_{g} = mm_{g} + tl.load(bias + col + {off}, mask=cmask, other=0).to(tl.float32)[None, :]")
+        if half:
+            out(f"    mm_{g} = mm_{g}.to({dt}).to(tl.float32)")
+        if spec.mm_store[g]:
+            out(f"    tl.store(mm + xidx * mmst + (col + {off})[None, :], mm_{g}.to({dt}), mask=xmask & cmask[None, :])")
+    pro.lines = []
+    for k, (ref, code, *_) in r_stores:
+        pro._store(k, ref, code, "xoff", "xmask & (pid == 0)", 1)
+    lines += _prefixed(pro.lines, "p_")
+    if spec.epi is not None:
+        epi = _Emitter(spec.epi, 1, 1, interpreted)
+        epi.rblock = "NBLOCK"
+        epi.loaded = {k: f"mm_{g}" for g, k in enumerate(spec.acc)}
+        epi.lines = []
+        epi.coords("x", "xidx", 1, 1)
+        epi.offsets("x", 1, 1)
+        epi.line("ridx = col[None, :]")
+        epi._row_body(1)
+        epi.emit_ops(range(len(spec.epi.ops)), 1)
+        for k, (ref, code, level, *_) in enumerate(spec.epi.outputs):
+            if level == "x":
+                epi._store(k, ref, code, "xoff{k} + roff{k}", "mask", 1, full=True)
+            else:
+                epi._store(k, ref, code, "xoff", "xmask", 1)
+        lines += _prefixed(epi.lines, "e_")     # (mm_{g}, the kernel's own names, carry no prefix)
+    head = ('"""Generated by ostinato.codegen from a matmul group; do not edit."""\n'
+            "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n")
+    return head + f"# spec: {spec.to_json()}\n" + "\n".join(lines) + "\n", name

@@ -17,9 +17,11 @@ import threading
 import torch
 
 from ....codegen.prims import DTYPES
-from ....codegen.reference import base_shape, evaluate, iteration_shape, parse, split_dims
-from ....codegen.spec import GroupSpec
-from ....codegen.triton_source import render
+from ....codegen.reference import (base_shape, epilogue_inputs, evaluate, evaluate_linear, iteration_shape, parse,
+                                   split_dims, split_linear_args)
+from ....codegen.spec import GroupSpec, LinearSpec
+from ....codegen.triton_source import render, render_linear
+from ....ir.fused_ops import _packed_rows
 from ...cuda.binaries import register_source
 from ..runtime import KernelLibrary
 from .common import cdiv
@@ -116,15 +118,8 @@ class FusedLauncher:
         rank, red = spec.rank, spec.red
         row = tuple(1 if i in red else d for i, d in enumerate(shape))
         base = base_shape(spec, tensors) if spec.split else shape
-        brank = len(base)
-        strides: list[list[int]] = []
-        for k, t in enumerate(tensors):
-            unsq = spec.inputs[k][2]
-            tshape = tuple(t.shape) + (1,) * unsq
-            tstride = tuple(t.stride()) + (0,) * unsq
-            pad = brank - len(tshape)
-            st = [0 if d < pad or tshape[d - pad] == 1 else tstride[d - pad] for d in range(brank)]
-            strides.append(list(split_dims(spec, base, tuple(st))[1]) if spec.split else st)
+        strides = [list(split_dims(spec, base, tuple(st))[1]) if spec.split else st
+                   for st in _operand_strides(spec, tensors, base)]
         out_shapes, formats = [], []
         fmt = _layout_of(tensors, base)
         for _, _, level, keepdim, *out_rank in spec.outputs:
@@ -192,13 +187,141 @@ class FusedLauncher:
         return outs
 
 
-_LAUNCHERS: dict[str, FusedLauncher] = {}
+def _operand_strides(spec: GroupSpec, tensors, shape: tuple) -> list[list[int]]:
+    """Each input's strides over ``shape`` (right-aligned, ``unsq`` trailing 1-dims added; 0 where it
+    broadcasts)."""
+    out = []
+    for k, t in enumerate(tensors):
+        unsq = spec.inputs[k][2]
+        tshape = tuple(t.shape) + (1,) * unsq
+        tstride = tuple(t.stride()) + (0,) * unsq
+        pad = len(shape) - len(tshape)
+        out.append([0 if d < pad or tshape[d - pad] == 1 else tstride[d - pad] for d in range(len(shape))])
+    return out
 
 
-def launcher(spec_json: str) -> FusedLauncher:
+class _LinearPlan:
+    __slots__ = ("kernel", "grid", "pro_ints", "epi_ints", "tail", "pro_shapes", "epi_shape", "mm_shape", "views")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+class LinearLauncher:
+    """A matmul group's kernel (codegen.spec.LinearSpec): its prologue and epilogue addressed like any
+    group's (their row dims collapsed into one: the matmul's rows), the weights as one packed [N, K]
+    matrix. Where an operand's layout does not collapse or the weights are not packed, the group runs
+    its torch reference."""
+
+    def __init__(self, spec: LinearSpec):
+        self.spec = spec
+        self.n_tensors = spec.n_tensors
+        self._plans: dict[tuple, _LinearPlan | None] = {}
+        self._libraries: dict[tuple, KernelLibrary] = {}
+        self._lock = threading.Lock()
+
+    def library(self, one_row: bool) -> KernelLibrary:
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        key = (one_row, interpreted)
+        lib = self._libraries.get(key)
+        if lib is None:
+            source, name = render_linear(self.spec, one_row, interpreted)
+            register_source(f"gen_{name}", source)
+            lib = self._libraries[key] = KernelLibrary(f"gen_{name}", {"k": name})
+        return lib
+
+    @staticmethod
+    def _rows_and_cols(sizes: list[int], strides: list[list[int]]) -> list[int] | None:
+        """The ints of a group walked as [rows, last dim]: rows, columns, then per operand its row and
+        column strides; None where the leading dims do not collapse into one."""
+        xs, xst = _collapse(sizes[:-1], [st[:-1] for st in strides])
+        if len(xs) != 1:
+            return None
+        ints = [xs[0], sizes[-1]]
+        for a, st in zip(xst, strides):
+            ints += [a[0], st[-1]]
+        return ints
+
+    def plan(self, tensors) -> _LinearPlan | None:
+        spec = self.spec
+        pro_in, weights, biases, rest = split_linear_args(spec, tensors)
+        w = _packed_rows(weights)
+        b = _packed_rows(biases) if spec.bias else None
+        if w is None or w.stride(1) != 1 or (spec.bias and b is None):
+            return None
+        pshape = base_shape(spec.pro, pro_in)
+        rows, k = pshape[:-1], pshape[-1]
+        if k != w.shape[1] or math.prod(rows) == 0:
+            return None
+        row = rows + (1,)
+        pro_shapes = [pshape if level == "x" else row if keepdim else rows
+                      for _, _, level, keepdim, *_ in spec.pro.outputs]
+        strides = _operand_strides(spec.pro, pro_in, pshape)
+        strides += [_contiguous_strides(pshape if o[2] == "x" else row) for o in spec.pro.outputs]
+        pro_ints = self._rows_and_cols(list(pshape), strides)
+        n = spec.w[0] if spec.epi is not None else w.shape[0]
+        epi_shape, epi_ints = rows + (n,), []
+        if spec.epi is not None:
+            placeholder = torch.empty(epi_shape, device=w.device, dtype=w.dtype)
+            inputs = epilogue_inputs(spec, rest, [placeholder] * len(spec.w))
+            strides = _operand_strides(spec.epi, inputs, epi_shape)
+            strides += [_contiguous_strides(epi_shape) for _ in spec.epi.outputs]
+            epi_ints = self._rows_and_cols(list(epi_shape), strides)
+        if pro_ints is None or epi_ints is None:
+            return None
+        m = math.prod(rows)
+        xblock = _pow2(m)
+        nblock = min(64, max(2, _pow2(n // 256 + 1) // 2))
+        budget = 8192 if m == 1 else 8192 // xblock
+        rblock = max(16, min(512, _pow2(k), budget // (nblock * (len(spec.w) if spec.epi else 1))))
+        kernel = self.library(m == 1).kernel("k", XBLOCK=xblock, RBLOCK=rblock, NBLOCK=nblock, num_warps=4)
+        ntot = w.shape[0]
+        views = [(g * spec.w[0] if spec.epi else sum(spec.w[:g]), spec.w[g]) for g in range(len(spec.w))
+                 if spec.mm_store[g]]
+        return _LinearPlan(kernel=kernel, grid=(cdiv(n, nblock),), pro_ints=pro_ints, epi_ints=epi_ints,
+                           tail=[n, w.stride(0), ntot], pro_shapes=pro_shapes, epi_shape=epi_shape,
+                           mm_shape=rows + (ntot,), views=views)
+
+    def __call__(self, *args) -> tuple[torch.Tensor, ...]:
+        spec = self.spec
+        tensors, scalars = args[:self.n_tensors], args[self.n_tensors:]
+        key = tuple((t.shape, t.stride()) for t in tensors)
+        if key not in self._plans:
+            with self._lock:
+                self._plans[key] = self.plan(tensors)
+        plan = self._plans[key]
+        if plan is None:
+            return tuple(evaluate_linear(spec, tensors, scalars))
+        pro_in, weights, biases, rest = split_linear_args(spec, tensors)
+        device, n_sc = weights[0].device, len(spec.pro.scalars)
+        pro_outs = [torch.empty(s, dtype=DTYPES[o[1]], device=device) if keep else weights[0]
+                    for s, o, keep in zip(plan.pro_shapes, spec.pro.outputs, spec.pro_store)]
+        mm = torch.empty(plan.mm_shape, dtype=weights[0].dtype, device=device) if plan.views else weights[0]
+        kargs = [*pro_in, *pro_outs, *scalars[:n_sc], *plan.pro_ints, weights[0]]
+        if spec.bias:
+            kargs.append(biases[0])
+        kargs.append(mm)
+        epi_outs = []
+        if spec.epi is not None:
+            epi_outs = [torch.empty(plan.epi_shape, dtype=DTYPES[o[1]], device=device) for o in spec.epi.outputs]
+            kargs += [*epilogue_inputs(spec, rest, [weights[0]] * len(spec.w)), *epi_outs, *scalars[n_sc:],
+                      *plan.epi_ints]
+        plan.kernel(*kargs, *plan.tail, grid=plan.grid)
+        outs = [t for t, keep in zip(pro_outs, spec.pro_store) if keep]
+        outs += [mm.narrow(-1, start, size) for start, size in plan.views]
+        return tuple(outs + epi_outs)
+
+
+_LAUNCHERS: dict[str, "FusedLauncher | LinearLauncher"] = {}
+
+
+def launcher(spec_json: str) -> "FusedLauncher | LinearLauncher":
     f = _LAUNCHERS.get(spec_json)
     if f is None:
-        f = _LAUNCHERS.setdefault(spec_json, FusedLauncher(spec_json))
+        spec = parse(spec_json)
+        made = LinearLauncher(spec) if isinstance(spec, LinearSpec) else FusedLauncher(spec_json)
+        f = _LAUNCHERS.setdefault(spec_json, made)
     return f
 
 

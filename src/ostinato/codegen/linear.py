@@ -1,0 +1,230 @@
+"""Projections with their neighbours: a decode-shaped matmul (at most MAX_ROWS rows) becomes one generated
+kernel together with the group that feeds it (a norm in any algebraic form, any pointwise chain: the
+prologue) and the pointwise group that reads its result (bias, activation, gating of an
+``ost.multi_linear``'s slices, a residual add: the epilogue). The matmul itself is a GEMV-like loop over
+K that every program runs for its block of output columns, recomputing the prologue on the fly: the
+prologue's input is a few rows (L2-resident), so the norm's output is never written and read back, and
+the projection's result never leaves registers before the epilogue.
+
+The pass runs on the scheduler's result (schedule.py): a projection absorbs the fusion group or the
+lone fusible node producing its input, and the one reading its result, when that moves no read across a
+write (an impure node) and no value is read before the merged kernel has made it. Projections with
+neither neighbour stay cuBLAS calls.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+from ..ir import Graph, Node, Value, get_op
+from ..ir.types import TensorMeta
+from .expand import Builder, NotFusible, code_of
+from .schedule import FusionGroup, Space, node_space
+from .spec import LinearSpec
+
+log = logging.getLogger("ostinato")
+
+LINEAR_OPS = ("aten.linear", "ost.multi_linear")
+MAX_ROWS = 16       # decode-shaped: more rows are cuBLAS's (tensor-core GEMMs)
+
+
+def linear_fusion_enabled() -> bool:
+    """OSTINATO_FUSE_LINEAR=0 keeps every projection a cuBLAS call (the A/B switch)."""
+    return os.environ.get("OSTINATO_FUSE_LINEAR", "1") != "0"
+
+
+def _static(shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None] | None:
+    """(x, weights, biases) of a projection the generated kernel takes, else None: static shapes, a
+    float dtype shared by all, at most MAX_ROWS rows, constant [N, K] weights."""
+    if node.op == "aten.linear":
+        x, w = node.args[0], node.args[1]
+        b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+        weights, biases = [w], None if b is None else [b]
+    elif node.op == "ost.multi_linear" and not node.kwargs:
+        x, weights, biases = node.args
+        weights = list(weights)
+        biases = None if biases is None else list(biases)
+    else:
+        return None
+    if not isinstance(x, Value) or not isinstance(x.meta, TensorMeta) or not _static(x.meta.shape):
+        return None
+    shape = tuple(x.meta.shape)
+    code = code_of(x)
+    if len(shape) < 2 or code not in ("f16", "bf16", "f32") or shape[-1] < 2 \
+            or not 1 <= math.prod(shape[:-1]) <= MAX_ROWS:
+        return None
+    for w in weights:
+        if not (isinstance(w, Value) and w.role == "constant" and isinstance(w.meta, TensorMeta)
+                and code_of(w) == code and _static(w.meta.shape) and len(w.meta.shape) == 2
+                and w.meta.shape[1] == shape[-1]):
+            return None
+    for b, w in zip(biases or (), weights):
+        if not (isinstance(b, Value) and b.role == "constant" and code_of(b) == code
+                and tuple(b.meta.shape) == (w.meta.shape[0],)):
+            return None
+    if len(node.outputs) != len(weights) or any(v is None for v in node.outputs):
+        return None
+    return x, weights, biases
+
+
+class LinearGroup(FusionGroup):
+    """A projection with its prologue and epilogue nodes, lowered as one ``ost.fused`` launch like any
+    fusion group (its ``space`` is None: the spec holds the prologue's and the epilogue's)."""
+
+    def __init__(self, nodes: list[Node], spec: LinearSpec, inputs: list[Value], outputs: list[Value],
+                 launch_at: int):
+        super().__init__(nodes, None, closed=True, launch_at=launch_at)
+        self.spec, self.inputs, self.outputs = spec, inputs, outputs
+
+
+def _build(nodes: list[Node], shape: tuple, read_outside: set[int]):
+    """A group of ``nodes`` over ``shape`` walked as [..., last dim] (schedule.FusionGroup.build)."""
+    g = FusionGroup(list(nodes), Space(tuple(shape), (len(shape) - 1,)))
+    g.build(read_outside)
+    return g
+
+
+def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]) -> list:
+    """``items`` (the scheduler's result, in run order) with each projection that has a prologue or an
+    epilogue to take replaced by a LinearGroup."""
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    impure = [i for i, n in enumerate(graph.nodes) if get_op(n.op) is None or not get_op(n.op).pure]
+    items = list(items)
+
+    def members(item) -> list[Node]:
+        return item.nodes if isinstance(item, FusionGroup) else [item]
+
+    def run_at(item) -> int:
+        return item.launch_at if isinstance(item, FusionGroup) else position[id(item)]
+
+    def item_of() -> tuple[dict[int, object], dict[int, object]]:
+        """(value id -> the item making it, node id -> the item holding it)."""
+        by_value, by_node = {}, {}
+        for it in items:
+            for n in members(it):
+                by_node[id(n)] = it
+                for v in n.outputs:
+                    if v is not None:
+                        by_value[v.id] = it
+        return by_value, by_node
+
+    def row_space(item, shape: tuple, pointwise: bool) -> bool:
+        """Whether a group or lone node works over exactly ``shape`` (reducing its last dim at most)."""
+        if isinstance(item, FusionGroup):
+            sp = item.space
+            return sp is not None and not sp.split and not sp.short and tuple(sp.shape) == shape and (
+                sp.red == () or (not pointwise and sp.red == (len(shape) - 1,)))
+        if isinstance(item, Node):
+            sp = node_space(item, users, graph_reads)
+            return sp is not None and not sp.split and tuple(sp.shape) == shape and (
+                sp.red == () or (not pointwise and sp.red == (len(shape) - 1,)))
+        return False
+
+    for node in [it for it in items if isinstance(it, Node) and it.op in LINEAR_OPS]:
+        parts = linear_parts(node)
+        if parts is None:
+            continue
+        x, weights, biases = parts
+        owner, holder = item_of()
+        outs = list(node.outputs)
+        pro = owner.get(x.id)
+        if pro is not None and not row_space(pro, tuple(x.meta.shape), pointwise=False):
+            pro = None
+        # the epilogue: the first group (or lone node) reading the projection's results, pointwise over
+        # one slice's shape and reading every slice
+        epi = None
+        readers = sorted({id(holder[id(u)]): holder[id(u)] for v in outs for u in users.get(v.id, ())
+                          if id(u) in holder}.values(), key=run_at)
+        for cand in readers:
+            if cand is pro or not row_space(cand, tuple(outs[0].meta.shape), pointwise=True) \
+                    or len({tuple(v.meta.shape) for v in outs}) != 1:
+                continue
+            cand_nodes = {id(n) for n in members(cand)}
+            if all(any(id(u) in cand_nodes for u in users.get(v.id, ())) for v in outs):
+                epi = cand
+                break
+        if pro is None and epi is None:
+            continue
+        group = _merge(graph, node, x, weights, biases, pro, epi, members, run_at, position, impure, users,
+                       graph_reads, items)
+        if group is None:
+            continue
+        at = items.index(epi if epi is not None else node)
+        items[at] = group
+        items = [it for it in items if it is not pro and it is not node and it is not epi or it is group]
+    return items
+
+
+def _merge(graph, node, x, weights, biases, pro, epi, members, run_at, position, impure, users, graph_reads,
+           items):
+    """The LinearGroup of ``node`` with ``pro``/``epi`` (None when moving them together is not legal)."""
+    pro_nodes = members(pro) if pro is not None else []
+    epi_nodes = members(epi) if epi is not None else []
+    ours = {id(n) for n in (*pro_nodes, node, *epi_nodes)}
+    first = run_at(pro) if pro is not None else position[id(node)]
+    launch = run_at(epi) if epi is not None else position[id(node)]
+    if any(first < p < launch for p in impure):
+        return None         # a state write between: the prologue's reads must not move across it
+    made = {v.id for n in (*pro_nodes, node) for v in n.outputs if v is not None}
+    for it in items:
+        if it is pro or it is epi or it is node or not first <= run_at(it) < launch:
+            continue
+        if any(v.id in made for n in members(it) for v in n.inputs):
+            return None     # read before the merged kernel makes it
+    pro_made = {v.id for n in pro_nodes for v in n.outputs if v is not None}
+    if any(v.id in pro_made for n in epi_nodes for v in n.inputs):
+        return None         # the epilogue's tile cannot read the prologue's [..., K] values
+
+    def read_by_others(v: Value, inside: set[int]) -> bool:
+        return v.id in graph_reads or any(id(u) not in inside for u in users.get(v.id, ()))
+
+    code = code_of(x)
+    xshape = tuple(x.meta.shape)
+    try:
+        if pro_nodes:
+            inside = {id(n) for n in pro_nodes}
+            read = {v.id for n in pro_nodes for v in n.outputs if v is not None and read_by_others(v, inside)}
+            g = _build(pro_nodes, xshape, read | {x.id})
+            pro_spec, pro_vals, pro_outs = g.spec, g.inputs, g.outputs
+            pro_in = len(pro_spec.inputs)
+            a = pro_outs.index(x)
+            pro_store = [v is not x or read_by_others(x, inside | {id(node)}) for v in pro_outs]
+        else:
+            b = Builder(len(xshape), [len(xshape) - 1], xshape)
+            ref = b.value(x)
+            pro_spec, pro_vals, pro_outs, pro_in = b.spec([[ref, code, "x", True]]), [x], [x], 1
+            a, pro_store = 0, [False]
+        mm_inside = {id(n) for n in epi_nodes}
+        mm_store = [read_by_others(v, mm_inside) for v in node.outputs]
+        epi_spec, acc, epi_vals, epi_in, epi_outs = None, [], [], 0, []
+        if epi_nodes:
+            inside = {id(n) for n in epi_nodes}
+            read = {v.id for n in epi_nodes for v in n.outputs if v is not None and read_by_others(v, inside)}
+            e = _build(epi_nodes, tuple(node.outputs[0].meta.shape), read)
+            epi_spec, epi_outs = e.spec, e.outputs
+            epi_in = len(epi_spec.inputs)
+            tensors = e.inputs[:epi_in]
+            ids = [v.id for v in tensors]
+            acc = [ids.index(v.id) if v.id in ids else -1 for v in node.outputs]
+            if -1 in acc:
+                return None
+            epi_vals = [v for k, v in enumerate(e.inputs) if k not in acc]
+            if any(v in node.outputs for v in epi_vals):
+                return None     # a slice read in another form (unsqueezed) than the tile's
+        spec = LinearSpec(pro_spec, a, pro_store, [int(w.meta.shape[0]) for w in weights], biases is not None, code,
+                          mm_store, epi_spec, acc)
+        spec.check()
+    except (NotFusible, ValueError) as err:
+        log.debug("ostinato fusion: %s left with cuBLAS: %s", node.name, err)
+        return None
+    inputs = [*pro_vals[:pro_in], *weights, *(biases or ()), *epi_vals[:epi_in - len(acc)],
+              *pro_vals[pro_in:], *epi_vals[epi_in - len(acc):]]
+    outputs = [v for v, keep in zip(pro_outs, pro_store) if keep]
+    outputs += [v for v, keep in zip(node.outputs, mm_store) if keep] + list(epi_outs)
+    nodes = sorted((*pro_nodes, node, *epi_nodes), key=lambda n: position[id(n)])
+    return LinearGroup(nodes, spec, inputs, outputs, launch)
