@@ -115,6 +115,31 @@ def main(what: str, dtype_name: str) -> None:
                 results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         print(json.dumps(results))
         return
+    if what == "linear":     # matmul groups: one row, several, the most a group takes (16)
+        from fusion_models import BiasGeluHead, DecoderLayer
+        # (the default pipeline's ost.linear takes fc + GELU as one op: the generic pipeline leaves them)
+        items = [(f"decoder_rows{m}", lambda m=m: (DecoderLayer().to(dtype), DecoderLayer.inputs(m, dtype), None))
+                 for m in (1, 3, 16)]
+        items.append(("bias_gelu_head", lambda: (BiasGeluHead().to(dtype), (torch.randn(2, 3, 48).to(dtype),
+                                                                            torch.randn(2, 3, 80).to(dtype)),
+                                                 GENERIC_PIPELINE)))
+        tol = TOL[dtype] * 4 if dtype == torch.float16 else TOL[dtype]
+        for name, make in items:
+            torch.manual_seed(0)
+            try:
+                model, args, passes = make()
+                prog = ostinato.export(model.eval(), args, passes=passes)
+                exe = fused_executable(prog, InterpretedFusionBackend())
+                groups = [l for l in exe.launches if l.op == "ost.fused" and '"kind":"linear"' in l.args[0]]
+                if not groups:
+                    raise AssertionError(f"{len(groups)} matmul groups")
+                with torch.no_grad():
+                    assert_same(exe(*args), model(*args), tol=tol)
+                results[name] = "ok"
+            except Exception as e:  # noqa: BLE001 - reported per case
+                results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        print(json.dumps(results))
+        return
     if what == "zoo":
         items = [(c.name, lambda c=c: (*c.build(dtype), c.groups)) for c in CASES]
         tol = TOL[dtype]

@@ -10,7 +10,7 @@ import torch
 
 import ostinato
 from ostinato import codegen
-from ostinato.codegen.spec import GroupSpec
+from ostinato.codegen.spec import GroupSpec, LinearSpec, parse_spec
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fusion_backend import ReferenceFusionBackend, fused_executable, fused_ops, unfused_compute  # noqa: E402
@@ -53,12 +53,16 @@ def test_spec_round_trip_and_rejects_bad_json():
     prog = ostinato.export(model.eval(), args, passes=GENERIC)
     groups = [g for g in codegen.schedule(prog.graph) if isinstance(g, codegen.FusionGroup)]
     assert len(groups) == 1
-    text = groups[0].spec.to_json()
-    assert GroupSpec.from_json(text).to_json() == text
+    text = groups[0].spec.to_json()     # a matmul group: the norm with the projection after it
+    assert isinstance(groups[0].spec, LinearSpec) and parse_spec(text).to_json() == text
+    inner = groups[0].spec.pro.to_json()
+    assert GroupSpec.from_json(inner).to_json() == inner
     for bad in (text.replace('"rsqrt"', '"system"'), text.replace('"rank":3', '"rank":99'),
-                text.replace('"v":1', '"v":7')):
+                text.replace('"v":1', '"v":7'), text.replace('"w":[64]', '"w":[]'),
+                text.replace('"a":0', '"a":9'), text.replace('"dt":"f32"', '"dt":"i64"')):
+        assert bad != text
         with pytest.raises(ValueError):
-            GroupSpec.from_json(bad)
+            parse_spec(bad)
 
 
 def test_group_is_closed_by_an_outside_reader():

@@ -40,6 +40,15 @@ def test_interpreted_kernels_match_eager(dtype):
     assert not failed, failed
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_interpreted_matmul_groups(dtype):
+    """Matmul groups (a norm before the projection, packed slices gated after it, bias + GELU, a
+    residual add) at 1, 3 and 16 rows: the generated GEMV kernels match eager."""
+    results = _interpret("linear", dtype)
+    assert results == {"decoder_rows1": "ok", "decoder_rows3": "ok", "decoder_rows16": "ok",
+                       "bias_gelu_head": "ok"}, results
+
+
 def test_interpreted_row_lengths():
     """Rows held whole and walked in chunks (over 4096), lengths not multiples of the block, transposed
     inputs (strided loads), a reduction over two dims; channels-last inputs give channels-last outputs."""
@@ -80,7 +89,7 @@ def test_every_variant_compiles_for_sm90():
     from ostinato.backends.base import fused_launches
     from ostinato.backends.cpu.backend import CPUBackend
     from ostinato.backends.cuda.binaries import compile_binary
-    from ostinato.backends.cuda.kernels.fused import launcher
+    from ostinato.backends.cuda.kernels.fused import LinearLauncher, launcher
     from ostinato.backends.cuda.runtime import arg_type
 
     compiled = set()
@@ -92,6 +101,8 @@ def test_every_variant_compiles_for_sm90():
                 continue
             spec_json = launch.args[0]
             f = launcher(spec_json)
+            if isinstance(f, LinearLauncher):
+                continue            # test_linear_variants_compile_for_sm90
             # inputs of the group's shapes, from a reference run of the model
             from ostinato.codegen.reference import parse
             exe = fused_executable(prog, CPUBackend())
@@ -110,6 +121,44 @@ def test_every_variant_compiles_for_sm90():
                 assert cubin[:4] == b"\x7fELF" and meta.num_warps in (4, 8)
                 compiled.add(key)
     assert len(compiled) >= len(CASES)
+
+
+def test_linear_variants_compile_for_sm90():
+    """Each matmul group of the zoo and of a decoder layer (one row and several; bf16 and fp32) compiles
+    for sm_90 with the arguments its launcher passes."""
+    from ostinato.backends.base import fused_launches
+    from ostinato.backends.cpu.backend import CPUBackend
+    from ostinato.backends.cuda.binaries import compile_binary
+    from ostinato.backends.cuda.kernels.fused import LinearLauncher, launcher
+    from ostinato.backends.cuda.runtime import arg_type
+    from fusion_models import DecoderLayer
+
+    builds = [c.build for c in CASES] + [lambda dt, m=m: (DecoderLayer().to(dt), DecoderLayer.inputs(m, dt))
+                                         for m in (1, 3)]
+    compiled = set()
+    for build in builds:
+        for dtype in (torch.bfloat16, torch.float32):
+            model, args = build(dtype)
+            prog = ostinato.export(model.eval(), args)
+            exe = fused_executable(prog, CPUBackend())
+            for launch in fused_launches(CPUBackend(), prog.graph, lambda *a: None):
+                f = launcher(launch.args[0]) if launch.op == "ost.fused" else None
+                if not isinstance(f, LinearLauncher):
+                    continue
+                tensors = _input_tensors(exe, prog, args, launch)
+                plan = f.plan(tensors)
+                assert plan is not None, launch.name
+                kargs, _ = f.arguments(plan, tensors, [1.5] * (len(f.spec.pro.scalars) + len(
+                    f.spec.epi.scalars if f.spec.epi else ())))
+                types = tuple(arg_type(a) for a in kargs)
+                key = (plan.kernel.library.module, types, tuple(sorted(plan.kernel.specialization.items())))
+                if key in compiled:
+                    continue
+                meta, cubin = compile_binary(plan.kernel.library.module, plan.kernel.library.function_name("k"),
+                                             types, plan.kernel.specialization, 90)
+                assert cubin[:4] == b"\x7fELF"
+                compiled.add(key)
+    assert len({k[0] for k in compiled}) >= 8, compiled
 
 
 def test_wide_index_variants_compile_for_sm90():

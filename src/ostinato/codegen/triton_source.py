@@ -280,35 +280,38 @@ def render(spec: GroupSpec, xr: int, rr: int, loop: bool, i64: bool, interpreted
 
 # A matmul group (spec.LinearSpec): the prologue's and the epilogue's emitters write their names with
 # a prefix (p_, e_) so one kernel holds both; the shared row index (xidx, xmask) is the matmul's rows.
-_OWN_NAMES = re.compile(r"\b(?:(?:in|out|sc|v|acc|r|xoff|roff)\d+|(?:xst|rst)\d+_\d+|xnumel|rnumel)\b")
+_OWN_NAMES = re.compile(r"\b(?:(?:in|out|sc|v|acc|r|xoff|roff|xs)\d+|(?:xst|rst)\d+_\d+|xnumel|rnumel)\b")
 
 
 def _prefixed(lines: list[str], prefix: str) -> list[str]:
     return [_OWN_NAMES.sub(lambda m: prefix + m.group(0), line) for line in lines]
 
 
-def linear_param_names(spec: LinearSpec) -> list[str]:
+def linear_param_names(spec: LinearSpec, xr_pro: int = 1, xr_epi: int = 1) -> list[str]:
     """The matmul kernel's runtime parameters, in launch order: the prologue's (as a row group over
-    [M, K]), the weights and biases, the projection's output, the epilogue's (over [M, N]), then the
-    columns walked, the weights' row stride and the output's."""
-    names = ["p_" + n for n in param_names(spec.pro, 1, 1)] + ["w"] + (["bias"] if spec.bias else [])
-    names += ["mm"] + (["e_" + n for n in param_names(spec.epi, 1, 1)] if spec.epi else [])
+    [rows, K], ``xr_pro`` row dims), the weights and biases, the projection's output, the epilogue's
+    (over [rows, N]), then the columns walked, the weights' row stride and the output's."""
+    names = ["p_" + n for n in param_names(spec.pro, xr_pro, 1)] + ["w"] + (["bias"] if spec.bias else [])
+    names += ["mm"] + (["e_" + n for n in param_names(spec.epi, xr_epi, 1)] if spec.epi else [])
     return names + ["ncols", "wst", "mmst"]
 
 
-def render_linear(spec: LinearSpec, one_row: bool, interpreted: bool = False) -> tuple[str, str]:
+def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int = 1,
+                  interpreted: bool = False) -> tuple[str, str]:
     """(module source, kernel name) of a matmul group's kernel. Each program computes NBLOCK columns of
     every row (XBLOCK >= the rows): the prologue's statistics first (loops over K), then one loop over
     K that makes A's tile from the prologue's ops and multiplies it into the weights' [NBLOCK, RBLOCK]
     tiles (one per slice the epilogue reads), then the bias, the rounding to the projection's dtype and
     the epilogue on the [XBLOCK, NBLOCK] result tile. ``one_row``: a single row, accumulated as
-    [NBLOCK, RBLOCK] and reduced once at the end."""
-    name = f"lin_{spec.digest[:16]}_{'m1' if one_row else 'mb'}{'_i' if interpreted else ''}"
+    [NBLOCK, RBLOCK] and reduced once at the end; ``xr_pro``/``xr_epi``: the row dims the prologue's and
+    the epilogue's operands walk (1 unless one broadcasts over part of the rows)."""
+    name = (f"lin_{spec.digest[:16]}_{'m1' if one_row else 'mb'}{xr_pro}{xr_epi}"
+            f"{'_i' if interpreted else ''}")
     dt = TRITON_TYPES[spec.dt]
     half = spec.dt in HALF
-    pro = _Emitter(spec.pro, 1, 1, interpreted)
+    pro = _Emitter(spec.pro, xr_pro, 1, interpreted)
     slices = [(g, g * spec.w[0]) for g in range(len(spec.w))] if spec.epi else [(0, 0)]
-    lines = ["@triton.jit", f"def {name}({', '.join(linear_param_names(spec))}, XBLOCK: tl.constexpr, "
+    lines = ["@triton.jit", f"def {name}({', '.join(linear_param_names(spec, xr_pro, xr_epi))}, XBLOCK: tl.constexpr, "
              "RBLOCK: tl.constexpr, NBLOCK: tl.constexpr):"]
     out = lines.append
 
@@ -316,8 +319,8 @@ def render_linear(spec: LinearSpec, one_row: bool, interpreted: bool = False) ->
     pro.line("pid = tl.program_id(0)")
     pro.line("xidx = tl.arange(0, XBLOCK)[:, None]")
     pro.line("xmask = xidx < xnumel")
-    pro.coords("x", "xidx", 1, 1)
-    pro.offsets("x", 1, 1)
+    pro.coords("x", "xidx", xr_pro, 1)
+    pro.offsets("x", xr_pro, 1)
     pro.looped_reductions(set())
     lines += _prefixed(pro.lines, "p_")
     out("    col = pid * NBLOCK + tl.arange(0, NBLOCK)")
@@ -357,12 +360,12 @@ def render_linear(spec: LinearSpec, one_row: bool, interpreted: bool = False) ->
         pro._store(k, ref, code, "xoff", "xmask & (pid == 0)", 1)
     lines += _prefixed(pro.lines, "p_")
     if spec.epi is not None:
-        epi = _Emitter(spec.epi, 1, 1, interpreted)
+        epi = _Emitter(spec.epi, xr_epi, 1, interpreted)
         epi.rblock = "NBLOCK"
         epi.loaded = {k: f"mm_{g}" for g, k in enumerate(spec.acc)}
         epi.lines = []
-        epi.coords("x", "xidx", 1, 1)
-        epi.offsets("x", 1, 1)
+        epi.coords("x", "xidx", xr_epi, 1)
+        epi.offsets("x", xr_epi, 1)
         epi.line("ridx = col[None, :]")
         epi._row_body(1)
         epi.emit_ops(range(len(spec.epi.ops)), 1)

@@ -211,8 +211,7 @@ class _LinearPlan:
 class LinearLauncher:
     """A matmul group's kernel (codegen.spec.LinearSpec): its prologue and epilogue addressed like any
     group's (their row dims collapsed into one: the matmul's rows), the weights as one packed [N, K]
-    matrix. Where an operand's layout does not collapse or the weights are not packed, the group runs
-    its torch reference."""
+    matrix. Where the weights are not packed (one [N, K] block), the group runs its torch reference."""
 
     def __init__(self, spec: LinearSpec):
         self.spec = spec
@@ -221,27 +220,26 @@ class LinearLauncher:
         self._libraries: dict[tuple, KernelLibrary] = {}
         self._lock = threading.Lock()
 
-    def library(self, one_row: bool) -> KernelLibrary:
+    def library(self, one_row: bool, xr_pro: int = 1, xr_epi: int = 1) -> KernelLibrary:
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        key = (one_row, interpreted)
+        key = (one_row, xr_pro, xr_epi, interpreted)
         lib = self._libraries.get(key)
         if lib is None:
-            source, name = render_linear(self.spec, one_row, interpreted)
+            source, name = render_linear(self.spec, one_row, xr_pro, xr_epi, interpreted)
             register_source(f"gen_{name}", source)
             lib = self._libraries[key] = KernelLibrary(f"gen_{name}", {"k": name})
         return lib
 
     @staticmethod
-    def _rows_and_cols(sizes: list[int], strides: list[list[int]]) -> list[int] | None:
-        """The ints of a group walked as [rows, last dim]: rows, columns, then per operand its row and
-        column strides; None where the leading dims do not collapse into one."""
+    def _rows_and_cols(sizes: list[int], strides: list[list[int]]) -> tuple[int, list[int]]:
+        """(the row dims left once collapsed, the ints of a group walked as [rows, last dim]: the row
+        count, the column count, the row dims' sizes after the first, then per operand its row strides
+        and column stride)."""
         xs, xst = _collapse(sizes[:-1], [st[:-1] for st in strides])
-        if len(xs) != 1:
-            return None
-        ints = [xs[0], sizes[-1]]
+        ints = [math.prod(xs), sizes[-1], *xs[1:]]
         for a, st in zip(xst, strides):
-            ints += [a[0], st[-1]]
-        return ints
+            ints += [*a, st[-1]]
+        return len(xs), ints
 
     def plan(self, tensors) -> _LinearPlan | None:
         spec = self.spec
@@ -259,23 +257,21 @@ class LinearLauncher:
                       for _, _, level, keepdim, *_ in spec.pro.outputs]
         strides = _operand_strides(spec.pro, pro_in, pshape)
         strides += [_contiguous_strides(pshape if o[2] == "x" else row) for o in spec.pro.outputs]
-        pro_ints = self._rows_and_cols(list(pshape), strides)
+        xr_pro, pro_ints = self._rows_and_cols(list(pshape), strides)
         n = spec.w[0] if spec.epi is not None else w.shape[0]
-        epi_shape, epi_ints = rows + (n,), []
+        epi_shape, epi_ints, xr_epi = rows + (n,), [], 1
         if spec.epi is not None:
             placeholder = torch.empty(epi_shape, device=w.device, dtype=w.dtype)
             inputs = epilogue_inputs(spec, rest, [placeholder] * len(spec.w))
             strides = _operand_strides(spec.epi, inputs, epi_shape)
             strides += [_contiguous_strides(epi_shape) for _ in spec.epi.outputs]
-            epi_ints = self._rows_and_cols(list(epi_shape), strides)
-        if pro_ints is None or epi_ints is None:
-            return None
+            xr_epi, epi_ints = self._rows_and_cols(list(epi_shape), strides)
         m = math.prod(rows)
         xblock = _pow2(m)
         nblock = min(64, max(2, _pow2(n // 256 + 1) // 2))
         budget = 8192 if m == 1 else 8192 // xblock
         rblock = max(16, min(512, _pow2(k), budget // (nblock * (len(spec.w) if spec.epi else 1))))
-        kernel = self.library(m == 1).kernel("k", XBLOCK=xblock, RBLOCK=rblock, NBLOCK=nblock, num_warps=4)
+        kernel = self.library(m == 1, xr_pro, xr_epi).kernel("k", XBLOCK=xblock, RBLOCK=rblock, NBLOCK=nblock, num_warps=4)
         ntot = w.shape[0]
         views = [(g * spec.w[0] if spec.epi else sum(spec.w[:g]), spec.w[g]) for g in range(len(spec.w))
                  if spec.mm_store[g]]
@@ -293,6 +289,14 @@ class LinearLauncher:
         plan = self._plans[key]
         if plan is None:
             return tuple(evaluate_linear(spec, tensors, scalars))
+        kargs, outs = self.arguments(plan, tensors, scalars)
+        plan.kernel(*kargs, grid=plan.grid)
+        return outs
+
+    def arguments(self, plan: _LinearPlan, tensors, scalars) -> tuple[list, tuple[torch.Tensor, ...]]:
+        """(the kernel's arguments, the group's outputs) for one call: outputs allocated, an unstored
+        output's and a slice result's pointer filled with the weights' (never read nor written)."""
+        spec = self.spec
         pro_in, weights, biases, rest = split_linear_args(spec, tensors)
         device, n_sc = weights[0].device, len(spec.pro.scalars)
         pro_outs = [torch.empty(s, dtype=DTYPES[o[1]], device=device) if keep else weights[0]
@@ -307,10 +311,9 @@ class LinearLauncher:
             epi_outs = [torch.empty(plan.epi_shape, dtype=DTYPES[o[1]], device=device) for o in spec.epi.outputs]
             kargs += [*epilogue_inputs(spec, rest, [weights[0]] * len(spec.w)), *epi_outs, *scalars[n_sc:],
                       *plan.epi_ints]
-        plan.kernel(*kargs, *plan.tail, grid=plan.grid)
         outs = [t for t, keep in zip(pro_outs, spec.pro_store) if keep]
         outs += [mm.narrow(-1, start, size) for start, size in plan.views]
-        return tuple(outs + epi_outs)
+        return kargs + plan.tail, tuple(outs + epi_outs)
 
 
 _LAUNCHERS: dict[str, "FusedLauncher | LinearLauncher"] = {}
