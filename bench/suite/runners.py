@@ -16,7 +16,10 @@ DESCRIPTIONS = {
     "ostinato": "ostinato.compile(program, device), step by step",
     "ostinato_replay": "ostinato.compile(program, device, replay=True): captured once, replayed",
     "ostinato_replay_unfused": "ostinato_replay with generic fusion off (OSTINATO_FUSION=0): the A/B of codegen",
+    "ostinato_replay_nolinear": "ostinato_replay with matmul groups off (OSTINATO_FUSE_LINEAR=0): projections "
+                                "through cuBLAS, the A/B of the generated GEMV kernels",
 }
+_SWITCHED = {"ostinato_replay_unfused": "OSTINATO_FUSION", "ostinato_replay_nolinear": "OSTINATO_FUSE_LINEAR"}
 
 
 def cuda_graph_of(model: nn.Module, example: tuple[tuple, dict]) -> Callable:
@@ -72,14 +75,15 @@ def make_runner(name: str, model: nn.Module, program, device: torch.device,
         if program is None:
             raise RuntimeError("no ostinato Program: the export failed (see export_error)")
         return ostinato.compile(program, device=device, replay=name == "ostinato_replay")
-    if name == "ostinato_replay_unfused":
+    if name in _SWITCHED:
         import os
-        old = os.environ.get("OSTINATO_FUSION")
-        os.environ["OSTINATO_FUSION"] = "0"
+        var = _SWITCHED[name]
+        old = os.environ.get(var)
+        os.environ[var] = "0"
         try:
             return ostinato.compile(program, device=device, replay=True)
         finally:
-            os.environ.pop("OSTINATO_FUSION") if old is None else os.environ.__setitem__("OSTINATO_FUSION", old)
+            os.environ.pop(var) if old is None else os.environ.__setitem__(var, old)
     raise ValueError(f"unknown runner {name!r}; runners: {', '.join(DESCRIPTIONS)}")
 
 

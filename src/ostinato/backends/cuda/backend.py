@@ -32,7 +32,10 @@ class CUDABackend(CPUBackend):
         return fused_launches(self, graph, self.kernel("ost.fused"))
 
     def plan_key_parts(self) -> dict[str, str]:
-        return {"fusion": codegen.codegen_digest()[:16] if self._fuses() else "off"}
+        from ...codegen.linear import linear_fusion_enabled
+        if not self._fuses():
+            return {"fusion": "off"}
+        return {"fusion": codegen.codegen_digest()[:16] + ("" if linear_fusion_enabled() else "-nolinear")}
 
     @staticmethod
     def _fuses() -> bool:
