@@ -200,6 +200,16 @@ def _operand_strides(spec: GroupSpec, tensors, shape: tuple) -> list[list[int]]:
     return out
 
 
+def linear_blocks(m: int, n: int, k: int, slices: int) -> tuple[int, int, int]:
+    """(NBLOCK, RBLOCK, num_warps) of a matmul group: ``m`` rows, ``n`` columns walked, ``k`` the
+    reduction, ``slices`` weight tiles per step. Enough programs to fill the GPU twice over (columns
+    per program from n / 256), a tile of at most 8192 products per step (registers)."""
+    nblock = min(64, max(2, _pow2(n // 256 + 1) // 2))
+    budget = 8192 if m == 1 else 8192 // _pow2(m)
+    rblock = max(16, min(512, _pow2(k), budget // (nblock * slices)))
+    return nblock, rblock, 4
+
+
 class _LinearPlan:
     __slots__ = ("kernel", "grid", "pro_ints", "epi_ints", "tail", "pro_shapes", "epi_shape", "mm_shape", "views")
 
@@ -267,11 +277,9 @@ class LinearLauncher:
             strides += [_contiguous_strides(epi_shape) for _ in spec.epi.outputs]
             xr_epi, epi_ints = self._rows_and_cols(list(epi_shape), strides)
         m = math.prod(rows)
-        xblock = _pow2(m)
-        nblock = min(64, max(2, _pow2(n // 256 + 1) // 2))
-        budget = 8192 if m == 1 else 8192 // xblock
-        rblock = max(16, min(512, _pow2(k), budget // (nblock * (len(spec.w) if spec.epi else 1))))
-        kernel = self.library(m == 1, xr_pro, xr_epi).kernel("k", XBLOCK=xblock, RBLOCK=rblock, NBLOCK=nblock, num_warps=4)
+        nblock, rblock, warps = linear_blocks(m, n, k, len(spec.w) if spec.epi else 1)
+        kernel = self.library(m == 1, xr_pro, xr_epi).kernel("k", XBLOCK=_pow2(m), RBLOCK=rblock, NBLOCK=nblock,
+                                                              num_warps=warps)
         ntot = w.shape[0]
         views = [(g * spec.w[0] if spec.epi else sum(spec.w[:g]), spec.w[g]) for g in range(len(spec.w))
                  if spec.mm_store[g]]
