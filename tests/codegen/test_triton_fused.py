@@ -203,3 +203,17 @@ def _stretch(tensors, spec):
     n = next(t.shape[-1] for k, t in enumerate(tensors) if spec.inputs[k][1] == "x")
     return [t.repeat_interleave(-(-5000 // n), dim=-1)[..., :5000].contiguous() if t.dim() and t.shape[-1] == n > 1
             else t for t in tensors]
+
+
+def test_linear_blocks_are_powers_of_two():
+    """Block sizes of every matmul group shape are powers of two (Triton's tiles) and keep a step's
+    tile within the register budget."""
+    from ostinato.backends.cuda.kernels.fused import linear_blocks
+    for m in (1, 2, 3, 5, 12, 16):
+        for n in (2, 7, 64, 3000, 4096, 4097, 128256):
+            for k in (2, 33, 512, 8192):
+                for slices in (1, 2, 3, 5):
+                    nb, rb, warps = linear_blocks(m, n, k, slices)
+                    assert all(v > 0 and v & (v - 1) == 0 for v in (nb, rb)), (m, n, k, slices, nb, rb)
+                    assert rb <= max(16, 1 << (k - 1).bit_length()) and warps in (4, 8)
+                    assert m == 1 or (1 << (m - 1).bit_length()) * nb * rb * slices <= 8192 * 5

@@ -202,11 +202,15 @@ def _operand_strides(spec: GroupSpec, tensors, shape: tuple) -> list[list[int]]:
 
 def linear_blocks(m: int, n: int, k: int, slices: int) -> tuple[int, int, int]:
     """(NBLOCK, RBLOCK, num_warps) of a matmul group: ``m`` rows, ``n`` columns walked, ``k`` the
-    reduction, ``slices`` weight tiles per step. Enough programs to fill the GPU twice over (columns
-    per program from n / 256), a tile of at most 8192 products per step (registers)."""
-    nblock = min(64, max(2, _pow2(n // 256 + 1) // 2))
-    budget = 8192 if m == 1 else 8192 // _pow2(m)
-    rblock = max(16, min(512, _pow2(k), budget // (nblock * slices)))
+    reduction, ``slices`` weight tiles per step. From bench/gemv.py's sweep on an H100 (bf16, one row):
+    8 columns per program up to 4096 columns, 16 past that; K in steps of 512, at most 16384 weights
+    per step (8192 products of every row when there are several: registers)."""
+    nblock = 8 if n <= 4096 else 16
+    budget = 16384 if m == 1 else 8192 // _pow2(m)
+    if m > 1:
+        nblock = min(nblock, max(2, budget // 128))
+    fit = budget // (nblock * slices)
+    rblock = max(16, min(512, _pow2(k), 1 << (fit.bit_length() - 1) if fit else 1))
     return nblock, rblock, 4
 
 
