@@ -117,12 +117,15 @@ def main(what: str, dtype_name: str) -> None:
         return
     if what == "linear":     # matmul groups: one row, several, the most a group takes (16)
         from fusion_models import BiasGeluHead, DecoderLayer
-        # (the default pipeline's ost.linear takes fc + GELU as one op: the generic pipeline leaves them)
+        # the default pipeline's ost.linear takes fc + GELU as one op (the activation becomes the epilogue);
+        # the generic pipeline leaves aten.gelu for the scheduler
         items = [(f"decoder_rows{m}", lambda m=m: (DecoderLayer().to(dtype), DecoderLayer.inputs(m, dtype), None))
                  for m in (1, 3, 16)]
         items.append(("bias_gelu_head", lambda: (BiasGeluHead().to(dtype), (torch.randn(2, 3, 48).to(dtype),
                                                                             torch.randn(2, 3, 80).to(dtype)),
                                                  GENERIC_PIPELINE)))
+        items.append(("bias_gelu_head_patterns", lambda: (BiasGeluHead().to(dtype), (
+            torch.randn(2, 3, 48).to(dtype), torch.randn(2, 3, 80).to(dtype)), None)))
         tol = TOL[dtype] * 4 if dtype == torch.float16 else TOL[dtype]
         for name, make in items:
             torch.manual_seed(0)

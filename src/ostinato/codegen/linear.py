@@ -25,7 +25,10 @@ from .spec import LinearSpec
 
 log = logging.getLogger("ostinato")
 
-LINEAR_OPS = ("aten.linear", "ost.multi_linear")
+LINEAR_OPS = ("aten.linear", "ost.multi_linear", "ost.linear")
+# ost.linear's activation as the ATen node the epilogue expands (expand.HANDLERS)
+_ACTIVATION_OPS = {"relu": ("aten.relu", {}), "silu": ("aten.silu", {}), "gelu": ("aten.gelu", {}),
+                   "gelu_tanh": ("aten.gelu", {"approximate": "tanh"})}
 MAX_ROWS = 16       # decode-shaped: more rows are cuBLAS's (tensor-core GEMMs)
 
 
@@ -38,10 +41,18 @@ def _static(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
 
 
-def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None] | None:
-    """(x, weights, biases) of a projection the generated kernel takes, else None: static shapes, a
-    float dtype shared by all, at most MAX_ROWS rows, constant [N, K] weights."""
-    if node.op == "aten.linear":
+def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None, str | None] | None:
+    """(x, weights, biases, activation) of a projection the generated kernel takes, else None: static
+    shapes, a float dtype shared by all, at most MAX_ROWS rows, constant [N, K] weights."""
+    activation = None
+    if node.op == "ost.linear":
+        x, w, b, *rest = node.args
+        activation = rest[0] if rest else node.kwargs.get("activation")
+        weight_t = rest[1] if len(rest) > 1 else node.kwargs.get("weight_t", False)
+        if weight_t or (activation is not None and activation not in _ACTIVATION_OPS):
+            return None     # GPT-2's [in, out] weights: cuBLAS reads them transposed for free
+        weights, biases = [w], None if b is None else [b]
+    elif node.op == "aten.linear":
         x, w = node.args[0], node.args[1]
         b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
         weights, biases = [w], None if b is None else [b]
@@ -69,7 +80,18 @@ def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None] | 
             return None
     if len(node.outputs) != len(weights) or any(v is None for v in node.outputs):
         return None
-    return x, weights, biases
+    return x, weights, biases, activation
+
+
+def _activation_node(node: Node, activation: str) -> Node:
+    """ost.linear's activation as a node of its own (outside the graph) reading the projection's result,
+    a Value made for it (never stored: the epilogue computes the activation on the result's tile)."""
+    out = node.outputs[0]
+    pre = Value(-1 - out.id, f"{out.name}_pre", out.meta, "temp", node)
+    op, kwargs = _ACTIVATION_OPS[activation]
+    act = Node(op, (pre,), dict(kwargs), node.name, node.source)
+    act.outputs = [out]
+    return act
 
 
 class LinearGroup(FusionGroup):
@@ -129,7 +151,7 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
         parts = linear_parts(node)
         if parts is None:
             continue
-        x, weights, biases = parts
+        x, weights, biases, activation = parts
         owner, holder = item_of()
         outs = list(node.outputs)
         pro = owner.get(x.id)
@@ -138,7 +160,8 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
         # the epilogue: the first group (or lone node) reading the projection's results, pointwise over
         # one slice's shape and reading every slice
         epi = None
-        readers = sorted({id(holder[id(u)]): holder[id(u)] for v in outs for u in users.get(v.id, ())
+        act = _activation_node(node, activation) if activation is not None else None
+        readers = [] if act is not None else sorted({id(holder[id(u)]): holder[id(u)] for v in outs for u in users.get(v.id, ())
                           if id(u) in holder}.values(), key=run_at)
         for cand in readers:
             if cand is pro or not row_space(cand, tuple(outs[0].meta.shape), pointwise=True) \
@@ -149,8 +172,8 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
                 epi = cand
                 break
         if pro is None and epi is None:
-            continue
-        group = _merge(graph, node, x, weights, biases, pro, epi, members, run_at, position, impure, users,
+            continue        # (an activation alone: ost.linear's cuBLAS + epilogue kernel already)
+        group = _merge(node, x, weights, biases, pro, epi, act, members, run_at, position, impure, users,
                        graph_reads, items)
         if group is None:
             continue
@@ -160,11 +183,12 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
     return items
 
 
-def _merge(graph, node, x, weights, biases, pro, epi, members, run_at, position, impure, users, graph_reads,
-           items):
-    """The LinearGroup of ``node`` with ``pro``/``epi`` (None when moving them together is not legal)."""
+def _merge(node, x, weights, biases, pro, epi, act, members, run_at, position, impure, users, graph_reads, items):
+    """The LinearGroup of ``node`` with ``pro``/``epi`` (None when moving them together is not legal);
+    ``act``: ost.linear's activation node, the epilogue then."""
     pro_nodes = members(pro) if pro is not None else []
-    epi_nodes = members(epi) if epi is not None else []
+    epi_nodes = members(epi) if epi is not None else [act] if act is not None else []
+    results = [act.args[0]] if act is not None else list(node.outputs)   # the projection's own values
     ours = {id(n) for n in (*pro_nodes, node, *epi_nodes)}
     first = run_at(pro) if pro is not None else position[id(node)]
     launch = run_at(epi) if epi is not None else position[id(node)]
@@ -200,21 +224,21 @@ def _merge(graph, node, x, weights, biases, pro, epi, members, run_at, position,
             pro_spec, pro_vals, pro_outs, pro_in = b.spec([[ref, code, "x", True]]), [x], [x], 1
             a, pro_store = 0, [False]
         mm_inside = {id(n) for n in epi_nodes}
-        mm_store = [read_by_others(v, mm_inside) for v in node.outputs]
+        mm_store = [read_by_others(v, mm_inside) for v in results]
         epi_spec, acc, epi_vals, epi_in, epi_outs = None, [], [], 0, []
         if epi_nodes:
             inside = {id(n) for n in epi_nodes}
             read = {v.id for n in epi_nodes for v in n.outputs if v is not None and read_by_others(v, inside)}
-            e = _build(epi_nodes, tuple(node.outputs[0].meta.shape), read)
+            e = _build(epi_nodes, tuple(results[0].meta.shape), read)
             epi_spec, epi_outs = e.spec, e.outputs
             epi_in = len(epi_spec.inputs)
             tensors = e.inputs[:epi_in]
             ids = [v.id for v in tensors]
-            acc = [ids.index(v.id) if v.id in ids else -1 for v in node.outputs]
+            acc = [ids.index(v.id) if v.id in ids else -1 for v in results]
             if -1 in acc:
                 return None
             epi_vals = [v for k, v in enumerate(e.inputs) if k not in acc]
-            if any(v in node.outputs for v in epi_vals):
+            if any(v in results for v in epi_vals):
                 return None     # a slice read in another form (unsqueezed) than the tile's
         spec = LinearSpec(pro_spec, a, pro_store, [int(w.meta.shape[0]) for w in weights], biases is not None, code,
                           mm_store, epi_spec, acc)
@@ -225,6 +249,7 @@ def _merge(graph, node, x, weights, biases, pro, epi, members, run_at, position,
     inputs = [*pro_vals[:pro_in], *weights, *(biases or ()), *epi_vals[:epi_in - len(acc)],
               *pro_vals[pro_in:], *epi_vals[epi_in - len(acc):]]
     outputs = [v for v, keep in zip(pro_outs, pro_store) if keep]
-    outputs += [v for v, keep in zip(node.outputs, mm_store) if keep] + list(epi_outs)
-    nodes = sorted((*pro_nodes, node, *epi_nodes), key=lambda n: position[id(n)])
+    outputs += [v for v, keep in zip(results, mm_store) if keep] + list(epi_outs)
+    nodes = sorted({id(n): n for n in (*pro_nodes, node, *epi_nodes) if id(n) in position}.values(),
+                   key=lambda n: position[id(n)])
     return LinearGroup(nodes, spec, inputs, outputs, launch)
