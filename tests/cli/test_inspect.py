@@ -168,8 +168,28 @@ def _norm_linear_program(tmp_path):
     return prog, path
 
 
-def test_inspect_launches_cuda_fuses_the_norm_and_leaves_the_linear(tmp_path, capsys, monkeypatch):
+def test_inspect_launches_cuda_one_matmul_group(tmp_path, capsys, monkeypatch):
+    """Four rows: the norm and the projection after it are one generated kernel (a matmul group)."""
     monkeypatch.delenv("OSTINATO_FUSION", raising=False)
+    monkeypatch.delenv("OSTINATO_FUSE_LINEAR", raising=False)
+    from ostinato.codegen import schedule
+    prog, path = _norm_linear_program(tmp_path)
+    assert main(["inspect", "--launches", str(path), "--device", "cuda", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    (row,) = d["launches"]
+    assert row["kind"] == "fused" and row["ops"] == NORM_OPS + ["aten.linear"] and row["op_count"] == 7
+    (group,) = [item for item in schedule(prog.graph) if hasattr(item, "spec")]
+    assert row["kernel"] == f"fused_{group.spec.digest[:16]}" and '"kind":"linear"' in group.spec.to_json()
+    # x [4, 64], the norm's w [64], the weight [32, 64] and bias [32] in; [4, 32] out: the normed x never
+    # leaves the kernel
+    assert row["bytes"] == (4 * 64 + 64 + 32 * 64 + 32 + 4 * 32) * 4
+    assert (d["summary"]["launches"], d["summary"]["fused_kernels"], d["summary"]["ops_absorbed"]) == (1, 1, 7)
+
+
+def test_inspect_launches_cuda_fuses_the_norm_and_leaves_the_linear(tmp_path, capsys, monkeypatch):
+    """Matmul groups off (OSTINATO_FUSE_LINEAR=0): the norm is a fused kernel, the projection cuBLAS's."""
+    monkeypatch.delenv("OSTINATO_FUSION", raising=False)
+    monkeypatch.setenv("OSTINATO_FUSE_LINEAR", "0")
     from ostinato.codegen import schedule
     from ostinato.codegen.triton_source import kernel_name
     prog, path = _norm_linear_program(tmp_path)
@@ -215,6 +235,7 @@ def test_inspect_launches_cpu_and_fusion_off_run_every_node(tmp_path, capsys, mo
 
 def test_inspect_launches_human_output_has_table_and_summary(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("OSTINATO_FUSION", raising=False)
+    monkeypatch.setenv("OSTINATO_FUSE_LINEAR", "0")
     _, path = _norm_linear_program(tmp_path)
     assert main(["inspect", "--launches", str(path)]) == 0          # cuda is the default device
     text = capsys.readouterr().out
