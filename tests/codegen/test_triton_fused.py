@@ -217,3 +217,27 @@ def test_linear_blocks_are_powers_of_two():
                     assert all(v > 0 and v & (v - 1) == 0 for v in (nb, rb)), (m, n, k, slices, nb, rb)
                     assert rb <= max(16, 1 << (k - 1).bit_length()) and warps in (4, 8)
                     assert m == 1 or (1 << (m - 1).bit_length()) * nb * rb * slices <= 8192 * 5
+
+
+def test_launch_plans_import_no_sympy(tmp_path):
+    """A warm process's first call plans every generated kernel's launch: that must not import sympy
+    (torch.broadcast_shapes does, ~1-3 s of first output on the GPU machine)."""
+    from ostinato.backends.cpu.backend import CPUBackend
+    from ostinato.backends.base import fused_launches
+    from fusion_models import DecoderLayer, StatsHead
+    cases = []
+    for model, args in ((DecoderLayer(), DecoderLayer.inputs(1, torch.float32)), (StatsHead(), (torch.randn(4, 33),))):
+        prog = ostinato.export(model.eval(), args)
+        exe = fused_executable(prog, CPUBackend())
+        cases += [(launch.args[0], _input_tensors(exe, prog, args, launch))
+                  for launch in fused_launches(CPUBackend(), prog.graph, lambda *a: None) if launch.op == "ost.fused"]
+    assert any('"kind":"linear"' in s for s, _ in cases) and any('"kind"' not in s for s, _ in cases)
+    torch.save(cases, tmp_path / "cases.pt")
+    code = ("import sys, torch\nfrom ostinato.backends.cuda.kernels.fused import launcher\n"
+            f"cases = torch.load({str(tmp_path / 'cases.pt')!r})\n"
+            "assert all(launcher(s).plan(t) is not None for s, t in cases)\n"
+            "print('sympy' in sys.modules)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "False"

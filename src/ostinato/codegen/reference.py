@@ -17,11 +17,25 @@ def parse(spec_json: str) -> "GroupSpec | LinearSpec":
     return parse_spec(spec_json)
 
 
+def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The broadcast of int shapes (torch.broadcast_shapes imports sympy, ~1 s of a warm process's first
+    call); ValueError naming them when they do not broadcast."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for s in shapes:
+        for i, d in enumerate(s, rank - len(s)):
+            if d != 1:
+                if out[i] not in (1, d):
+                    raise ValueError(f"fusion group inputs of shapes {[list(x) for x in shapes]} do not broadcast")
+                out[i] = d
+    return tuple(out)
+
+
 def base_shape(spec: GroupSpec, tensors) -> tuple[int, ...]:
     """The broadcast of the inputs' shapes (after each one's trailing 1-dims): the shape of the group's
     full-size values, before any split."""
     shapes = [tuple(t.shape) + (1,) * spec.inputs[k][2] for k, t in enumerate(tensors)]
-    shape = tuple(torch.broadcast_shapes(*shapes))
+    shape = broadcast(shapes)
     if len(shape) != spec.rank - (1 if spec.split else 0):
         raise ValueError(f"fusion group of rank {spec.rank} got inputs broadcasting to {list(shape)}")
     return shape
