@@ -241,3 +241,33 @@ def test_launch_plans_import_no_sympy(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_linear_plans_know_whether_the_weights_are_packed():
+    """A matmul group's launcher is shared by every executable holding the group: weights of the same
+    shapes that are not one packed block must not reuse a packed block's plan (and run the reference)."""
+    from ostinato.backends.cpu.backend import CPUBackend
+    from ostinato.backends.base import fused_launches
+    from ostinato.backends.cuda.kernels.fused import LinearLauncher, launcher
+    from ostinato.codegen.reference import fused
+    from fusion_models import DecoderLayer
+    model, args = DecoderLayer(), DecoderLayer.inputs(1, torch.float32)
+    prog = ostinato.export(model.eval(), args)
+    exe = fused_executable(prog, CPUBackend())
+    launch = next(l for l in fused_launches(CPUBackend(), prog.graph, lambda *a: None)
+                  if l.op == "ost.fused" and '"w":[64,64,64]' in l.args[0])
+    f = launcher(launch.args[0])
+    assert isinstance(f, LinearLauncher)
+    tensors = _input_tensors(exe, prog, args, launch)
+    n_pro = len(f.spec.pro.inputs)
+    weights = tensors[n_pro:n_pro + 3]
+    packed = torch.cat(weights).split(64)
+    apart = [w.clone() for w in weights]
+    with_packed = tensors[:n_pro] + list(packed) + tensors[n_pro + 3:]
+    with_apart = tensors[:n_pro] + apart + tensors[n_pro + 3:]
+    assert f.key(with_packed) != f.key(with_apart)
+    assert f.plan(with_packed) is not None and f.plan(with_apart) is None
+    got = f(*with_apart)     # the reference: no kernel for weights that are not one block
+    assert f._plans[f.key(with_apart)] is None
+    for a, b in zip(got, fused(launch.args[0], *with_apart)):
+        assert torch.equal(a, b)

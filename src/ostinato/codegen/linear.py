@@ -138,14 +138,13 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
     def row_space(item, shape: tuple, pointwise: bool) -> bool:
         """Whether a group or lone node works over exactly ``shape`` (reducing its last dim at most)."""
         if isinstance(item, FusionGroup):
-            sp = item.space
-            return sp is not None and not sp.split and not sp.short and tuple(sp.shape) == shape and (
-                sp.red == () or (not pointwise and sp.red == (len(shape) - 1,)))
-        if isinstance(item, Node):
+            sp = item.space     # None for a LinearGroup
+            if sp is not None and sp.short:
+                return False
+        else:
             sp = node_space(item, users, graph_reads)
-            return sp is not None and not sp.split and tuple(sp.shape) == shape and (
-                sp.red == () or (not pointwise and sp.red == (len(shape) - 1,)))
-        return False
+        return sp is not None and not sp.split and tuple(sp.shape) == shape and (
+            sp.red == () or (not pointwise and sp.red == (len(shape) - 1,)))
 
     for node in [it for it in items if isinstance(it, Node) and it.op in LINEAR_OPS]:
         parts = linear_parts(node)
@@ -161,11 +160,12 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
         # one slice's shape and reading every slice
         epi = None
         act = _activation_node(node, activation) if activation is not None else None
-        readers = [] if act is not None else sorted({id(holder[id(u)]): holder[id(u)] for v in outs for u in users.get(v.id, ())
-                          if id(u) in holder}.values(), key=run_at)
+        same_shape = len({tuple(v.meta.shape) for v in outs}) == 1
+        readers = [] if act is not None or not same_shape else sorted(
+            {id(holder[id(u)]): holder[id(u)] for v in outs for u in users.get(v.id, ()) if id(u) in holder}.values(),
+            key=run_at)
         for cand in readers:
-            if cand is pro or not row_space(cand, tuple(outs[0].meta.shape), pointwise=True) \
-                    or len({tuple(v.meta.shape) for v in outs}) != 1:
+            if cand is pro or not row_space(cand, tuple(outs[0].meta.shape), pointwise=True):
                 continue
             cand_nodes = {id(n) for n in members(cand)}
             if all(any(id(u) in cand_nodes for u in users.get(v.id, ())) for v in outs):
@@ -189,7 +189,6 @@ def _merge(node, x, weights, biases, pro, epi, act, members, run_at, position, i
     pro_nodes = members(pro) if pro is not None else []
     epi_nodes = members(epi) if epi is not None else [act] if act is not None else []
     results = [act.args[0]] if act is not None else list(node.outputs)   # the projection's own values
-    ours = {id(n) for n in (*pro_nodes, node, *epi_nodes)}
     first = run_at(pro) if pro is not None else position[id(node)]
     launch = run_at(epi) if epi is not None else position[id(node)]
     if any(first < p < launch for p in impure):

@@ -17,6 +17,7 @@ untrusted cache without code: ``GroupSpec.from_json`` checks every field. Its pa
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -24,6 +25,12 @@ from dataclasses import dataclass
 from .prims import BINARY, DTYPES, REDUCTIONS, UNARY, decode_const
 
 SPEC_VERSION = 1
+
+
+def _need(kind: str, cond, what: str) -> None:
+    if not cond:
+        raise ValueError(f"{kind}: {what}")
+
 _OTHER = {"where": 3, "cast": 1}
 
 
@@ -66,10 +73,7 @@ class GroupSpec:
         return spec
 
     def check(self) -> None:
-        def need(cond, what):
-            if not cond:
-                raise ValueError(f"fusion spec: {what}")
-
+        need = functools.partial(_need, "fusion spec")
         need(isinstance(self.rank, int) and 0 <= self.rank <= 8, "rank out of range")
         need(all(isinstance(r, int) and 0 <= r < self.rank for r in self.red) and self.red == sorted(set(self.red)),
              "bad reduced dims")
@@ -169,10 +173,7 @@ class LinearSpec:
         return spec
 
     def check(self) -> None:
-        def need(cond, what):
-            if not cond:
-                raise ValueError(f"linear spec: {what}")
-
+        need = functools.partial(_need, "linear spec")
         pro, epi = self.pro, self.epi
         need(pro.rank >= 2 and pro.red == [pro.rank - 1] and not pro.split, "the prologue must walk [..., K]")
         need(isinstance(self.a, int) and 0 <= self.a < len(pro.outputs) and pro.outputs[self.a][2] == "x",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ... import codegen
+from ...codegen.linear import linear_fusion_enabled
 from ...errors import BackendError
 from ..base import Launch, fused_launches
 from ..cpu.backend import CPUBackend
@@ -32,7 +33,6 @@ class CUDABackend(CPUBackend):
         return fused_launches(self, graph, self.kernel("ost.fused"))
 
     def plan_key_parts(self) -> dict[str, str]:
-        from ...codegen.linear import linear_fusion_enabled
         if not self._fuses():
             return {"fusion": "off"}
         return {"fusion": codegen.codegen_digest()[:16] + ("" if linear_fusion_enabled() else "-nolinear")}

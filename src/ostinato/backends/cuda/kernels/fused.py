@@ -230,9 +230,19 @@ class LinearLauncher:
     def __init__(self, spec: LinearSpec):
         self.spec = spec
         self.n_tensors = spec.n_tensors
+        # the weights and biases when there are several slices: their places decide whether they are one
+        # packed block (plans are shared by every executable holding this group)
+        n_pro, g = len(spec.pro.inputs), len(spec.w)
+        self._packed = slice(n_pro, n_pro + g * (2 if spec.bias else 1)) if g > 1 else slice(0, 0)
         self._plans: dict[tuple, _LinearPlan | None] = {}
         self._libraries: dict[tuple, KernelLibrary] = {}
         self._lock = threading.Lock()
+
+    def key(self, tensors) -> tuple:
+        """What a plan depends on: shapes, strides, and where the slices' weights lie from the first's."""
+        packed = tensors[self._packed]
+        return (tuple((t.shape, t.stride()) for t in tensors),
+                tuple(t.data_ptr() - packed[0].data_ptr() for t in packed))
 
     def library(self, one_row: bool, xr_pro: int = 1, xr_epi: int = 1) -> KernelLibrary:
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
@@ -294,7 +304,7 @@ class LinearLauncher:
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
         spec = self.spec
         tensors, scalars = args[:self.n_tensors], args[self.n_tensors:]
-        key = tuple((t.shape, t.stride()) for t in tensors)
+        key = self.key(tensors)
         if key not in self._plans:
             with self._lock:
                 self._plans[key] = self.plan(tensors)
