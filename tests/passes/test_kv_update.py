@@ -131,6 +131,19 @@ class Broadcast(Cache):
         self.k[:, :, pos] = x[:1]
 
 
+class LeadingOnes(nn.Module):
+    """A [1, H, S, D] cache written with ``k`` of shape [H, 1, D]: index_put broadcasts the batch dim."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, H, S, D), persistent=False)
+        self.scale = nn.Parameter(torch.rand(D) + 0.5)
+
+    def forward(self, x, pos):
+        self.k[:, :, pos % S] = x[0]
+        return (self.k * self.scale).sum(2)
+
+
 def steps(n, rows=1, start=0):
     gen = torch.Generator().manual_seed(n * 10 + rows)
     return [(torch.randn(B, H, rows, D, generator=gen), torch.arange(start + i * rows, start + (i + 1) * rows))
@@ -237,6 +250,14 @@ def test_two_writes_in_one_step():
 def test_write_into_a_temporary_is_not_fused():
     prog, _ = export_and_compare(NotACache(), steps(1)[0], more_inputs=steps(3)[1:])
     assert prog.op_counts()["aten.index_put"] == 1 and "ost.kv_update" not in prog.op_counts()
+
+
+def test_values_without_leading_ones_are_fused():
+    prog = run_decode(LeadingOnes(), steps(S + 3))     # past S: the slot wraps around
+    counts = prog.op_counts()
+    assert counts["ost.kv_update_"] == 1 and no_writes_left(prog)
+    node = next(n for n in prog.graph.nodes if n.op == "ost.kv_update_")
+    assert str(node.args[1].meta) == f"f32[1,{H},1,{D}]" and node.args[4] == S
 
 
 @pytest.mark.parametrize("cls", [TwoDimIndex, Broadcast])

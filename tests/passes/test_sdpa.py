@@ -198,6 +198,8 @@ class PositionMask(Attention):
             mask = torch.arange(s).unsqueeze(0) <= pos.unsqueeze(1)
         elif f == "ge_hf":     # HF's: 4-D positions on both sides, expanded over the batch
             mask = (pos[None, None, :, None] >= torch.arange(s)[None, None, None, :]).expand(1, -1, -1, -1)
+        elif f == "viewed":    # a user's: 2-D mask viewed to [1, 1, T, S]
+            mask = (torch.arange(s) <= pos.view(-1, 1)).view(1, 1, pos.shape[0], -1)
         elif f == "one_key":   # arange of length 1 (broadcast over keys): not the causal mask
             mask = torch.arange(1).unsqueeze(0) <= pos.unsqueeze(1)
         elif f == "shifted":   # arange from 1 and a strict compare: same values, not this pattern
@@ -208,7 +210,7 @@ class PositionMask(Attention):
                                               attn_mask=mask)
 
 
-@pytest.mark.parametrize("form, fused", [("le", True), ("ge_hf", True), ("one_key", False), ("shifted", False),
+@pytest.mark.parametrize("form, fused", [("le", True), ("ge_hf", True), ("viewed", True), ("one_key", False), ("shifted", False),
                                          ("per_key", False)])
 def test_position_mask(form, fused):
     t = 8 if form == "per_key" else 2

@@ -8,6 +8,7 @@ Forms (the index is 1-D along exactly one dim; ``new`` has the cache's dtype, an
 on that dim, where it has one row per index):
 - ``aten.index_put(cache, [None, …, index, None, …], new)``, accumulate False: ``cache.index_copy_(d,
   pos, new)`` (torch.export decomposes it so), ``cache[:, :, pos] = new``, an explicit ``index_put_``;
+  ``new`` may leave out leading 1-dims (index_put broadcasts it): they come back as unsqueezes;
 - ``aten.index_copy(cache, dim, index, new)``;
 - ``aten.slice_scatter(cache, copy(slice(cache, d, start, end), new), d, start, end)``: the slice
   assignment ``cache[:, :, start:end] = new`` with ``end - start`` provably ``new``'s length on ``d``
@@ -44,13 +45,16 @@ def _sole_reader(users, v: Value, pinned: set[int]) -> bool:
     return len(users.get(v.id, ())) == 1 and v.id not in pinned
 
 
-def _rows_fit(cache: Value, new: Value, dim: int, rows) -> bool:
-    """``new`` is the cache's dtype and shape with ``rows`` rows on ``dim``."""
+def _rows_fit(cache: Value, new: Value, dim: int, rows, broadcast: bool = False) -> bool:
+    """``new`` is the cache's dtype and shape with ``rows`` rows on ``dim``; with ``broadcast`` (an
+    index_put's values) also that shape with some of its leading 1-dims left out."""
     c, n = cache.meta, new.meta
-    if c.dtype != n.dtype or c.rank != n.rank:
+    want = tuple(str(rows) if i == dim else str(d) for i, d in enumerate(c.shape))
+    have = tuple(str(d) for d in n.shape)
+    lead = len(want) - len(have)
+    if c.dtype != n.dtype or lead < 0 or (lead and not broadcast):
         return False
-    return all(str(a) == str(b) for i, (a, b) in enumerate(zip(c.shape, n.shape)) if i != dim) \
-        and str(n.shape[dim]) == str(rows)
+    return have == want[lead:] and all(d == "1" for d in want[:lead])
 
 
 def _ring(cache: Value, index: Value, dim: int, users, pinned) -> tuple[Value, int | None, Node | None]:
@@ -88,7 +92,7 @@ def _index_write(node: Node) -> tuple[Value, Value, Value, int] | None:
     if not (_tensor(cache) and _tensor(new) and _tensor(index)) or dim >= cache.meta.rank:
         return None
     if index.meta.rank != 1 or index.meta.dtype not in _INDEX_DTYPES \
-            or not _rows_fit(cache, new, dim, index.meta.shape[0]):
+            or not _rows_fit(cache, new, dim, index.meta.shape[0], broadcast=node.op == "aten.index_put"):
         return None
     return cache, new, index, dim
 
@@ -164,6 +168,13 @@ def fuse_kv_update(g: Graph) -> Graph:
             if rem is not None:
                 dead.add(id(rem))
             made: list[Node] = []
+            # Values an index_put broadcasts (``cache[:, :, slot] = k.view(h, 1, d)``) get back their
+            # leading 1-dims, so ``new`` has the cache's rank as kv_update's contract says.
+            for _ in range(cache.meta.rank - new.meta.rank):
+                unsq = Node("aten.unsqueeze", (new, 0), {}, f"{node.name}_rows{len(made)}", node.source)
+                new = g.new_value(unsq.name, TensorMeta(new.meta.dtype, (1, *new.meta.shape)), "temp", unsq)
+                unsq.outputs = [new]
+                made.append(unsq)
         elif node.op == "aten.slice_scatter":
             m = _slice_write(node, users, pinned)
             if m is None:

@@ -10,7 +10,8 @@ the expansion's intermediates are read by nothing else (and are not graph output
 - ``enable_gqa=True`` on the attention itself (its factor multiplies an absorbed one).
 
 Read differently: the positional causal mask ``le(KV, Q)`` / ``ge(Q, KV)``, optionally under
-``expand`` or leading ``unsqueeze(0)`` (which broadcast exactly as the mask they produce), where KV is
+``expand``, leading ``unsqueeze(0)`` or views adding or dropping leading 1-dims (which broadcast
+exactly as the mask they produce), where KV is
 ``arange(0, S)`` viewed as [1, ..., 1, S] with S the key length and Q is shaped [..., T or 1, 1]. The
 fused op gets ``q_pos=Q`` and no mask; its reference computes ``arange(S) <= Q``, the same values up to
 leading singleton dims. The mask nodes are not removed here: they are usually shared by all layers, and
@@ -53,6 +54,14 @@ def _int(d) -> int | None:
 
 def _same(a, b) -> bool:
     return _text(a) == _text(b)
+
+
+def _strip(shape: tuple) -> tuple[str, ...]:
+    """A shape as text without its leading 1-dims."""
+    text = [_text(d) for d in shape]
+    while text and text[0] == "1":
+        text.pop(0)
+    return tuple(text)
 
 
 def _bind(node: Node) -> dict:
@@ -156,9 +165,12 @@ def _is_key_positions(kv, length) -> bool:
 def _query_positions(mask: Value, q: Value, k: Value) -> Value | None:
     """Q when ``mask`` broadcasts as ``arange(S) <= Q`` over the scores; None otherwise."""
     v = mask
-    # expand and leading unsqueezes change nothing once the mask is broadcast over the scores.
+    # expand, leading unsqueezes and views that only add or drop leading 1-dims change nothing once
+    # the mask is broadcast over the scores.
     while v.producer is not None and (v.producer.op == "aten.expand" or (
-            v.producer.op == "aten.unsqueeze" and _int(v.producer.args[1]) in (0, -v.meta.rank))):
+            v.producer.op == "aten.unsqueeze" and _int(v.producer.args[1]) in (0, -v.meta.rank)) or (
+            v.producer.op in _RESHAPES and _tensor(v.producer.args[0])
+            and _strip(v.meta.shape) == _strip(v.producer.args[0].meta.shape))):
         v = v.producer.args[0]
         if not _tensor(v):
             return None
