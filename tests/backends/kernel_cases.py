@@ -88,6 +88,22 @@ CASES = [
                                                                  _r(g, (1, 3, 9, 16), dt, dev)), {})),
     KernelCase("ost.sdpa", "prefill-fallback", lambda g, dt, dev: ((_r(g, (1, 2, 5, 16), dt, dev), _r(g, (1, 2, 5, 16), dt, dev),
                                                                     _r(g, (1, 2, 5, 16), dt, dev)), {"is_causal": True})),
+    KernelCase("ost.decode_attention_", "rope-gqa-pos", lambda g, dt, dev: (
+        (_r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 2, 40, 24), dt, dev),
+         _r(g, (2, 1, 4, 24), dt, dev).transpose(1, 2), _r(g, (2, 2, 1, 24), dt, dev), _r(g, (2, 2, 1, 24), dt, dev),
+         torch.tensor([29], device=dev), 2, None, _r(g, (2, 1, 1, 24), dt, dev), _r(g, (2, 1, 1, 24), dt, dev), False,
+         torch.tensor([20, 35], device=dev).view(2, 1, 1, 1), None, 2), {})),
+    KernelCase("ost.decode_attention_", "interleaved-ring", lambda g, dt, dev: (
+        (_r(g, (1, 3, 16, 16), dt, dev), _r(g, (1, 3, 16, 16), dt, dev), _r(g, (1, 3, 1, 16), dt, dev),
+         _r(g, (1, 3, 1, 16), dt, dev), _r(g, (1, 3, 1, 16), dt, dev), torch.tensor([21], device=dev), 2, 16,
+         _r(g, (1, 1, 16), dt, dev), _r(g, (1, 1, 16), dt, dev), True, None, 0.3, 1), {})),
+    KernelCase("ost.decode_attention_", "norope-last-slot", lambda g, dt, dev: (
+        (_r(g, (1, 2, 70, 32), dt, dev), _r(g, (1, 2, 70, 32), dt, dev), _r(g, (1, 6, 1, 32), dt, dev),
+         _r(g, (1, 2, 1, 32), dt, dev), _r(g, (1, 2, 1, 32), dt, dev), torch.tensor([-1], device=dev), 2, None,
+         None, None, False, torch.tensor([[69]], device=dev), None, 3), {})),
+    KernelCase("ost.decode_attention_", "two-rows-fallback", lambda g, dt, dev: (
+        (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev),
+         _r(g, (1, 2, 2, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev), torch.tensor([3, 4], device=dev), 2), {})),
 ]
 
 
@@ -110,6 +126,10 @@ def check(case: KernelCase, dtype: torch.dtype, device: str, seed: int = 0) -> t
     refs, gots = (ref, got) if isinstance(ref, tuple) else ((ref,), (got,))
     if not isinstance(got, type(ref)) or len(gots) != len(refs):
         return False, f"{len(gots)} results vs the reference's {len(refs)}"
+    for k, r in enumerate(refs):     # a result that is an argument (a written cache) must stay one
+        for i, a in enumerate(ref_args):
+            if r is a and gots[k] is not got_args[i]:
+                return False, f"result {k} is argument {i} in the reference but a new tensor in the kernel's"
     details, all_ok = [], True
     for k, (r, o) in enumerate(zip(refs, gots)):
         if o.shape != r.shape or o.dtype != r.dtype:

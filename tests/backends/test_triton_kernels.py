@@ -59,6 +59,15 @@ def _compile_specs():
                                      "pos_sb")},
               "n_keys": "constexpr", "HAS_POS": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"},
              {"n_keys": 4096, "HAS_POS": True, "BLOCK_N": 64, "BLOCK_D": 64}),
+            ("decode_attention_kv", attention.decode_attention_kv_kernel,
+             {**{k: ptr(dt) for k in ("q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr")}, "index_ptr": "*i64",
+              "pos_ptr": "*i64", "cos_ptr": ptr(dt), "sin_ptr": ptr(dt), "out_ptr": ptr(dt),
+              "head_dim": "i32", "n_rep": "i32", "hq": "i32", "scale": "fp32", "ring": "i32",
+              **{k: "i32" for k in ("q_sb", "q_sh", "k_sb", "k_sh", "v_sb", "v_sh", "cq_b", "cq_h", "sq_b", "sq_h",
+                                     "ck_b", "ck_h", "sk_b", "sk_h", "c_sb", "c_sh", "o_sb", "o_sh", "pos_sb")},
+              **{k: "constexpr" for k in ("n_keys", "HAS_POS", "ROPE", "INTERLEAVED", "RING", "BLOCK_N", "BLOCK_D")}},
+             {"n_keys": 4096, "HAS_POS": True, "ROPE": True, "INTERLEAVED": dt == "fp16", "RING": dt == "fp32",
+              "BLOCK_N": 64, "BLOCK_D": 128}),
         ]
     return [pytest.param(fn, sig, const, id=f"{name}-{sig[next(iter(sig))][1:]}") for name, fn, sig, const in specs]
 

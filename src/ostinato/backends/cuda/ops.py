@@ -35,5 +35,6 @@ def triton_kernels() -> dict[str, Callable]:
         "ost.kv_update": attention.kv_update,
         "ost.kv_update_": attention.kv_update_,
         "ost.sdpa": attention.sdpa,
+        "ost.decode_attention_": attention.decode_attention_,
         "ost.linear": elementwise.linear,
     }

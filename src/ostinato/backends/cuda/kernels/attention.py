@@ -70,4 +70,71 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, *
         out.stride(0), out.stride(1), pos_sb, grid=(B * Hq,))
     return out
 
-LIBRARY = KernelLibrary("attention", {"kv_update": "kv_update_kernel", "decode_attention": "decode_attention_kernel"})
+def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n_rep) -> tuple | None:
+    """(BLOCK_N, BLOCK_D) when the fused decode kernel handles this call: one query token and one new
+    row, contiguous [B, Hkv, S, D] caches written on dim 2, rows with a dense head dim, cos and sin
+    broadcasting over q and k; else None (the reference)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k_cache.dim() != 4 or dim % 4 != 2 or index.numel() != 1:
+        return None
+    B, Hkv, S, D = k_cache.shape
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
+            and q.shape == (B, Hkv * n_rep, 1, D) and k.shape == (B, Hkv, 1, D) and v.shape == k.shape
+            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and D <= 256
+            and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
+            and (q_pos is None or q_pos.numel() in (1, B))):
+        return None
+    if cos is not None:
+        if D % 2 or any(t.dim() > 4 for t in (cos, sin)):
+            return None
+        try:
+            for t in (cos, sin):
+                t.expand(q.shape), t.expand(k.shape)
+        except RuntimeError:
+            return None
+    return 64, block_for(D)
+
+
+def _rope_strides(t, shape) -> tuple[int, int]:
+    """(batch, head) strides of ``t`` broadcast over ``shape`` ([B, H, 1, D]); 0 on broadcast dims."""
+    e = t.expand(shape)
+    return e.stride(0), e.stride(1)
+
+
+def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
+                      q_pos=None, scale=None, n_rep=1):
+    """ost.decode_attention_ on CUDA: rope, the cache writes and the attention in one kernel
+    (source/attention.py) where its plan allows, else the reference."""
+    key = op_key("ost.decode_attention_", k_cache, v_cache, q, k, v, index,
+                 *(() if cos is None else (cos, sin)), *(() if q_pos is None else (q_pos,)), dim=dim, n_rep=n_rep)
+    plan = op_graph_cache.get(key, lambda: _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin,
+                                                              q_pos, n_rep))
+    if plan is None:
+        from ....ir.fused_ops import decode_attention_ as reference
+        return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep)
+    block_n, block_d = plan
+    B, Hkv, S, D = k_cache.shape
+    Hq = q.shape[1]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    rope = cos is not None
+    if rope:
+        cos, sin = cos.contiguous(), sin.contiguous()   # the head dim dense; broadcast dims stride 0
+        strides = (*_rope_strides(cos, q.shape), *_rope_strides(sin, q.shape),
+                   *_rope_strides(cos, k.shape), *_rope_strides(sin, k.shape))
+    else:
+        cos = sin = q
+        strides = (0,) * 8
+    pos = q_pos.reshape(-1) if q_pos is not None else index
+    pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
+    LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, ROPE=rope,
+                   INTERLEAVED=bool(interleaved), RING=ring is not None, BLOCK_N=block_n, BLOCK_D=block_d)(
+        q, k, v, k_cache, v_cache, index, pos, cos, sin, out, D, n_rep, Hq,
+        float(scale if scale is not None else 1.0 / math.sqrt(D)), int(ring or 1),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *strides,
+        k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1), pos_sb, grid=(B * Hq,))
+    return out, k_cache, v_cache
+
+
+decode_attention_.multi_output = True
+
+LIBRARY = KernelLibrary("attention", {"kv_update": "kv_update_kernel", "decode_attention": "decode_attention_kernel",
+                                      "decode_attention_kv": "decode_attention_kv_kernel"})

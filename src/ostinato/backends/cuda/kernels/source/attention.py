@@ -60,3 +60,92 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, head_dim, n_r
         m = m_new
     out = acc / l
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+
+
+@triton.jit
+def _rope_row(ptr, d, dmask, half, c_ptr, s_ptr, dt, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """A head's row [BLOCK_D] in fp32, rotated as ost.rope's kernel does (each product rounded to
+    ``dt``, then their sum) when ROPE."""
+    x = tl.load(ptr + d, mask=dmask, other=0.0).to(tl.float32)
+    if ROPE:
+        if INTERLEAVED:
+            partner = d ^ 1
+            sign = tl.where(d % 2 == 0, -1.0, 1.0)
+        else:
+            partner = tl.where(d < half, d + half, d - half)
+            sign = tl.where(d < half, -1.0, 1.0)
+        xr = tl.load(ptr + partner, mask=dmask, other=0.0).to(tl.float32)
+        c = tl.load(c_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+        a = (x * c).to(dt).to(tl.float32)
+        b = (sign * xr * s).to(dt).to(tl.float32)
+        x = (a + b).to(dt).to(tl.float32)
+    return x
+
+
+@triton.jit
+def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, pos_ptr, cos_ptr, sin_ptr, out_ptr,
+                               head_dim, n_rep, hq, scale, ring,
+                               q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, cq_b, cq_h, sq_b, sq_h, ck_b, ck_h, sk_b, sk_h,
+                               c_sb, c_sh, o_sb, o_sh, pos_sb,
+                               n_keys: tl.constexpr, HAS_POS: tl.constexpr, ROPE: tl.constexpr,
+                               INTERLEAVED: tl.constexpr, RING: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_D: tl.constexpr):
+    """One (batch, query head) of ost.decode_attention_: q and the step's key rotated in registers, the
+    key and value rows written into the (contiguous [B, Hkv, n_keys, D]) caches by the first query
+    head of each KV head, and softmax(q k^T * scale, keys j <= pos) v online over the cache. No
+    program reads the slot being written: the step's key and value come from registers instead, so
+    the write and the reads of other programs never race."""
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // hq
+    h = pid % hq
+    kvh = h // n_rep
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < head_dim
+    half = head_dim // 2
+    dt = kc_ptr.dtype.element_ty
+    q = _rope_row(q_ptr + b * q_sb + h * q_sh, d, dmask, half, cos_ptr + b * cq_b + h * cq_h,
+                  sin_ptr + b * sq_b + h * sq_h, q_ptr.dtype.element_ty, ROPE, INTERLEAVED)
+    kn = _rope_row(k_ptr + b * k_sb + kvh * k_sh, d, dmask, half, cos_ptr + b * ck_b + kvh * ck_h,
+                   sin_ptr + b * sk_b + kvh * sk_h, dt, ROPE, INTERLEAVED).to(dt)
+    vn = tl.load(v_ptr + b * v_sb + kvh * v_sh + d, mask=dmask, other=0.0).to(dt)
+    slot = tl.load(index_ptr).to(tl.int64)
+    if RING:
+        slot = ((slot % ring) + ring) % ring
+    slot = tl.where(slot < 0, slot + n_keys, slot)
+    row = b * c_sb + kvh * c_sh + slot * head_dim + d
+    if h % n_rep == 0:
+        tl.store(kc_ptr + row, kn, mask=dmask)
+        tl.store(vc_ptr + row, vn, mask=dmask)
+    limit = n_keys - 1
+    if HAS_POS:
+        limit = tl.load(pos_ptr + b * pos_sb).to(tl.int64)
+    m = tl.full((), float("-inf"), tl.float32)
+    l = tl.full((), 0.0, tl.float32)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    base = b * c_sb + kvh * c_sh
+    for start in range(0, n_keys, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        nmask = (n < n_keys) & (n <= limit) & (n != slot)
+        kt = tl.load(kc_ptr + base + n[:, None] * head_dim + d[None, :],
+                     mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        s = tl.sum(kt * q[None, :], axis=1) * scale
+        s = tl.where(nmask, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+        p = tl.where(nmask, tl.exp(s - m_new), 0.0)
+        vt = tl.load(vc_ptr + base + n[:, None] * head_dim + d[None, :],
+                     mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
+        l = l * alpha + tl.sum(p, axis=0)
+        m = m_new
+    # The step's own key, when the query sees its slot.
+    s_new = tl.sum(kn.to(tl.float32) * q, axis=0) * scale
+    s_new = tl.where(slot <= limit, s_new, float("-inf"))
+    m_new = tl.maximum(m, s_new)
+    alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+    p = tl.where(slot <= limit, tl.exp(s_new - m_new), 0.0)
+    acc = acc * alpha + p * vn.to(tl.float32)
+    l = l * alpha + p
+    out = acc / l
+    tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
