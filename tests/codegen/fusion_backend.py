@@ -20,11 +20,18 @@ class ReferenceFusionBackend(CPUBackend):
 
 
 class InterpretedFusionBackend(CPUBackend):
-    """Groups run their generated Triton kernel on CPU tensors (needs TRITON_INTERPRET=1)."""
+    """Groups run their generated Triton kernel on CPU tensors (needs TRITON_INTERPRET=1), and so does
+    the decode attention the code generator merges (ost.decode_attention_)."""
 
     def lower_graph(self, graph):
         from ostinato.backends.cuda.kernels.fused import run_fused
         return fused_launches(self, graph, run_fused)
+
+    def kernel(self, op: str):
+        if op == "ost.decode_attention_":
+            from ostinato.backends.cuda.kernels.attention import decode_attention_
+            return decode_attention_
+        return super().kernel(op)
 
 
 def fused_executable(prog: Program, backend) -> Executable:

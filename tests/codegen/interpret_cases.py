@@ -75,7 +75,11 @@ def main(what: str, dtype_name: str) -> None:
         from fusion_backend import hf_decode_matches
         for family in ("llama", "gemma"):
             try:
-                hf_decode_matches(family, InterpretedFusionBackend(), 3, tol=1e-4)
+                prog = hf_decode_matches(family, InterpretedFusionBackend(), 3, tol=1e-4)
+                merged = fused_ops(fused_executable(prog, InterpretedFusionBackend())).get("ost.decode_attention_", 0)
+                layers = sum(1 for n in prog.graph.nodes if n.op == "ost.sdpa")
+                if merged != layers:
+                    raise AssertionError(f"{merged} merged decode attentions for {layers} layers")
                 results[family] = "ok"
             except Exception as e:  # noqa: BLE001 - reported per case
                 results[family] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"

@@ -348,4 +348,7 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
     from .linear import absorb_linears, linear_fusion_enabled    # it builds on this module's groups
     if linear_fusion_enabled():
         out = absorb_linears(graph, out, users, graph_reads)
+    from .attention import absorb_attention, attention_fusion_enabled
+    if attention_fusion_enabled():
+        out = absorb_attention(graph, out, users, graph_reads)
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ... import codegen
+from ...codegen.attention import attention_fusion_enabled
 from ...codegen.linear import linear_fusion_enabled
 from ...errors import BackendError
 from ..base import Launch, fused_launches
@@ -35,7 +36,8 @@ class CUDABackend(CPUBackend):
     def plan_key_parts(self) -> dict[str, str]:
         if not self._fuses():
             return {"fusion": "off"}
-        return {"fusion": codegen.codegen_digest()[:16] + ("" if linear_fusion_enabled() else "-nolinear")}
+        return {"fusion": codegen.codegen_digest()[:16] + ("" if linear_fusion_enabled() else "-nolinear")
+                + ("" if attention_fusion_enabled() else "-noattention")}
 
     @staticmethod
     def _fuses() -> bool:

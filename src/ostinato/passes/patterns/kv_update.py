@@ -15,7 +15,7 @@ on that dim, where it has one row per index):
   (start from ``pos[0].item()`` or a symbolic size). The slice and the copy are absorbed and the index
   is a new ``aten.arange(start, end)``.
 A ring buffer's ``index = pos % S`` (``aten.remainder`` or ``aten.fmod`` by a scalar equal to the
-cache's length on ``dim``) is absorbed into ``ring=S`` when the remainder has no other reader; fmod
+cache's length on ``dim``) is absorbed into ``ring=S`` (the remainder node too when nothing else reads it); fmod
 is exact because index_put counts a negative slot from the end, which is ``pos mod S``.
 
 Absorbed nodes never have other readers and are never graph outputs or mutation values; the write's
@@ -64,9 +64,11 @@ def _ring(cache: Value, index: Value, dim: int, users, pinned) -> tuple[Value, i
         return index, None, None
     pos, size = rem.args
     if not _tensor(pos) or pos.meta.rank != 1 or pos.meta.dtype not in _INDEX_DTYPES or not _int(size) \
-            or str(size) != str(cache.meta.shape[dim]) or not _sole_reader(users, index, pinned):
+            or str(size) != str(cache.meta.shape[dim]):
         return index, None, None
-    return pos, size, rem
+    # A remainder read elsewhere too (K's and V's writes share one; CSE shares it across layers) stays
+    # for its other readers; the pipeline's dce drops it once no reader is left.
+    return pos, size, rem if _sole_reader(users, index, pinned) else None
 
 
 def _index_write(node: Node) -> tuple[Value, Value, Value, int] | None:

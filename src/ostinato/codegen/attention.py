@@ -1,0 +1,126 @@
+"""Decode attention with its neighbours: the step's cache writes and rotary embedding join the attention.
+
+A decoder layer's decode step runs, between its QKV projection and its output projection, ``rope(q)``,
+``rope(k)``, ``kv_update_(k_cache, k)``, ``kv_update_(v_cache, v)`` and ``sdpa(q, k_cache, v_cache)``:
+five launches for a few kilobytes of work. This pass, run on the scheduler's result, puts one
+``ost.decode_attention_`` node (ir/fused_ops.py; one Triton kernel on CUDA) in their place when
+
+- the attention reads exactly the two caches' kv_update_ results, has no explicit mask (a position
+  mask is ``q_pos``) and is not causal-by-flag, with one query token and one row written per step
+  (static shapes), on 4-D [B, H, S, D] caches written on dim 2, all of one dtype;
+- the ropes are absorbed only as a pair, with the same cos, sin and form, each read by nothing but the
+  attention (q) and the key's write (k), keeping their dtype; otherwise they stay launches of their own;
+- moving the members to the attention's place changes nothing: no impure node stands between them
+  and nothing outside them reads a member's value before the attention runs.
+
+The kernel's own plan still checks the real tensors (layouts, the position's shape) and runs the
+reference where they do not fit. OSTINATO_FUSE_ATTENTION=0 turns the pass off (the A/B switch).
+"""
+from __future__ import annotations
+
+import os
+
+from ..ir import Node, Value, get_op
+from ..ir.types import TensorMeta
+from .schedule import FusionGroup
+
+OP = "ost.decode_attention_"
+
+
+def attention_fusion_enabled() -> bool:
+    return os.environ.get("OSTINATO_FUSE_ATTENTION", "1") != "0"
+
+
+def _tensor(v) -> bool:
+    return isinstance(v, Value) and isinstance(v.meta, TensorMeta)
+
+
+def _static(v: Value) -> tuple[int, ...] | None:
+    shape = v.meta.shape
+    return tuple(shape) if all(isinstance(d, int) for d in shape) else None
+
+
+def _only_reader(v: Value, reader: Node, users: dict, graph_reads: set[int]) -> bool:
+    return v.id not in graph_reads and [id(u) for u in users.get(v.id, ())] == [id(reader)]
+
+
+def _ropes(q: Value, k_new: Value, sdpa: Node, k_write: Node, users, graph_reads, lone: set[int]):
+    """(q before rope, k before rope, cos, sin, interleaved, [rope nodes]) when both are roped alike."""
+    rq, rk = q.producer, k_new.producer
+    if rq is None or rk is None or rq.op != "ost.rope" or rk.op != "ost.rope" or id(rq) not in lone \
+            or id(rk) not in lone or rq.kwargs or rk.kwargs:
+        return None
+    qa, ka = (*rq.args, False)[:4], (*rk.args, False)[:4]
+    if qa[1] is not ka[1] or qa[2] is not ka[2] or bool(qa[3]) != bool(ka[3]):
+        return None
+    if not (_tensor(qa[0]) and _tensor(ka[0]) and _tensor(qa[1]) and _tensor(qa[2])):
+        return None
+    if qa[0].meta.dtype != q.meta.dtype or ka[0].meta.dtype != k_new.meta.dtype:
+        return None     # the rope promoted (an fp32 cos over bf16 rows): not the kernel's rounding
+    if not _only_reader(q, sdpa, users, graph_reads) or not _only_reader(k_new, k_write, users, graph_reads):
+        return None
+    return qa[0], ka[0], qa[1], qa[2], bool(qa[3]), [rq, rk]
+
+
+def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[Node]] | None:
+    """The ost.decode_attention_ node for ``sdpa`` and the nodes it replaces, or None."""
+    if len(sdpa.args) != 8 or sdpa.kwargs:
+        return None
+    q, k, v, mask, q_pos, scale, n_rep, causal = sdpa.args
+    if mask is not None or causal or not (_tensor(q) and _tensor(k) and _tensor(v)):
+        return None
+    kw, vw = k.producer, v.producer
+    if kw is None or vw is None or kw is vw or kw.op != "ost.kv_update_" or vw.op != "ost.kv_update_" \
+            or id(kw) not in lone or id(vw) not in lone or kw.kwargs or vw.kwargs:
+        return None
+    (kc, kn, index, dim, ring), (vc, vn, index2, dim2, ring2) = (*kw.args, None)[:5], (*vw.args, None)[:5]
+    if index2 is not index or dim2 != dim or ring2 != ring or dim != 2 or not _tensor(index):
+        return None
+    shapes = [_static(x) for x in (q, kc, vc, kn, vn)]
+    if any(s is None or len(s) != 4 for s in shapes) or index.meta.shape != (1,):
+        return None
+    (b, hq, t, d), (b2, hkv, _, d2) = shapes[0], shapes[1]
+    if t != 1 or shapes[2] != shapes[1] or shapes[3] != (b, hkv, 1, d) or shapes[4] != shapes[3] \
+            or (b2, d2) != (b, d) or hq != hkv * n_rep or d > 256:
+        return None
+    if len({x.meta.dtype for x in (q, kc, vc, kn, vn)}) != 1:
+        return None
+    if q_pos is not None and not _tensor(q_pos):
+        return None
+    members = [kw, vw, sdpa]
+    q_in, k_in, cos, sin, interleaved = q, kn, None, None, False
+    ropes = _ropes(q, kn, sdpa, kw, users, graph_reads, lone)
+    if ropes is not None:
+        q_in, k_in, cos, sin, interleaved, nodes = ropes
+        members = nodes + members
+    node = Node(OP, (kc, vc, q_in, k_in, vn, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep),
+                {}, sdpa.name, sdpa.source)
+    node.outputs = [sdpa.outputs[0], kw.outputs[0], vw.outputs[0]]
+    return node, members
+
+
+def absorb_attention(graph, items: list, users: dict, graph_reads: set[int]) -> list:
+    """``items`` (the scheduler's result, in run order) with each decode attention and the nodes it
+    can take replaced by one ost.decode_attention_ node, run where the attention stood."""
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    impure = [i for i, n in enumerate(graph.nodes) if get_op(n.op) is None or not get_op(n.op).pure]
+    out = list(items)
+    for sdpa in [it for it in items if isinstance(it, Node) and it.op == "ost.sdpa"]:
+        lone = {id(it) for it in out if isinstance(it, Node)}
+        m = _match(sdpa, users, graph_reads, lone)
+        if m is None:
+            continue
+        node, members = m
+        ids = {id(n) for n in members}
+        first, launch = min(position[id(n)] for n in members), position[id(sdpa)]
+        if any(first < p < launch and id(graph.nodes[p]) not in ids for p in impure):
+            continue        # a state write between: the cache writes must not move across it
+        made = {v.id for n in members for v in n.outputs if v is not None}
+        between = [it for it in out if not (isinstance(it, Node) and id(it) in ids)
+                   and first <= (it.launch_at if isinstance(it, FusionGroup) else position[id(it)]) < launch]
+        if any(v.id in made for it in between for n in (it.nodes if isinstance(it, FusionGroup) else [it])
+               for v in n.inputs):
+            continue        # read before the merged kernel makes it
+        position[id(node)] = launch
+        out = [node if it is sdpa else it for it in out if not (isinstance(it, Node) and id(it) in ids) or it is sdpa]
+    return out

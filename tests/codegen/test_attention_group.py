@@ -1,0 +1,178 @@
+"""The decode attention the code generator merges with its cache writes and rotary embedding
+(codegen/attention.py): when it merges, what it leaves, and that the result equals eager over several
+decode steps (the op's torch reference here; its kernel in Triton's interpreter in test_triton_fused)."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fusion_backend import ReferenceFusionBackend, fused_executable  # noqa: E402
+from helpers import assert_same  # noqa: E402
+
+import ostinato  # noqa: E402
+from ostinato.codegen.report import launch_table  # noqa: E402
+
+S, HQ, HKV, D = 12, 4, 2, 8
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    """One decode step of grouped-query attention over static caches, in one of several styles:
+
+    - ``rope``: HF's rotate_half on q and k, ``index_copy_`` writes, a position mask;
+    - ``slice``: ``cache[:, :, pos] = k`` writes, no rope, no mask;
+    - ``k_read``: rope, and the rotated key is also returned (the rope must stay);
+    - ``q_only``: only q is rotated (the rope stays; the writes and attention still merge);
+    - ``between``: a third buffer written in place between the cache writes and the attention (a state
+      write the merge does not move across).
+    """
+
+    def __init__(self, style: str):
+        super().__init__()
+        self.style = style
+        self.q = nn.Linear(HQ * D, HQ * D, bias=False)
+        self.kv = nn.Linear(HQ * D, 2 * HKV * D, bias=False)
+        self.register_buffer("k_cache", torch.zeros(1, HKV, S, D))
+        self.register_buffer("v_cache", torch.zeros(1, HKV, S, D))
+        self.register_buffer("seen", torch.zeros(S))
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D)))
+
+    def forward(self, x, pos):
+        q = self.q(x).view(1, 1, HQ, D).transpose(1, 2)
+        k, v = self.kv(x).view(1, 1, 2 * HKV, D).transpose(1, 2).chunk(2, dim=1)
+        extra = None
+        if self.style != "slice":
+            freqs = pos[:, None].float() * self.inv_freq
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+            q = q * cos + rotate_half(q) * sin
+            if self.style != "q_only":
+                k = k * cos + rotate_half(k) * sin
+            if self.style == "k_read":
+                extra = k.sum()
+        if self.style == "slice":
+            self.k_cache[:, :, pos] = k
+            self.v_cache[:, :, pos] = v
+        else:
+            self.k_cache.index_copy_(2, pos, k)
+            self.v_cache.index_copy_(2, pos, v)
+        if self.style == "between":
+            self.seen.index_copy_(0, pos, x.sum().view(1))
+        mask = None if self.style == "slice" else (torch.arange(S) <= pos.view(-1, 1)).view(1, 1, 1, S)
+        a = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask, enable_gqa=True)
+        out = a.transpose(1, 2).reshape(1, 1, HQ * D)
+        return out if extra is None else (out, extra)
+
+
+def decode(model, steps: int):
+    """The model exported, then ``steps`` decode steps through fusion's lowering against eager (outputs
+    and the caches); returns the program and the executable."""
+    torch.manual_seed(0)
+    ref = copy.deepcopy(model)
+    x0 = torch.randn(1, 1, HQ * D)
+    prog = ostinato.export(model, (x0, torch.tensor([0])))
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    for step in range(steps):
+        x, pos = torch.randn(1, 1, HQ * D), torch.tensor([step])
+        with torch.no_grad():
+            expected = ref(x, pos)
+        assert_same(exe(x, pos), expected, msg=f"step {step}:")
+    for name in ("k_cache", "v_cache"):
+        assert_same(exe.session.state[name], getattr(ref, name), msg=f"{name}:")
+        assert getattr(ref, name)[:, :, :steps].abs().sum() > 0
+    return prog, exe
+
+
+@pytest.mark.parametrize("style, merged, ropes_left", [("rope", True, 0), ("slice", True, 0), ("k_read", True, 2),
+                                                       ("q_only", True, 1), ("between", False, 2)])
+def test_decode_attention_merges_what_it_may(style, merged, ropes_left):
+    prog, exe = decode(Attention(style), 5)
+    kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
+    ops = [l.op for l in exe.launches]
+    assert kinds.count("ost.decode_attention_") == ops.count("ost.decode_attention_") == int(merged), kinds
+    assert kinds.count("ost.rope") == ropes_left, kinds
+    if merged:
+        assert "ost.kv_update_" not in kinds and "ost.sdpa" not in kinds, kinds
+    else:
+        assert kinds.count("ost.kv_update_") == 3 and kinds.count("ost.sdpa") == 1, kinds
+
+
+def test_merged_node_takes_the_ropes_inputs():
+    prog, exe = decode(Attention("rope"), 2)
+    (launch,) = [l for l in exe.launches if l.op == "ost.decode_attention_"]
+    node = next(n for n in prog.graph.nodes if n.op == "ost.sdpa")
+    assert launch.name == node.name
+    # args: caches, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep
+    assert launch.args[6:8] == (2, None) and launch.args[10] is False and launch.args[13] == 2
+    assert launch.args[8] is not None and launch.args[9] is not None     # cos and sin
+
+
+def test_attention_switch(monkeypatch):
+    monkeypatch.setenv("OSTINATO_FUSE_ATTENTION", "0")
+    prog, _ = decode(Attention("rope"), 2)
+    kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
+    assert "ost.decode_attention_" not in kinds and kinds.count("ost.kv_update_") == 2
+
+
+def _user_models():
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "suite", "user_models.py")
+    spec = importlib.util.spec_from_file_location("user_models_for_tests", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _per_layer(rows, layers: int) -> float:
+    """Launches per layer: the step's launches less those outside the layers (embedding, final norm,
+    head and the position/mask bookkeeping before the first layer's norm)."""
+    first = next(i for i, r in enumerate(rows) if r["kind"] == "fused" and any("norm" in o for o in r["ops"]))
+    last = max(i for i, r in enumerate(rows) if r["kind"] == "ost.decode_attention_")
+    # the last layer's MLP: the two launches after its attention's output projection
+    return (last + 4 - first) / layers
+
+
+@pytest.mark.parametrize("style", ["rms", "ln"])
+def test_user_decoders_take_five_launches_per_layer(style):
+    """The decoders of bench/suite/user_models.py (fused QKV split in three, a plain RMSNorm or
+    LayerNorm, index_copy_ or a ring buffer's slice assignment, a position mask): each layer's decode
+    step is 5 launches (norm+QKV, attention, output projection, norm+MLP up, MLP down)."""
+    um = _user_models()
+    torch.manual_seed(0)
+    model = um.UserDecoder(64, 3, style, cache_len=16).eval()
+    ref = copy.deepcopy(model)
+    prog = ostinato.export(model, (torch.tensor([[1]]), torch.tensor([0])))
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    for step in (0, 1, 2, 9) + ((17, 18) if style == "ln" else ()):     # past 16: the ring buffer wraps
+        ids, pos = torch.randint(0, 1024, (1, 1)), torch.tensor([step])
+        with torch.no_grad():
+            expected = ref(ids, pos)
+        assert_same(exe(ids, pos), expected, tol=1e-4, msg=f"step {step}:")
+    rows = launch_table(prog.graph, "cuda")
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("ost.decode_attention_") == 3, kinds
+    assert _per_layer(rows, 3) == 5, kinds
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
+def test_hf_decoders_take_five_launches_per_layer(family):
+    from models.test_hf_decoders import decode_inputs, make_wrapper
+    wrapper = make_wrapper(family)
+    prog = ostinato.export(wrapper, (), decode_inputs(0, torch.Generator().manual_seed(1)), trace_strict=True)
+    layers = sum(1 for n in prog.graph.nodes if n.op == "ost.sdpa")
+    rows = launch_table(prog.graph, "cuda")
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("ost.decode_attention_") == layers, kinds
+    assert "ost.rope" not in kinds and "ost.kv_update_" not in kinds, kinds
+    assert _per_layer(rows, layers) == 5, kinds
