@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Generic fusion on the lent GPU (issue #15): the `cuda` tests of codegen (and, with TESTS=all, of the
 # other GPU paths), then the suite's configurations matched by $CONFIGS with fusion on and off, under $OUT.
-#   CONFIGS=user- scripts/gpu_fusion.sh          TESTS=none|codegen|all (default codegen)
+#   CONFIGS=user- scripts/gpu_fusion.sh          TESTS=none|codegen|all|'test paths' (default codegen)
 #   PART=2/4 TESTS=none scripts/gpu_fusion.sh    part 2 of 4 of the whole CUDA matrix instead of $CONFIGS
 #   RUNNERS=... overrides the runners (default: eager, CUDA graph of eager, reduce-overhead, replay on/off)
 set -uo pipefail
@@ -16,6 +16,7 @@ case "${TESTS:-codegen}" in
   codegen) "$PY" -m pytest -q -m cuda -p no:cacheprovider -n 8 tests/codegen -rfEs 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
   all) "$PY" -m pytest -q -m cuda -p no:cacheprovider -n 8 tests/codegen tests/replay tests/backends tests/models \
          tests/ops/test_op_table.py tests/dynamo tests/passes -rfEs 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+  *) "$PY" -m pytest -q -m cuda -p no:cacheprovider -n 8 $TESTS -rfEs 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
 esac
 if [ -n "${CONFIGS:-}" ] || [ -n "${PART:-}" ]; then
   work="$(mktemp -d /tmp/ostinato-fusion-XXXX)"

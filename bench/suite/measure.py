@@ -167,6 +167,8 @@ def prepare_cell(make: Callable[[], Callable], steps: list, ref: Reference | Non
             sync(device)
             mem = watch.stop()
             cell["peak_mem_bytes"] = None if mem is None else mem + model_bytes
+            if hasattr(fn, "stats"):     # an ostinato executable: the device launches of one step
+                cell["kernels_per_step"] = fn.stats()["kernels"]
             cell["status"] = "ok"
     except Exception as e:   # a runner that fails (compile error, OOM, capture error) is a result too
         cell.update(status="error", error=describe_error(e))

@@ -114,7 +114,8 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
 def _summary(cell: dict) -> str:
     if cell.get("status") == "ok":
         return (f"{cell['mean_ms']:.3f} ms/step (min {cell['min_ms']:.3f}, max {cell['max_ms']:.3f}), "
-                f"first call {cell['first_call_s']:.2f} s")
+                f"first call {cell['first_call_s']:.2f} s"
+                + (f", {cell['kernels_per_step']} kernels/step" if "kernels_per_step" in cell else ""))
     if cell.get("status") == "wrong":
         return f"WRONG: max error {cell['max_error']:.3g} > {cell['tolerance']:.3g}, not timed"
     return f"error: {cell.get('error')}"

@@ -18,8 +18,11 @@ DESCRIPTIONS = {
     "ostinato_replay_unfused": "ostinato_replay with generic fusion off (OSTINATO_FUSION=0): the A/B of codegen",
     "ostinato_replay_nolinear": "ostinato_replay with matmul groups off (OSTINATO_FUSE_LINEAR=0): projections "
                                 "through cuBLAS, the A/B of the generated GEMV kernels",
+    "ostinato_replay_noattention": "ostinato_replay with merged decode attention off (OSTINATO_FUSE_ATTENTION=0): "
+                                   "rope, cache writes and attention as launches of their own",
 }
-_SWITCHED = {"ostinato_replay_unfused": "OSTINATO_FUSION", "ostinato_replay_nolinear": "OSTINATO_FUSE_LINEAR"}
+_SWITCHED = {"ostinato_replay_unfused": "OSTINATO_FUSION", "ostinato_replay_nolinear": "OSTINATO_FUSE_LINEAR",
+             "ostinato_replay_noattention": "OSTINATO_FUSE_ATTENTION"}
 
 
 def cuda_graph_of(model: nn.Module, example: tuple[tuple, dict]) -> Callable:

@@ -25,11 +25,17 @@ class KernelCase:
     # CPU torch's fp16 rsqrt is not correctly rounded (rsqrt(2.6777) gives 0.61084, CUDA and the
     # kernel 0.61133, the nearest), and that ulp of the scale becomes up to two in the result.
     cpu_tol: dict | None = None
+    # Tolerance on every device when it differs from TOL. The fused decode attention rotates q and k as
+    # eager models do (each product rounded to the dtype, then the sum); the ost.rope reference's
+    # addcmul rounds once, so in fp16 the two may differ by two ulps.
+    tol: dict | None = None
 
 
 def _r(g, shape, dtype, device, scale=1.0):
     return (torch.randn(shape, generator=g) * scale).to(dtype).to(device)
 
+
+_ROPE_TOL = {torch.float16: 2.5e-3}
 
 CASES = [
     KernelCase("ost.rms_norm", "w", lambda g, dt, dev: ((_r(g, (3, 5, 64), dt, dev), _r(g, (64,), dt, dev), 1e-6), {}),
@@ -92,11 +98,11 @@ CASES = [
         (_r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 2, 40, 24), dt, dev),
          _r(g, (2, 1, 4, 24), dt, dev).transpose(1, 2), _r(g, (2, 2, 1, 24), dt, dev), _r(g, (2, 2, 1, 24), dt, dev),
          torch.tensor([29], device=dev), 2, None, _r(g, (2, 1, 1, 24), dt, dev), _r(g, (2, 1, 1, 24), dt, dev), False,
-         torch.tensor([20, 35], device=dev).view(2, 1, 1, 1), None, 2), {})),
+         torch.tensor([20, 35], device=dev).view(2, 1, 1, 1), None, 2), {}), tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "interleaved-ring", lambda g, dt, dev: (
         (_r(g, (1, 3, 16, 16), dt, dev), _r(g, (1, 3, 16, 16), dt, dev), _r(g, (1, 3, 1, 16), dt, dev),
          _r(g, (1, 3, 1, 16), dt, dev), _r(g, (1, 3, 1, 16), dt, dev), torch.tensor([21], device=dev), 2, 16,
-         _r(g, (1, 1, 16), dt, dev), _r(g, (1, 1, 16), dt, dev), True, None, 0.3, 1), {})),
+         _r(g, (1, 1, 16), dt, dev), _r(g, (1, 1, 16), dt, dev), True, None, 0.3, 1), {}), tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "norope-last-slot", lambda g, dt, dev: (
         (_r(g, (1, 2, 70, 32), dt, dev), _r(g, (1, 2, 70, 32), dt, dev), _r(g, (1, 6, 1, 32), dt, dev),
          _r(g, (1, 2, 1, 32), dt, dev), _r(g, (1, 2, 1, 32), dt, dev), torch.tensor([-1], device=dev), 2, None,
@@ -134,7 +140,8 @@ def check(case: KernelCase, dtype: torch.dtype, device: str, seed: int = 0) -> t
     for k, (r, o) in enumerate(zip(refs, gots)):
         if o.shape != r.shape or o.dtype != r.dtype:
             return False, f"result {k}: {o.dtype}{list(o.shape)} vs reference {r.dtype}{list(r.shape)}"
-        tol = (case.cpu_tol or {}).get(dtype, TOL[dtype]) if o.device.type == "cpu" else TOL[dtype]
+        tol = (case.tol or {}).get(dtype, TOL[dtype])
+        tol = (case.cpu_tol or {}).get(dtype, tol) if o.device.type == "cpu" else tol
         err = (o.float() - r.float()).abs().max().item() if o.numel() else 0.0
         bound = tol * (1 + r.float().abs().max().item()) if r.numel() else 0.0
         all_ok &= torch.allclose(o.float(), r.float(), rtol=tol, atol=tol, equal_nan=True)
