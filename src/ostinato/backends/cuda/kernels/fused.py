@@ -204,13 +204,17 @@ def linear_blocks(m: int, n: int, k: int, slices: int) -> tuple[int, int, int]:
     """(NBLOCK, RBLOCK, num_warps) of a matmul group: ``m`` rows, ``n`` columns walked, ``k`` the
     reduction, ``slices`` weight tiles per step. From bench/gemv.py's sweep on an H100 (bf16, one row):
     8 columns per program up to 4096 columns, 16 past that; K in steps of 512, at most 16384 weights
-    per step (8192 products of every row when there are several: registers)."""
+    per step (8192 products of every row when there are several: registers). Several slices (gate and
+    up) walk K in at least 8 steps: at K=2048 a 256-wide step beats 512 by 14% on the H100 and 11% on
+    the H200 (docs/benchmarks/matmul_groups_gpu/gemv_sweep*.json), at K=4096 512 stays best."""
     nblock = 8 if n <= 4096 else 16
     budget = 16384 if m == 1 else 8192 // _pow2(m)
     if m > 1:
         nblock = min(nblock, max(2, budget // 128))
     fit = budget // (nblock * slices)
     rblock = max(16, min(512, _pow2(k), 1 << (fit.bit_length() - 1) if fit else 1))
+    if slices > 1:
+        rblock = max(16, min(rblock, max(128, _pow2(k) // 8)))
     return nblock, rblock, 4
 
 
