@@ -23,6 +23,18 @@ def kv_update_kernel(cache_ptr, new_ptr, index_ptr, n_slots, n_new, inner, ring,
 
 
 @triton.jit
+def _online_softmax(m, l, acc, s, visible, vt):
+    """One block of keys into the running (max, sum, weighted values): scores ``s`` [N] of the keys
+    ``visible`` [N], their values ``vt`` [N, D]."""
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=0))
+    # A block with no visible key leaves m at -inf: keep the exponentials at 0 then.
+    alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+    p = tl.where(visible, tl.exp(s - m_new), 0.0)
+    return m_new, l * alpha + tl.sum(p, axis=0), acc * alpha + tl.sum(p[:, None] * vt, axis=0)
+
+
+@triton.jit
 def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, head_dim, n_rep, hq, scale,
                             q_sb, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, pos_sb,
                             n_keys: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -47,17 +59,9 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, head_dim, n_r
         nmask = (n < n_keys) & (n <= limit)
         kt = tl.load(k_ptr + b * k_sb + kvh * k_sh + n[:, None] * k_ss + d[None, :],
                      mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        s = tl.sum(kt * q[None, :], axis=1) * scale
-        s = tl.where(nmask, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        # A block with no visible key leaves m at -inf: keep the exponentials at 0 then.
-        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
-        p = tl.where(nmask, tl.exp(s - m_new), 0.0)
         vt = tl.load(v_ptr + b * v_sb + kvh * v_sh + n[:, None] * v_ss + d[None, :],
                      mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
-        l = l * alpha + tl.sum(p, axis=0)
-        m = m_new
+        m, l, acc = _online_softmax(m, l, acc, tl.sum(kt * q[None, :], axis=1) * scale, nmask, vt)
     out = acc / l
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
@@ -129,23 +133,13 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
         nmask = (n < n_keys) & (n <= limit) & (n != slot)
         kt = tl.load(kc_ptr + base + n[:, None] * head_dim + d[None, :],
                      mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        s = tl.sum(kt * q[None, :], axis=1) * scale
-        s = tl.where(nmask, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
-        p = tl.where(nmask, tl.exp(s - m_new), 0.0)
         vt = tl.load(vc_ptr + base + n[:, None] * head_dim + d[None, :],
                      mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
-        l = l * alpha + tl.sum(p, axis=0)
-        m = m_new
-    # The step's own key, when the query sees its slot.
-    s_new = tl.sum(kn.to(tl.float32) * q, axis=0) * scale
-    s_new = tl.where(slot <= limit, s_new, float("-inf"))
-    m_new = tl.maximum(m, s_new)
-    alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
-    p = tl.where(slot <= limit, tl.exp(s_new - m_new), 0.0)
-    acc = acc * alpha + p * vn.to(tl.float32)
-    l = l * alpha + p
+        m, l, acc = _online_softmax(m, l, acc, tl.sum(kt * q[None, :], axis=1) * scale, nmask, vt)
+    # The step's own key, when the query sees its slot: a block of one.
+    one = tl.arange(0, 1)
+    seen = (one * 0 + slot) <= limit
+    s_new = tl.sum(kn.to(tl.float32) * q, axis=0) * scale + tl.zeros((1,), tl.float32)
+    m, l, acc = _online_softmax(m, l, acc, s_new, seen, vn.to(tl.float32)[None, :])
     out = acc / l
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
