@@ -107,6 +107,24 @@ CASES = [
         (_r(g, (1, 2, 70, 32), dt, dev), _r(g, (1, 2, 70, 32), dt, dev), _r(g, (1, 6, 1, 32), dt, dev),
          _r(g, (1, 2, 1, 32), dt, dev), _r(g, (1, 2, 1, 32), dt, dev), torch.tensor([-1], device=dev), 2, None,
          None, None, False, torch.tensor([[69]], device=dev), None, 3), {})),
+    # positions per head ([B, 1, 1] broadcasts over the heads, not the batch): the reference
+    KernelCase("ost.decode_attention_", "positions-per-head-fallback", lambda g, dt, dev: (
+        (_r(g, (2, 2, 8, 16), dt, dev), _r(g, (2, 2, 8, 16), dt, dev), _r(g, (2, 2, 1, 16), dt, dev),
+         _r(g, (2, 2, 1, 16), dt, dev), _r(g, (2, 2, 1, 16), dt, dev), torch.tensor([3], device=dev), 2, None,
+         None, None, False, torch.tensor([2, 6], device=dev).view(2, 1, 1)), {})),
+    # cos and sin of one column broadcast over the head dim: the reference
+    KernelCase("ost.decode_attention_", "one-column-cos-fallback", lambda g, dt, dev: (
+        (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 1, 16), dt, dev),
+         _r(g, (1, 2, 1, 16), dt, dev), _r(g, (1, 2, 1, 16), dt, dev), torch.tensor([5], device=dev), 2, None,
+         _r(g, (1, 1, 1, 1), dt, dev), _r(g, (1, 1, 1, 1), dt, dev)), {})),
+    # no key visible (a negative position): zeros, as torch's SDPA gives
+    KernelCase("ost.decode_attention_", "nothing-visible", lambda g, dt, dev: (
+        (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 1, 16), dt, dev),
+         _r(g, (1, 2, 1, 16), dt, dev), _r(g, (1, 2, 1, 16), dt, dev), torch.tensor([5], device=dev), 2, None,
+         None, None, False, torch.tensor([[-1]], device=dev)), {})),
+    KernelCase("ost.sdpa", "positions-per-head-fallback", lambda g, dt, dev: (
+        (_r(g, (2, 2, 1, 16), dt, dev), _r(g, (2, 2, 9, 16), dt, dev), _r(g, (2, 2, 9, 16), dt, dev), None,
+         torch.tensor([3, 7], device=dev).view(2, 1, 1)), {})),
     KernelCase("ost.decode_attention_", "two-rows-fallback", lambda g, dt, dev: (
         (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev),
          _r(g, (1, 2, 2, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev), torch.tensor([3, 4], device=dev), 2), {})),

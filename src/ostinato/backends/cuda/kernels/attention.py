@@ -39,12 +39,23 @@ def kv_update(cache, new, index, dim, ring=None):
     return out
 
 
+def _batch_positions(q_pos, batch: int) -> bool:
+    """Whether ``q_pos`` broadcasts against [B, H, 1, S] scores as one position, or one per batch row
+    (shape [B, 1, 1, 1] once padded to rank 4): what the decode kernels read."""
+    if q_pos is None or q_pos.numel() == 1:
+        return True
+    if q_pos.dim() > 4:
+        return False
+    shape = (1,) * (4 - q_pos.dim()) + tuple(q_pos.shape)
+    return shape[0] == batch and shape[1:] == (1, 1, 1)
+
+
 def _decode_plan(q, k, v, mask, q_pos, is_causal) -> tuple | None:
     """(BLOCK_N, BLOCK_D) when the Triton decode kernel handles this call (one query token, no
     explicit mask, 4-D q/k/v with a dense head dim), else None (torch's SDPA)."""
     decode = (mask is None and not is_causal and q.dim() == 4 and q.shape[-2] == 1 and k.dim() == 4
               and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and q.shape[-1] <= 256
-              and (q_pos is None or q_pos.numel() == q.shape[0] or q_pos.numel() == 1))
+              and _batch_positions(q_pos, q.shape[0]))
     return (64, block_for(q.shape[-1])) if decode else None
 
 
@@ -81,11 +92,11 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
             and q.shape == (B, Hkv * n_rep, 1, D) and k.shape == (B, Hkv, 1, D) and v.shape == k.shape
             and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and D <= 256
             and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
-            and (q_pos is None or q_pos.numel() in (1, B))):
+            and _batch_positions(q_pos, B)):
         return None
     if cos is not None:
-        if D % 2 or any(t.dim() > 4 for t in (cos, sin)):
-            return None
+        if D % 2 or any(t.dim() > 4 or t.shape[-1] != D for t in (cos, sin)):
+            return None     # the kernel reads a full row of cos and sin per head
         try:
             for t in (cos, sin):
                 t.expand(q.shape), t.expand(k.shape)

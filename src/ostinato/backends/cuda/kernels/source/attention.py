@@ -17,7 +17,8 @@ def kv_update_kernel(cache_ptr, new_ptr, index_ptr, n_slots, n_new, inner, ring,
         slot = ((slot % ring) + ring) % ring
     slot = tl.where(slot < 0, slot + n_slots, slot)
     offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < inner
+    # A slot outside the cache (eager's index_put raises) writes nothing rather than another row.
+    mask = (offs < inner) & (slot >= 0) & (slot < n_slots)
     v = tl.load(new_ptr + (o * n_new + j) * inner + offs, mask=mask)
     tl.store(cache_ptr + (o * n_slots + slot) * inner + offs, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
@@ -62,7 +63,7 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, head_dim, n_r
         vt = tl.load(v_ptr + b * v_sb + kvh * v_sh + n[:, None] * v_ss + d[None, :],
                      mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
         m, l, acc = _online_softmax(m, l, acc, tl.sum(kt * q[None, :], axis=1) * scale, nmask, vt)
-    out = acc / l
+    out = tl.where(l > 0, acc / l, 0.0)    # no visible key: 0, as torch's SDPA gives
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
@@ -118,9 +119,10 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
         slot = ((slot % ring) + ring) % ring
     slot = tl.where(slot < 0, slot + n_keys, slot)
     row = b * c_sb + kvh * c_sh + slot * head_dim + d
-    if h % n_rep == 0:
-        tl.store(kc_ptr + row, kn, mask=dmask)
-        tl.store(vc_ptr + row, vn, mask=dmask)
+    if h % n_rep == 0:     # a slot outside the cache (eager's index_put raises) writes nothing
+        inside = dmask & (slot >= 0) & (slot < n_keys)
+        tl.store(kc_ptr + row, kn, mask=inside)
+        tl.store(vc_ptr + row, vn, mask=inside)
     limit = n_keys - 1
     if HAS_POS:
         limit = tl.load(pos_ptr + b * pos_sb).to(tl.int64)
@@ -141,5 +143,5 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     seen = (one * 0 + slot) <= limit
     s_new = tl.sum(kn.to(tl.float32) * q, axis=0) * scale + tl.zeros((1,), tl.float32)
     m, l, acc = _online_softmax(m, l, acc, s_new, seen, vn.to(tl.float32)[None, :])
-    out = acc / l
+    out = tl.where(l > 0, acc / l, 0.0)    # no visible key: 0, as torch's SDPA gives
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
