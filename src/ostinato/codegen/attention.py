@@ -105,8 +105,8 @@ def absorb_attention(graph, items: list, users: dict, graph_reads: set[int]) -> 
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     impure = [i for i, n in enumerate(graph.nodes) if get_op(n.op) is None or not get_op(n.op).pure]
     out = list(items)
+    lone = {id(it) for it in items if isinstance(it, Node)}     # nodes no group or merge has taken
     for sdpa in [it for it in items if isinstance(it, Node) and it.op == "ost.sdpa"]:
-        lone = {id(it) for it in out if isinstance(it, Node)}
         m = _match(sdpa, users, graph_reads, lone)
         if m is None:
             continue
@@ -122,5 +122,6 @@ def absorb_attention(graph, items: list, users: dict, graph_reads: set[int]) -> 
                for v in n.inputs):
             continue        # read before the merged kernel makes it
         position[id(node)] = launch
+        lone -= ids
         out = [node if it is sdpa else it for it in out if not (isinstance(it, Node) and id(it) in ids) or it is sdpa]
     return out

@@ -5,6 +5,15 @@ import triton.language as tl
 
 
 @triton.jit
+def _slot(index_ptr, ring, n_slots, RING: tl.constexpr):
+    """The cache row an index names: negative counts from the end; with RING, modulo the ring length."""
+    slot = tl.load(index_ptr).to(tl.int64)
+    if RING:
+        slot = ((slot % ring) + ring) % ring
+    return tl.where(slot < 0, slot + n_slots, slot)
+
+
+@triton.jit
 def kv_update_kernel(cache_ptr, new_ptr, index_ptr, n_slots, n_new, inner, ring, RING: tl.constexpr,
                      BLOCK: tl.constexpr):
     """cache [outer, n_slots, inner] <- new [outer, n_new, inner] at rows index[j] (negative counts from
@@ -12,10 +21,7 @@ def kv_update_kernel(cache_ptr, new_ptr, index_ptr, n_slots, n_new, inner, ring,
     pid = tl.program_id(0).to(tl.int64)
     o = pid // n_new
     j = pid % n_new
-    slot = tl.load(index_ptr + j).to(tl.int64)
-    if RING:
-        slot = ((slot % ring) + ring) % ring
-    slot = tl.where(slot < 0, slot + n_slots, slot)
+    slot = _slot(index_ptr + j, ring, n_slots, RING)
     offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     # A slot outside the cache (eager's index_put raises) writes nothing rather than another row.
     mask = (offs < inner) & (slot >= 0) & (slot < n_slots)
@@ -114,10 +120,7 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     kn = _rope_row(k_ptr + b * k_sb + kvh * k_sh, d, dmask, half, cos_ptr + b * ck_b + kvh * ck_h,
                    sin_ptr + b * sk_b + kvh * sk_h, dt, ROPE, INTERLEAVED).to(dt)
     vn = tl.load(v_ptr + b * v_sb + kvh * v_sh + d, mask=dmask, other=0.0).to(dt)
-    slot = tl.load(index_ptr).to(tl.int64)
-    if RING:
-        slot = ((slot % ring) + ring) % ring
-    slot = tl.where(slot < 0, slot + n_keys, slot)
+    slot = _slot(index_ptr, ring, n_keys, RING)
     row = b * c_sb + kvh * c_sh + slot * head_dim + d
     if h % n_rep == 0:     # a slot outside the cache (eager's index_put raises) writes nothing
         inside = dmask & (slot >= 0) & (slot < n_keys)
