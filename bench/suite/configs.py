@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 
 CATEGORIES = ("dispatch-heavy", "small-llm", "diffusion", "gpu-bound", "speech-vision", "user-written")
 RUNNERS = ("eager", "cuda_graph_eager", "torch_compile", "torch_compile_ro", "ostinato", "ostinato_replay",
-           "ostinato_replay_unfused", "ostinato_replay_nolinear", "ostinato_replay_noattention")
+           "ostinato_replay_unfused", "ostinato_replay_nolinear", "ostinato_replay_noattention",
+           "ostinato_replay_nchw")
 # Runners only run when --runners names them (diagnostics: generic fusion, matmul groups or merged decode
-# attention off, for an A/B in one process).
-OPTIONAL_RUNNERS = ("ostinato_replay_unfused", "ostinato_replay_nolinear", "ostinato_replay_noattention")
+# attention off, convolutions left NCHW, for an A/B in one process).
+OPTIONAL_RUNNERS = ("ostinato_replay_unfused", "ostinato_replay_nolinear", "ostinato_replay_noattention",
+                    "ostinato_replay_nchw")
 CUDA_ONLY_RUNNERS = ("cuda_graph_eager",)
 PART_BUDGET_S = 540.0      # a part's estimate stays under this: 10-minute runs with start-up to spare
 QUICK_BUDGET_S = 420.0     # --quick on one GPU: under 8 minutes with start-up to spare

@@ -20,9 +20,13 @@ DESCRIPTIONS = {
                                 "through cuBLAS, the A/B of the generated GEMV kernels",
     "ostinato_replay_noattention": "ostinato_replay with merged decode attention off (OSTINATO_FUSE_ATTENTION=0): "
                                    "rope, cache writes and attention as launches of their own",
+    "ostinato_replay_nchw": "ostinato_replay with fp16/bf16 convolutions left in their input's layout "
+                            "(OSTINATO_CONV_LAYOUT=nchw): the A/B of running them channels-last",
 }
-_SWITCHED = {"ostinato_replay_unfused": "OSTINATO_FUSION", "ostinato_replay_nolinear": "OSTINATO_FUSE_LINEAR",
-             "ostinato_replay_noattention": "OSTINATO_FUSE_ATTENTION"}
+# runner -> (environment variable, value) it compiles under
+_SWITCHED = {"ostinato_replay_unfused": ("OSTINATO_FUSION", "0"), "ostinato_replay_nolinear": ("OSTINATO_FUSE_LINEAR", "0"),
+             "ostinato_replay_noattention": ("OSTINATO_FUSE_ATTENTION", "0"),
+             "ostinato_replay_nchw": ("OSTINATO_CONV_LAYOUT", "nchw")}
 
 
 def cuda_graph_of(model: nn.Module, example: tuple[tuple, dict]) -> Callable:
@@ -80,9 +84,9 @@ def make_runner(name: str, model: nn.Module, program, device: torch.device,
         return ostinato.compile(program, device=device, replay=name == "ostinato_replay")
     if name in _SWITCHED:
         import os
-        var = _SWITCHED[name]
+        var, value = _SWITCHED[name]
         old = os.environ.get(var)
-        os.environ[var] = "0"
+        os.environ[var] = value
         try:
             return ostinato.compile(program, device=device, replay=True)
         finally:

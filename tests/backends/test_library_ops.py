@@ -62,8 +62,17 @@ def test_convolution_in_channels_last_keeps_the_prepared_weight():
     w.add_(1.0)                                       # a new version of the weight is converted again
     _close(L.convolution(x, w, bias, *args), aten.convolution(x.contiguous(), w, bias, *args))
     plain = torch.randn(2, 4, 9, 9)
-    assert L._conv_plan(plain, w, False).memory_format is torch.contiguous_format
+    assert L._conv_plan(plain, False, None).memory_format is torch.contiguous_format
     _close(L.convolution(plain, w, None, *args), aten.convolution(plain, w, None, *args))
+
+
+def test_convolution_asked_for_channels_last_converts_its_input():
+    x, w, bias = torch.randn(2, 4, 9, 9), torch.randn(6, 4, 3, 3), torch.randn(6)
+    args = ([2, 1], [1, 0], [1, 1], False, [0, 0], 1)
+    out = L.convolution(x, w, bias, *args, memory_format=torch.channels_last)
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    _close(out, aten.convolution(x, w, bias, *args))
+    assert L._conv_plan(x, True, torch.channels_last).memory_format is torch.contiguous_format   # transposed
 
 
 def test_topk_of_one_is_a_reduction_with_the_same_answer():

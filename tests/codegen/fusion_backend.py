@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ostinato.backends.base import fused_launches
+from ostinato.backends.cuda.layout import ConvLayouts
 from ostinato.backends.cpu.backend import CPUBackend
 from ostinato.codegen.reference import fused
 from ostinato.ir import get_op
@@ -31,6 +32,20 @@ class InterpretedFusionBackend(CPUBackend):
         if op == "ost.decode_attention_":
             from ostinato.backends.cuda.kernels.attention import decode_attention_
             return decode_attention_
+        return super().kernel(op)
+
+
+class InterpretedCUDALowering(ConvLayouts, InterpretedFusionBackend):
+    """The interpreted backend lowering as CUDA does around its kernels: fp16/bf16 convolutions
+    channels-last through library_ops.convolution (torch's CPU kernel runs them), outputs restored."""
+
+    def lower_graph(self, graph):
+        return self.with_layouts(graph, lambda: InterpretedFusionBackend.lower_graph(self, graph))
+
+    def kernel(self, op: str):
+        if op == "aten.convolution":
+            from ostinato.backends.cuda.library_ops import convolution
+            return convolution
         return super().kernel(op)
 
 

@@ -186,6 +186,50 @@ def _r(*shape, dtype):
     return torch.randn(*shape).to(dtype)
 
 
+class ConvNet(nn.Module):
+    """Convolutions as vision and diffusion models write them, for the channels-last lowering: a strided
+    stem with BatchNorm and max-pool, a residual block with a 1x1 downsample, GroupNorm + SiLU with a
+    biased conv and a broadcast time embedding, attention over pixels (flatten, transpose, SDPA,
+    transpose back), nearest upsampling, a depthwise conv and a pixel shuffle; a 4-D output and pooled
+    logits."""
+
+    def __init__(self, ch: int = 16):
+        super().__init__()
+        self.stem = nn.Conv2d(3, ch, 3, stride=2, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm2d(ch)
+        self.c1, self.bn1 = nn.Conv2d(ch, 2 * ch, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(2 * ch)
+        self.c2, self.bn2 = nn.Conv2d(2 * ch, 2 * ch, 3, padding=1, bias=False), nn.BatchNorm2d(2 * ch)
+        self.down, self.bnd = nn.Conv2d(ch, 2 * ch, 1, stride=2, bias=False), nn.BatchNorm2d(2 * ch)
+        self.gn = nn.GroupNorm(4, 2 * ch)
+        self.c3 = nn.Conv2d(2 * ch, 2 * ch, 3, padding=1)
+        self.temb = nn.Linear(8, 2 * ch)
+        self.qkv = nn.Linear(2 * ch, 6 * ch)
+        self.dw = nn.Conv2d(2 * ch, 2 * ch, 3, padding=1, groups=2 * ch)
+        self.out = nn.Conv2d(ch // 2, 4, 3, padding=1)
+        self.head = nn.Linear(2 * ch, 10)
+        for bn in (self.bn0, self.bn1, self.bn2, self.bnd):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x, t):
+        x = F.max_pool2d(F.relu(self.bn0(self.stem(x))), 3, 2, 1)
+        h = F.relu(self.bn1(self.c1(x)))
+        x = F.relu(self.bn2(self.c2(h)) + self.bnd(self.down(x)))
+        h = self.c3(F.silu(self.gn(x))) + self.temb(t)[:, :, None, None]
+        b, c, hh, ww = h.shape
+        q, k, v = self.qkv(h.flatten(2).transpose(1, 2)).chunk(3, dim=-1)
+        a = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
+        x = x + a.transpose(1, 2).reshape(b, c, hh, ww)
+        logits = self.head(x.mean(dim=(2, 3)))
+        x = F.interpolate(x, scale_factor=2.0, mode="nearest")
+        x = F.pixel_shuffle(F.silu(self.dw(x)), 2)
+        return self.out(x), logits
+
+    @staticmethod
+    def inputs(dtype):
+        return torch.randn(2, 3, 32, 32).to(dtype), torch.randn(2, 8).to(dtype)
+
+
 CASES = [
     Case("rms_plain", lambda dt: (RMSPlain().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
     Case("rms_upcast_div", lambda dt: (RMSUpcastDiv().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),

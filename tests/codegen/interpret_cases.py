@@ -67,6 +67,47 @@ def run(model, args, groups, tol):
         assert all(o.is_contiguous(memory_format=torch.channels_last) for o in out), "layout not kept"
 
 
+def _check(fn) -> str:
+    try:
+        fn()
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - reported per case
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
+def _layout_case(dtype) -> None:
+    """fusion_models.ConvNet through the CUDA lowering's layouts: every fp16 convolution asked to run
+    channels-last, the layout handed on from conv to conv (the input converted once, by the stem: at
+    most one more conversion, after the pixel shuffle), outputs as eager gives them, values as eager's."""
+    from ostinato.backends.cuda import library_ops
+    from fusion_backend import InterpretedCUDALowering
+    from fusion_models import ConvNet
+    seen = []
+
+    def conv(x, *args, **kwargs):
+        seen.append((x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(),
+                     kwargs.get("memory_format")))
+        return library_ops.convolution(x, *args, **kwargs)
+
+    class Backend(InterpretedCUDALowering):
+        def kernel(self, op):
+            return conv if op == "aten.convolution" else super().kernel(op)
+
+    torch.manual_seed(0)
+    model, args = ConvNet().eval().to(dtype), ConvNet.inputs(dtype)
+    exe = fused_executable(ostinato.export(model, args), Backend())
+    with torch.no_grad():
+        ref = model(*args)
+    out = exe(*args)
+    assert_same(out, ref, tol=1e-4 if dtype == torch.float32 else 1e-2)
+    assert all(o.is_contiguous() for o in out), [o.stride() for o in out]
+    want = torch.channels_last if dtype in (torch.float16, torch.bfloat16) else None
+    assert len(seen) == 7 and all(fmt is want for _, fmt in seen), seen
+    if want is not None:
+        converted = sum(not already for already, _ in seen)
+        assert converted <= 2, f"{converted} of {len(seen)} convolutions converted their input: {seen}"
+
+
 def main(what: str, dtype_name: str) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     dtype = getattr(torch, dtype_name)
@@ -146,6 +187,9 @@ def main(what: str, dtype_name: str) -> None:
             except Exception as e:  # noqa: BLE001 - reported per case
                 results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         print(json.dumps(results))
+        return
+    if what == "layout":     # fp16 convolutions lowered channels-last, as on CUDA
+        print(json.dumps({"conv_net": _check(lambda: _layout_case(dtype))}))
         return
     if what == "zoo":
         items = [(c.name, lambda c=c: (*c.build(dtype), c.groups)) for c in CASES]

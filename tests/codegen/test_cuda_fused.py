@@ -82,6 +82,26 @@ def test_conv_stack(dtype):
     assert_same(exe(x), ref, tol=TOL[dtype] * (3 if dtype == torch.bfloat16 else 1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_conv_net_layouts(dtype):
+    """fusion_models.ConvNet replayed: bf16 convolutions run channels-last (cuDNN's NHWC path), fp32 ones
+    as they come; outputs contiguous and equal to eager's over two calls."""
+    from fusion_models import ConvNet
+    torch.manual_seed(0)
+    model = ConvNet().eval().to("cuda", dtype)
+    args = _cuda(ConvNet.inputs(dtype))
+    exe = ostinato.compile(ostinato.export(model, args), device="cuda", replay=True)
+    convs = [l for l in exe.launches if l.op == "aten.convolution"]
+    want = torch.channels_last if dtype == torch.bfloat16 else None
+    assert len(convs) == 7 and all(l.kwargs.get("memory_format") is want for l in convs)
+    with torch.no_grad():
+        ref = model(*args)
+    for _ in range(2):
+        out = exe(*args)
+        assert all(o.is_contiguous() for o in out)
+        assert_same(out, ref, tol=TOL[dtype] * (3 if dtype == torch.bfloat16 else 1))
+
+
 def test_fusion_off_runs_unfused(monkeypatch):
     model, args = CASES[0].build(torch.float32)
     prog = ostinato.export(model.eval().cuda(), _cuda(args), passes=GENERIC_PIPELINE)

@@ -109,7 +109,9 @@ def test_fusion_off_switch(monkeypatch):
     from ostinato.backends.cuda.backend import CUDABackend
     monkeypatch.setenv("OSTINATO_FUSION", "0")
     assert not codegen.fusion_enabled()
-    assert CUDABackend.plan_key_parts(object.__new__(CUDABackend)) == {"fusion": "off"}
+    assert CUDABackend.plan_key_parts(object.__new__(CUDABackend)) == {"fusion": "off", "conv": "auto"}
+    monkeypatch.setenv("OSTINATO_CONV_LAYOUT", "nchw")
+    assert CUDABackend.plan_key_parts(object.__new__(CUDABackend))["conv"] == "nchw"
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma", "gpt2"])

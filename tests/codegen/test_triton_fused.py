@@ -41,6 +41,14 @@ def test_interpreted_kernels_match_eager(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_interpreted_conv_layouts(dtype):
+    """A conv net (stem, residual block, GroupNorm, attention over pixels, upsampling, depthwise conv,
+    pixel shuffle) lowered as on CUDA: fp16 convolutions channels-last with the layout handed from conv
+    to conv through the generated kernels, fp32 ones left as they are; outputs contiguous and as eager's."""
+    assert _interpret("layout", dtype) == {"conv_net": "ok"}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_interpreted_matmul_groups(dtype):
     """Matmul groups (a norm before the projection, packed slices gated after it, bias + GELU, a
     residual add) at 1, 3 and 16 rows: the generated GEMV kernels match eager."""

@@ -11,11 +11,12 @@ from ...codegen.linear import linear_fusion_enabled
 from ...errors import BackendError
 from ..base import Launch, fused_launches
 from ..cpu.backend import CPUBackend
+from .layout import ConvLayouts, conv_layout_mode
 from .library_ops import LIBRARY_OPS
 from .ops import triton_kernels
 
 
-class CUDABackend(CPUBackend):
+class CUDABackend(ConvLayouts, CPUBackend):
     name = "cuda"
 
     def __init__(self, device: torch.device | None = None):
@@ -28,16 +29,18 @@ class CUDABackend(CPUBackend):
     def lower_graph(self, graph) -> list[Launch]:
         """Nodes the scheduler groups (ostinato.codegen) become one ``ost.fused`` launch each, running a
         generated Triton kernel; the rest lower one by one. Off without Triton, with
-        OSTINATO_CUDA_REFERENCE=1 or OSTINATO_FUSION=0."""
+        OSTINATO_CUDA_REFERENCE=1 or OSTINATO_FUSION=0. fp16/bf16 convolutions run channels-last
+        (layout.py)."""
         if not self._fuses():
-            return super().lower_graph(graph)
-        return fused_launches(self, graph, self.kernel("ost.fused"))
+            return self.with_layouts(graph, lambda: super(CUDABackend, self).lower_graph(graph))
+        return self.with_layouts(graph, lambda: fused_launches(self, graph, self.kernel("ost.fused")))
 
     def plan_key_parts(self) -> dict[str, str]:
+        conv = {"conv": conv_layout_mode()}
         if not self._fuses():
-            return {"fusion": "off"}
+            return {"fusion": "off", **conv}
         return {"fusion": codegen.codegen_digest()[:16] + ("" if linear_fusion_enabled() else "-nolinear")
-                + ("" if attention_fusion_enabled() else "-noattention")}
+                + ("" if attention_fusion_enabled() else "-noattention"), **conv}
 
     @staticmethod
     def _fuses() -> bool:

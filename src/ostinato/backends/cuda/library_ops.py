@@ -6,8 +6,9 @@ What a call needs decided is decided once per (op, shapes, dtypes, strides, flag
 - matmuls: whether each operand goes to cuBLAS as it is (row- or column-major: cuBLAS transposes for
   free) or must be made dense first, and whether a batched product whose second operand is broadcast
   over the batch (stride 0) folds into one 2-D GEMM instead of a strided-batched one;
-- convolution: the memory format it runs in (NHWC when the input is channels-last, so cuDNN takes its
-  tensor-core path without converting back and forth) with the weight converted once and kept;
+- convolution: the memory format it runs in (NHWC when the lowering asks for it or the input is
+  channels-last already, so cuDNN takes its tensor-core path without converting back and forth) with
+  the weight converted once and kept;
 - top-k: k == 1 runs as a max/min reduction instead of a selection.
 
 Every function takes the ATen op's arguments and returns what the op returns.
@@ -94,19 +95,23 @@ def _prepared_weight(w: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
     return prepared_weights.get(key, lambda: w.contiguous(memory_format=fmt))
 
 
-def _conv_plan(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> ConvPlan:
-    nhwc = (x.dim() == 4 and not transposed and not x.is_contiguous()
-            and x.is_contiguous(memory_format=torch.channels_last))
+def _conv_plan(x: torch.Tensor, transposed: bool, fmt: torch.memory_format | None) -> ConvPlan:
+    nhwc = x.dim() == 4 and not transposed and (
+        fmt is torch.channels_last or (not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)))
     return ConvPlan(torch.channels_last if nhwc else torch.contiguous_format)
 
 
-def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *,
+                memory_format: torch.memory_format | None = None):
+    """``aten.convolution``; ``memory_format=torch.channels_last`` (the lowering's choice for fp16/bf16,
+    backends/cuda/layout.py) runs it NHWC, converting an input that is not channels-last yet."""
     plan = op_graph_cache.get(
         op_key("aten.convolution", x, weight, transposed=transposed, groups=groups, stride=tuple(stride),
-             padding=tuple(padding), dilation=tuple(dilation)),
-        lambda: _conv_plan(x, weight, transposed))
+               padding=tuple(padding), dilation=tuple(dilation), fmt=str(memory_format)),
+        lambda: _conv_plan(x, transposed, memory_format))
     if plan.memory_format is torch.channels_last:
         weight = _prepared_weight(weight, torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     return aten.convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 

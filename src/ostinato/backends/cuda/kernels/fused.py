@@ -56,6 +56,18 @@ def _collapse(sizes: list[int], strides: list[list[int]]) -> tuple[list[int], li
     return out_sizes, out_strides
 
 
+def _loop_order(dims: list[int], shape: tuple, candidates: list[list[int]]) -> list[int]:
+    """``dims`` ordered as the first candidate operand that spans them all lies in memory (its largest
+    stride first), so the innermost walked dim is its densest: a channels-last tensor is walked channel
+    by channel inside each pixel, coalesced. Ties and dims of size 1 keep their order; row-major
+    operands keep the order as it is."""
+    live = [d for d in dims if shape[d] != 1]
+    for st in candidates:
+        if all(st[d] != 0 for d in live):
+            return sorted(dims, key=lambda d: -abs(st[d]) if shape[d] != 1 else 0) if live else dims
+    return dims
+
+
 def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
     out, acc = [], 1
     for d in reversed(shape):
@@ -132,7 +144,9 @@ class FusedLauncher:
             else:
                 strides.append(_contiguous_strides(row))
                 out_shapes.append(row if keepdim else tuple(d for i, d in enumerate(shape) if i not in red))
-        outer = [d for d in range(rank) if d not in red]
+        x_out = [self.n_in + k for k, o in enumerate(spec.outputs) if o[2] == "x"]
+        outer = _loop_order([d for d in range(rank) if d not in red], shape,
+                            [strides[i] for i in x_out] + strides[:self.n_in])
         xs, xst = _collapse([shape[d] for d in outer], [[st[d] for d in outer] for st in strides])
         numel = math.prod(shape)
         if numel == 0:      # empty tensors: the torch reference gives what eager gives (sums of nothing)
@@ -140,7 +154,8 @@ class FusedLauncher:
         if not red:
             rs, rst = [], [[] for _ in strides]
         else:
-            rs, rst = _collapse([shape[d] for d in red], [[st[d] for d in red] for st in strides])
+            order = _loop_order(list(red), shape, strides[:self.n_in])
+            rs, rst = _collapse([shape[d] for d in order], [[st[d] for d in order] for st in strides])
         xnumel, rnumel = math.prod(xs), math.prod(rs)
         biggest = max([numel] + [sum((sz - 1) * abs(s) for sz, s in zip(xs + rs, a + b)) + 1
                                  for a, b in zip(xst, rst)])
