@@ -4,6 +4,8 @@ functions are device-agnostic torch, so they are checked on CPU tensors here and
 table (tests/ops) on the GPU."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ostinato.backends.cuda import library_ops as L
@@ -64,6 +66,22 @@ def test_convolution_in_channels_last_keeps_the_prepared_weight():
     plain = torch.randn(2, 4, 9, 9)
     assert L._conv_plan(plain, False, None).memory_format is torch.contiguous_format
     _close(L.convolution(plain, w, None, *args), aten.convolution(plain, w, None, *args))
+
+
+def test_prepared_weights_live_only_as_long_as_their_weight():
+    """An entry is dropped with its weight, and never serves another tensor at a reused address (the
+    bug: a freed model's converted weight given to a new model's conv of the same shape)."""
+    w = torch.randn(6, 4, 3, 3)
+    n = len(L.prepared_weights._items)
+    got = L._prepared_weight(w, torch.channels_last)
+    assert torch.equal(got, w) and got.is_contiguous(memory_format=torch.channels_last)
+    assert len(L.prepared_weights._items) == n + 1
+    del w, got
+    assert len(L.prepared_weights._items) == n
+    a, b = torch.randn(6, 4, 3, 3), torch.randn(6, 4, 3, 3)
+    key = (b.data_ptr(), b._version, b.shape, b.stride(), b.dtype, b.get_device(), torch.channels_last)
+    L.prepared_weights._items[key] = (weakref.ref(a), a.contiguous(memory_format=torch.channels_last))
+    assert torch.equal(L._prepared_weight(b, torch.channels_last), b)      # a's entry at b's address: not used
 
 
 def test_convolution_asked_for_channels_last_converts_its_input():

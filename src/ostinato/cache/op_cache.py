@@ -18,17 +18,21 @@ class OpGraphCache:
         self._lock = threading.Lock()
         self._counts = {"hits": 0, "misses": 0, "evictions": 0}
 
-    def get(self, key: Hashable, prepare: Callable[[], Any]) -> Any:
+    def get(self, key: Hashable, prepare: Callable[[], Any], valid: Callable[[Any], bool] | None = None) -> Any:
         """The prepared value for ``key``, made by ``prepare()`` on a miss (outside the lock: two
-        threads may both prepare the same key; the first stored wins and both get it)."""
+        threads may both prepare the same key; the first stored wins and both get it). A stored value
+        ``valid`` rejects counts as a miss and is replaced."""
         with self._lock:
-            if key in self._items:
+            if key in self._items and (valid is None or valid(self._items[key])):
                 self._items.move_to_end(key)
                 self._counts["hits"] += 1
                 return self._items[key]
             self._counts["misses"] += 1
         value = prepare()
         with self._lock:
+            old = self._items.get(key)
+            if old is not None and valid is not None and not valid(old):
+                del self._items[key]
             value = self._items.setdefault(key, value)
             self._items.move_to_end(key)
             while len(self._items) > self.capacity:
@@ -39,6 +43,10 @@ class OpGraphCache:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {**self._counts, "entries": len(self._items)}
+
+    def drop(self, key: Hashable) -> None:
+        with self._lock:
+            self._items.pop(key, None)
 
     def clear(self) -> None:
         with self._lock:

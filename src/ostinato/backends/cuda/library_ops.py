@@ -15,6 +15,7 @@ Every function takes the ATen op's arguments and returns what the op returns.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -85,14 +86,22 @@ class ConvPlan:
     memory_format: torch.memory_format
 
 
-# Weights converted to a memory format, by (storage address, version, layout, format): kept while the
-# weight is unchanged (a new version is converted again), the least recently used dropped past 512.
+# Weights converted to a memory format, by (storage address, version, layout, format), each entry holding
+# a weak reference to the weight it was made from: an address is reused once a tensor is freed (another
+# model's weight of the same shape may land there), so an entry counts only for the very tensor it was
+# made from, and goes when that tensor does. A new version of a weight is converted again; the least
+# recently used entries go past 512.
 prepared_weights = OpGraphCache(capacity=512)
 
 
 def _prepared_weight(w: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
     key = (w.data_ptr(), w._version, w.shape, w.stride(), w.dtype, w.get_device(), fmt)
-    return prepared_weights.get(key, lambda: w.contiguous(memory_format=fmt))
+
+    def prepare():
+        weakref.finalize(w, prepared_weights.drop, key)
+        return weakref.ref(w), w.contiguous(memory_format=fmt)
+
+    return prepared_weights.get(key, prepare, valid=lambda entry: entry[0]() is w)[1]
 
 
 def _conv_plan(x: torch.Tensor, transposed: bool, fmt: torch.memory_format | None) -> ConvPlan:

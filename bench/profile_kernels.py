@@ -1,0 +1,76 @@
+"""Where a configuration's step time goes, kernel by kernel: ostinato's plan run step by step and
+torch.compile's default mode (no CUDA graphs, so the profiler sees every kernel), under torch.profiler.
+
+    python bench/profile_kernels.py --configs unet-r64,resnet18-b32 --out prof.json [--steps 10]
+
+Prints per runner the top kernels by GPU time per step, and writes them as JSON. GPU time only: the
+launch overhead that replay removes is not in these figures (bench/run_suite.py measures step times).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from bench.suite import configs, measure, workloads  # noqa: E402
+
+
+def _profile(fn, step, steps: int) -> dict:
+    for _ in range(3):
+        measure.call(fn, step)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            measure.call(fn, step)
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name][0] += e.device_time_total / 1000 / steps
+            per[e.name][1] += 1 / steps
+    rows = sorted(({"kernel": k[:120], "ms": round(v[0], 4), "calls": round(v[1], 2)} for k, v in per.items()),
+                  key=lambda r: -r["ms"])
+    return {"total_ms": round(sum(r["ms"] for r in rows), 4), "kernels": round(sum(r["calls"] for r in rows), 1),
+            "top": rows[:30]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", required=True, help="comma-separated name fragments of GPU configurations")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--no-inductor", action="store_true", help="profile ostinato only")
+    a = ap.parse_args()
+    import ostinato
+    report = {}
+    for cfg in configs.select("cuda", a.configs):
+        wl = workloads.build(cfg.builder, cfg.params, cfg.device, cfg.dtype)
+        args, kwargs = wl.steps[0]
+        rec = {}
+        prog = ostinato.export(wl.model, args, kwargs, **wl.export_options)
+        for mode in ("auto", "nchw"):
+            os.environ["OSTINATO_CONV_LAYOUT"] = mode
+            exe = ostinato.compile(prog, device="cuda")
+            rec[f"ostinato_{mode}"] = _profile(exe, wl.steps[0], a.steps)
+        os.environ.pop("OSTINATO_CONV_LAYOUT")
+        if not a.no_inductor:
+            torch._dynamo.reset()
+            rec["inductor_default"] = _profile(torch.compile(wl.model), wl.steps[0], a.steps)
+        report[cfg.name] = rec
+        for runner, r in rec.items():
+            print(f"== {cfg.name} {runner}: {r['total_ms']:.3f} ms GPU, {r['kernels']} kernels per step")
+            for row in r["top"][:12]:
+                print(f"   {row['ms']:8.4f} ms  x{row['calls']:<5} {row['kernel'][:100]}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
