@@ -68,21 +68,6 @@ def _loop_order(dims: list[int], shape: tuple, candidates: list[list[int]]) -> l
     return dims
 
 
-def _interleaved_rows(tensors, xs: list[int], xst: list[list[int]], rs: list[int], rst: list[list[int]]) -> int:
-    """Rows a looped reduction's program takes together: 1, unless the rows lie interleaved in memory
-    (group norm over a channels-last tensor: each pixel holds a run of every group's channels side by
-    side). Then enough neighbouring rows that each pixel's read covers 64 bytes, as far as the innermost
-    row dim allows: one row alone would use a few bytes of every 32-byte sector it touches."""
-    for t, x, r in zip(tensors, xst, rst):
-        if tuple(t.shape) and t.numel() >= math.prod(xs) * math.prod(rs) and x and r:
-            run = rs[-1] if r[-1] == 1 else 1
-            if x[-1] != run or not any(s > x[-1] for s in r):
-                return 1
-            want = _pow2(cdiv(64, run * t.element_size()))
-            return max(1, min(want, 1 << (xs[-1].bit_length() - 1), 32))
-    return 1
-
-
 def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
     out, acc = [], 1
     for d in reversed(shape):
@@ -183,9 +168,6 @@ class FusedLauncher:
             loop = _pow2(rnumel) > MAX_PERSISTENT_ROW
             rblock = _LOOP_RBLOCK if loop else _pow2(rnumel)
             xblock = 1 if loop else min(_pow2(xnumel), max(1, 2048 // rblock))
-            if loop:
-                xblock = _interleaved_rows(tensors, xs, xst, rs, rst)
-                rblock //= xblock
             warps = 8 if rblock * xblock >= 2048 else 4
             lib, name = self.library(len(xs), len(rs), loop, i64)
             kernel = lib.kernel(name, XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
@@ -193,8 +175,7 @@ class FusedLauncher:
                 # split the output pass only where there is one (a reduction-only group's chunks would
                 # each read the whole row and store nothing)
                 has_x_out = any(o[2] == "x" for o in spec.outputs)
-                chunks = (max(1, min(cdiv(rnumel, rblock), cdiv(_TARGET_PROGRAMS, cdiv(xnumel, xblock))))
-                          if has_x_out else 1)
+                chunks = max(1, min(cdiv(rnumel, rblock), cdiv(_TARGET_PROGRAMS, xnumel))) if has_x_out else 1
                 rchunk = cdiv(cdiv(rnumel, chunks), rblock) * rblock
                 chunks = cdiv(rnumel, rchunk)
                 ints.append(rchunk)
