@@ -197,6 +197,8 @@ def main(what: str, dtype_name: str) -> None:
     else:
         items = [(f"row{n}", lambda n=n: (Rows(n), (torch.randn(3, 5, n),), 2)) for n in (1, 3, 100, 4096, 5000)]
         items.append(("channels_last", lambda: (ChannelsLast(), (torch.randn(2, 16, 5, 6),), 1)))
+        # rows longer than a register tile, walked in chunks over a channels-last tensor
+        items.append(("channels_last_looped", lambda: (ChannelsLast(), (torch.randn(2, 16, 40, 40),), 1)))
         tol = 1e-4
     for name, make in items:
         torch.manual_seed(0)

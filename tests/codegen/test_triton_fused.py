@@ -61,7 +61,7 @@ def test_interpreted_row_lengths():
     """Rows held whole and walked in chunks (over 4096), lengths not multiples of the block, transposed
     inputs (strided loads), a reduction over two dims; channels-last inputs give channels-last outputs."""
     results = _interpret("rows", "float32")
-    assert len(results) == 6
+    assert len(results) == 7
     failed = {k: v for k, v in results.items() if v != "ok"}
     assert not failed, failed
 

@@ -6,7 +6,8 @@ the activations). Once one convolution runs NHWC its output is channels-last, an
 that layout without a copy: torch's pointwise kernels follow their input's layout, generated kernels
 give their full-size outputs the layout of a full-size input and walk dims in the order of its strides
 (kernels/fused.py), and the next convolution takes it as it is. The model's input is converted once, by
-the first convolution. A graph output that may have come out channels-last is made contiguous at the
+the first convolution. Convolutions feeding a group norm of long groups give their result back
+contiguous (see LONG_GROUP). A graph output that may have come out channels-last is made contiguous at the
 end of the plan (one copy), as eager gives it (torch.compile keeps eager's output strides the same way).
 
 ``OSTINATO_CONV_LAYOUT=nchw`` keeps every convolution in the layout its input comes in (the A/B
@@ -41,11 +42,52 @@ def runs_channels_last(node: Node) -> bool:
             and node.args[6] is False)
 
 
-def channels_last_convs(graph: Graph) -> set[str]:
-    """Names of the convolution nodes to run channels-last."""
+# Group norms whose groups hold more elements than this are computed by the looped row kernel, which
+# re-reads each group for its statistics: over a channels-last tensor every read takes a few bytes of each
+# 32-byte sector (a group's channels are a short run in every pixel), measured 3-8x slower than over NCHW
+# on an H100 (conv-stack 0.05 -> 0.35 ms per norm). Shorter groups are held in registers and read once.
+LONG_GROUP = 4096
+
+
+def _feeds_long_group_norm(graph: Graph) -> set[str]:
+    """Convolutions whose result reaches a long-grouped ``native_group_norm`` through pointwise ops only
+    (a residual sum, an added bias or embedding, an activation): they stay in their input's layout."""
+    keep: set[str] = set()
+    for node in graph.nodes:
+        if node.op != "aten.native_group_norm" or len(node.args) < 7:
+            continue
+        c, hw, groups = node.args[4], node.args[5], node.args[6]
+        if all(isinstance(d, int) for d in (c, hw, groups)) and groups and c // groups * hw <= LONG_GROUP:
+            continue
+        stack, seen = [node.args[0]], set()
+        while stack:
+            v = stack.pop()
+            if getattr(v, "id", None) in seen or getattr(v, "producer", None) is None:
+                continue
+            seen.add(v.id)
+            p = v.producer
+            if p.op == CONV:
+                keep.add(p.name)
+            elif getattr(get_op(p.op), "category", None) == "elementwise":
+                stack.extend(x for x in p.inputs if isinstance(x.meta, TensorMeta) and x.meta.rank == 4)
+    return keep
+
+
+def conv_formats(graph: Graph) -> dict[str, torch.memory_format]:
+    """The layout each fp16/bf16 2-D convolution gives its result in, by node name. All of them compute
+    NHWC; those feeding a long-grouped group norm convert their result back to contiguous (one copy,
+    what cuDNN does inside for an NCHW convolution anyway; and torch's own depthwise kernel, which takes
+    NCHW ones, is 3x slower than cuDNN's NHWC one)."""
     if conv_layout_mode() == "nchw":
-        return set()
-    return {n.name for n in graph.nodes if runs_channels_last(n)}
+        return {}
+    back = _feeds_long_group_norm(graph)
+    return {n.name: torch.contiguous_format if n.name in back else torch.channels_last
+            for n in graph.nodes if runs_channels_last(n)}
+
+
+def channels_last_convs(graph: Graph) -> set[str]:
+    """Names of the convolutions whose result comes out channels-last."""
+    return {name for name, fmt in conv_formats(graph).items() if fmt is torch.channels_last}
 
 
 def outputs_to_restore(graph: Graph, nhwc: set[str]) -> list:
@@ -78,20 +120,22 @@ def restore_layouts(graph: Graph, nhwc: set[str]) -> list[Launch]:
 
 class ConvLayouts:
     """A backend mixin: ``with_layouts(graph, lower_all)`` lowers a graph with the convolutions this
-    module picks running channels-last (their Launch gets ``memory_format=torch.channels_last``, which
+    module picks running NHWC (their Launch gets ``memory_format``, the layout of the result, which
     library_ops.convolution takes) and the outputs restored after."""
 
-    _nhwc: frozenset = frozenset()
+    _formats: dict = {}
 
     def with_layouts(self, graph: Graph, lower_all) -> list[Launch]:
-        self._nhwc = frozenset(channels_last_convs(graph))
+        self._formats = conv_formats(graph)
+        nhwc = {name for name, fmt in self._formats.items() if fmt is torch.channels_last}
         try:
-            return lower_all() + restore_layouts(graph, self._nhwc)
+            return lower_all() + restore_layouts(graph, nhwc)
         finally:
-            self._nhwc = frozenset()
+            self._formats = {}
 
     def lower(self, node: Node) -> Launch:
         launch = super().lower(node)
-        if node.name in self._nhwc:
-            launch.kwargs["memory_format"] = torch.channels_last
+        fmt = self._formats.get(node.name)
+        if fmt is not None:
+            launch.kwargs["memory_format"] = fmt
         return launch

@@ -1,0 +1,48 @@
+"""The CUDA lowering's choice of layout per convolution (backends/cuda/layout.py), checked on the graph
+(the kernels are checked in tests/codegen: interpreted on CPU tensors, and on the GPU)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import ostinato
+from ostinato.backends.cuda.layout import LONG_GROUP, channels_last_convs, conv_formats, outputs_to_restore
+
+
+class ConvGroupNorm(nn.Module):
+    """conv -> (+ residual) -> GroupNorm -> SiLU -> conv, as diffusion UNets write it."""
+
+    def __init__(self, ch=32, groups=8):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(ch, ch, 3, padding=1), nn.Conv2d(ch, ch, 3, padding=1)
+        self.gn = nn.GroupNorm(groups, ch)
+
+    def forward(self, x):
+        h = self.a(x) + x
+        return self.b(torch.nn.functional.silu(self.gn(h)))
+
+
+def _convs(prog):
+    return [n.name for n in prog.graph.nodes if n.op == "aten.convolution"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_convolutions_give_channels_last_unless_feeding_long_groups(dtype):
+    ch, groups = 32, 8
+    short = ostinato.export(ConvGroupNorm(ch, groups).to(dtype), (torch.randn(1, ch, 8, 8, dtype=dtype),))
+    assert channels_last_convs(short.graph) == set(_convs(short))          # groups of 4 x 64: held whole
+    side = int((LONG_GROUP // (ch // groups)) ** 0.5) * 2                  # groups of 4 x side^2 > LONG_GROUP
+    long = ostinato.export(ConvGroupNorm(ch, groups).to(dtype), (torch.randn(1, ch, side, side, dtype=dtype),))
+    first, second = _convs(long)
+    assert channels_last_convs(long.graph) == {second}                     # the one before the norm:
+    assert conv_formats(long.graph)[first] is torch.contiguous_format      # NHWC, its result made contiguous
+    assert [v.name for v in outputs_to_restore(long.graph, {second})] == [v.name for v in long.graph.output_values()]
+
+
+def test_fp32_and_nchw_switch_keep_every_layout(monkeypatch):
+    prog = ostinato.export(ConvGroupNorm(), (torch.randn(1, 32, 8, 8),))
+    assert channels_last_convs(prog.graph) == set() and outputs_to_restore(prog.graph, set()) == []
+    half = ostinato.export(ConvGroupNorm().half(), (torch.randn(1, 32, 8, 8, dtype=torch.float16),))
+    monkeypatch.setenv("OSTINATO_CONV_LAYOUT", "nchw")
+    assert channels_last_convs(half.graph) == set()
