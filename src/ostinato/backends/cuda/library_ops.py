@@ -106,15 +106,14 @@ def _prepared_weight(w: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
 
 def _conv_plan(x: torch.Tensor, transposed: bool, fmt: torch.memory_format | None) -> ConvPlan:
     nhwc = x.dim() == 4 and not transposed and (
-        fmt is not None or (not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)))
+        fmt is torch.channels_last or (not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)))
     return ConvPlan(torch.channels_last if nhwc else torch.contiguous_format)
 
 
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *,
                 memory_format: torch.memory_format | None = None):
-    """``aten.convolution``. Given ``memory_format`` (the lowering's choice for fp16/bf16,
-    backends/cuda/layout.py) it runs NHWC, converting an input that is not channels-last yet, and gives
-    its result in that format."""
+    """``aten.convolution``; ``memory_format=torch.channels_last`` (the lowering's choice for fp16/bf16,
+    backends/cuda/layout.py) runs it NHWC, converting an input that is not channels-last yet."""
     plan = op_graph_cache.get(
         op_key("aten.convolution", x, weight, transposed=transposed, groups=groups, stride=tuple(stride),
                padding=tuple(padding), dilation=tuple(dilation), fmt=str(memory_format)),
@@ -122,8 +121,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     if plan.memory_format is torch.channels_last:
         weight = _prepared_weight(weight, torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    out = aten.convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-    return out.contiguous() if memory_format is torch.contiguous_format else out
+    return aten.convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
 @dataclass(frozen=True)
