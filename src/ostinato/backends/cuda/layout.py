@@ -90,7 +90,7 @@ def outputs_to_restore(graph: Graph, nhwc: set[str]) -> list:
         return []
     tainted: set[int] = set()
     for node in graph.nodes:
-        if node.name in nhwc or any(getattr(a, "id", None) in tainted for a in node.inputs):
+        if node.name in nhwc or any(a.id in tainted for a in node.inputs):
             for v in node.outputs:
                 if v is not None and isinstance(v.meta, TensorMeta) and v.meta.rank == 4:
                     tainted.add(v.id)
@@ -102,11 +102,10 @@ def outputs_to_restore(graph: Graph, nhwc: set[str]) -> list:
     return out
 
 
-def restore_layouts(graph: Graph, nhwc: set[str]) -> list[Launch]:
+def restore_layouts(graph: Graph, nhwc: set[str], clone) -> list[Launch]:
     """Launches run after the rest of a plan: each output that may be channels-last, copied to
-    contiguous in its own slot."""
-    clone = get_op("aten.clone").target
-    return [Launch.of(getattr(clone, "_op", clone), "aten.clone", f"{v.name}_contiguous", (_bind(v),),
+    contiguous in its own slot by ``clone`` (the backend's ``aten.clone``)."""
+    return [Launch.of(clone, "aten.clone", f"{v.name}_contiguous", (_bind(v),),
                       {"memory_format": torch.contiguous_format}, (v.slot,), False)
             for v in outputs_to_restore(graph, nhwc)]
 
@@ -121,7 +120,7 @@ class ConvLayouts:
     def with_layouts(self, graph: Graph, lower_all) -> list[Launch]:
         self._nhwc = frozenset(channels_last_convs(graph))
         try:
-            return lower_all() + restore_layouts(graph, self._nhwc)
+            return lower_all() + restore_layouts(graph, self._nhwc, self.kernel("aten.clone"))
         finally:
             self._nhwc = frozenset()
 

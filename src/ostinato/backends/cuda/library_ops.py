@@ -116,7 +116,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     backends/cuda/layout.py) runs it NHWC, converting an input that is not channels-last yet."""
     plan = op_graph_cache.get(
         op_key("aten.convolution", x, weight, transposed=transposed, groups=groups, stride=tuple(stride),
-               padding=tuple(padding), dilation=tuple(dilation), fmt=str(memory_format)),
+               padding=tuple(padding), dilation=tuple(dilation), fmt=memory_format),
         lambda: _conv_plan(x, transposed, memory_format))
     if plan.memory_format is torch.channels_last:
         weight = _prepared_weight(weight, torch.channels_last)

@@ -42,6 +42,28 @@ def _online_softmax(m, l, acc, s, visible, vt):
 
 
 @triton.jit
+def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, pos_ptr, pos_off, skip, scale, n_keys: tl.constexpr,
+            HAS_POS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """softmax(q k^T * scale) v online over the cache rows j <= pos (all rows without HAS_POS) except
+    row ``skip``: (running max, sum, weighted values, the last row the query sees)."""
+    limit = n_keys - 1
+    if HAS_POS:
+        limit = tl.load(pos_ptr + pos_off).to(tl.int64)
+    m = tl.full((), float("-inf"), tl.float32)
+    l = tl.full((), 0.0, tl.float32)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for start in range(0, n_keys, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        nmask = (n < n_keys) & (n <= limit) & (n != skip)
+        kt = tl.load(k_base + n[:, None] * k_ss + d[None, :], mask=nmask[:, None] & dmask[None, :],
+                     other=0.0).to(tl.float32)
+        vt = tl.load(v_base + n[:, None] * v_ss + d[None, :], mask=nmask[:, None] & dmask[None, :],
+                     other=0.0).to(tl.float32)
+        m, l, acc = _online_softmax(m, l, acc, tl.sum(kt * q[None, :], axis=1) * scale, nmask, vt)
+    return m, l, acc, limit
+
+
+@triton.jit
 def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, head_dim, n_rep, hq, scale,
                             q_sb, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, pos_sb,
                             n_keys: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -55,20 +77,8 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, head_dim, n_r
     d = tl.arange(0, BLOCK_D)
     dmask = d < head_dim
     q = tl.load(q_ptr + b * q_sb + h * q_sh + d, mask=dmask, other=0.0).to(tl.float32)
-    limit = n_keys - 1
-    if HAS_POS:
-        limit = tl.load(pos_ptr + b * pos_sb).to(tl.int64)
-    m = tl.full((), float("-inf"), tl.float32)
-    l = tl.full((), 0.0, tl.float32)
-    acc = tl.zeros((BLOCK_D,), tl.float32)
-    for start in range(0, n_keys, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        nmask = (n < n_keys) & (n <= limit)
-        kt = tl.load(k_ptr + b * k_sb + kvh * k_sh + n[:, None] * k_ss + d[None, :],
-                     mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        vt = tl.load(v_ptr + b * v_sb + kvh * v_sh + n[:, None] * v_ss + d[None, :],
-                     mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        m, l, acc = _online_softmax(m, l, acc, tl.sum(kt * q[None, :], axis=1) * scale, nmask, vt)
+    m, l, acc, limit = _attend(q, k_ptr + b * k_sb + kvh * k_sh, v_ptr + b * v_sb + kvh * v_sh, k_ss, v_ss, d, dmask,
+                               pos_ptr, b * pos_sb, -1, scale, n_keys, HAS_POS, BLOCK_N, BLOCK_D)
     out = tl.where(l > 0, acc / l, 0.0)    # no visible key: 0, as torch's SDPA gives
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
@@ -126,21 +136,9 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
         inside = dmask & (slot >= 0) & (slot < n_keys)
         tl.store(kc_ptr + row, kn, mask=inside)
         tl.store(vc_ptr + row, vn, mask=inside)
-    limit = n_keys - 1
-    if HAS_POS:
-        limit = tl.load(pos_ptr + b * pos_sb).to(tl.int64)
-    m = tl.full((), float("-inf"), tl.float32)
-    l = tl.full((), 0.0, tl.float32)
-    acc = tl.zeros((BLOCK_D,), tl.float32)
     base = b * c_sb + kvh * c_sh
-    for start in range(0, n_keys, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        nmask = (n < n_keys) & (n <= limit) & (n != slot)
-        kt = tl.load(kc_ptr + base + n[:, None] * head_dim + d[None, :],
-                     mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        vt = tl.load(vc_ptr + base + n[:, None] * head_dim + d[None, :],
-                     mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        m, l, acc = _online_softmax(m, l, acc, tl.sum(kt * q[None, :], axis=1) * scale, nmask, vt)
+    m, l, acc, limit = _attend(q, kc_ptr + base, vc_ptr + base, head_dim, head_dim, d, dmask, pos_ptr, b * pos_sb,
+                               slot, scale, n_keys, HAS_POS, BLOCK_N, BLOCK_D)
     # The step's own key, when the query sees its slot: a block of one.
     one = tl.arange(0, 1)
     seen = (one * 0 + slot) <= limit
