@@ -2,6 +2,7 @@
 torch.compile's default mode (no CUDA graphs, so the profiler sees every kernel), under torch.profiler.
 
     python bench/profile_kernels.py --configs unet-r64,resnet18-b32 --out prof.json [--steps 10]
+        [--variants auto,nchw:OSTINATO_CONV_LAYOUT=nchw,nosplit:OSTINATO_SPLIT_REDUCTION=0]
 
 Prints per runner the top kernels by GPU time per step, and writes them as JSON. GPU time only: the
 launch overhead that replay removes is not in these figures (bench/run_suite.py measures step times).
@@ -40,25 +41,42 @@ def _profile(fn, step, steps: int) -> dict:
             "top": rows[:30]}
 
 
+def _variants(text: str) -> list[tuple[str, dict]]:
+    """``name[:VAR=VALUE[+VAR=VALUE...]]``, comma-separated: ostinato compiled under each environment."""
+    out = []
+    for item in filter(None, text.split(",")):
+        name, _, env = item.partition(":")
+        out.append((name, dict(kv.split("=", 1) for kv in filter(None, env.split("+")))))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", required=True, help="comma-separated name fragments of GPU configurations")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default="")
     ap.add_argument("--no-inductor", action="store_true", help="profile ostinato only")
+    ap.add_argument("--variants", default="auto,nchw:OSTINATO_CONV_LAYOUT=nchw",
+                    help="ostinato variants, name[:VAR=VALUE[+VAR=VALUE]] comma-separated")
     a = ap.parse_args()
     import ostinato
+    from ostinato.backends.cuda.kernels.fused import forget_plans
     report = {}
     for cfg in configs.select("cuda", a.configs):
         wl = workloads.build(cfg.builder, cfg.params, cfg.device, cfg.dtype)
         args, kwargs = wl.steps[0]
         rec = {}
         prog = ostinato.export(wl.model, args, kwargs, **wl.export_options)
-        for mode in ("auto", "nchw"):
-            os.environ["OSTINATO_CONV_LAYOUT"] = mode
-            exe = ostinato.compile(prog, device="cuda")
-            rec[f"ostinato_{mode}"] = _profile(exe, wl.steps[0], a.steps)
-        os.environ.pop("OSTINATO_CONV_LAYOUT")
+        for name, env in _variants(a.variants):
+            old = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                forget_plans()     # generated kernels plan their launches anew under this environment
+                exe = ostinato.compile(prog, device="cuda")
+                rec[f"ostinato_{name}"] = _profile(exe, wl.steps[0], a.steps)
+            finally:
+                for k, v in old.items():
+                    os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         if not a.no_inductor:
             torch._dynamo.reset()
             rec["inductor_default"] = _profile(torch.compile(wl.model), wl.steps[0], a.steps)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import ostinato
-from ostinato.backends.cuda.layout import LONG_GROUP, channels_last_convs, outputs_to_restore
+from ostinato.backends.cuda.layout import LONG_GROUP, NARROW_GROUP, channels_last_convs, outputs_to_restore
 
 
 class ConvGroupNorm(nn.Module):
@@ -28,13 +28,18 @@ def _convs(prog):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_convolutions_run_channels_last_unless_feeding_long_groups(dtype):
-    ch, groups = 32, 8
+@pytest.mark.parametrize("groups", [8, 16])
+def test_half_convolutions_run_channels_last_unless_feeding_long_narrow_groups(dtype, groups):
+    ch = 32
+    cpg = ch // groups
     short = ostinato.export(ConvGroupNorm(ch, groups).to(dtype), (torch.randn(1, ch, 8, 8, dtype=dtype),))
-    assert channels_last_convs(short.graph) == set(_convs(short))          # groups of 4 x 64: held whole
-    side = int((LONG_GROUP // (ch // groups)) ** 0.5) * 2                  # groups of 4 x side^2 > LONG_GROUP
+    assert channels_last_convs(short.graph) == set(_convs(short))          # groups of cpg x 64: held whole
+    side = int((LONG_GROUP // cpg) ** 0.5) * 2                             # groups of cpg x side^2 > LONG_GROUP
     long = ostinato.export(ConvGroupNorm(ch, groups).to(dtype), (torch.randn(1, ch, side, side, dtype=dtype),))
     first, second = _convs(long)
+    if cpg >= NARROW_GROUP:     # runs of 4+ channels per pixel: the split kernels read NHWC well enough
+        assert channels_last_convs(long.graph) == {first, second}
+        return
     assert channels_last_convs(long.graph) == {second}                     # the one before the norm stays
     assert [v.name for v in outputs_to_restore(long.graph, {second})] == [v.name for v in long.graph.output_values()]
 
@@ -45,3 +50,8 @@ def test_fp32_and_nchw_switch_keep_every_layout(monkeypatch):
     half = ostinato.export(ConvGroupNorm().half(), (torch.randn(1, 32, 8, 8, dtype=torch.float16),))
     monkeypatch.setenv("OSTINATO_CONV_LAYOUT", "nchw")
     assert channels_last_convs(half.graph) == set()
+    narrow = ostinato.export(ConvGroupNorm(32, 16).half(), (torch.randn(1, 32, 96, 96, dtype=torch.float16),))
+    monkeypatch.setenv("OSTINATO_CONV_LAYOUT", "nhwc")      # every one, those before narrow long groups too
+    assert channels_last_convs(narrow.graph) == set(_convs(narrow)) and len(_convs(narrow)) == 2
+    monkeypatch.setenv("OSTINATO_CONV_LAYOUT", "auto")
+    assert len(channels_last_convs(narrow.graph)) == 1

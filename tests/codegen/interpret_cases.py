@@ -199,6 +199,8 @@ def main(what: str, dtype_name: str) -> None:
         items.append(("channels_last", lambda: (ChannelsLast(), (torch.randn(2, 16, 5, 6),), 1)))
         # rows longer than a register tile, walked in chunks over a channels-last tensor
         items.append(("channels_last_looped", lambda: (ChannelsLast(), (torch.randn(2, 16, 40, 40),), 1)))
+        # a reduction-only group of few long rows, with NaN in one row: max/min keep it across split parts
+        items.append(("few_long_rows_nan", lambda: (LongRowStats(), (_with_nan(torch.randn(3, 9000)),), 1)))
         tol = 1e-4
     for name, make in items:
         torch.manual_seed(0)
@@ -208,7 +210,32 @@ def main(what: str, dtype_name: str) -> None:
             results[name] = "ok"
         except Exception as e:  # noqa: BLE001 - reported per case
             results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    if what == "rows":
+        results["split_rows"] = _split_rows_seen()
     print(json.dumps(results))
+
+
+class LongRowStats(torch.nn.Module):
+    """Statistics only (no full-size output): mean, max, min and a centred sum of squares of each row."""
+
+    def forward(self, x):
+        m = x.mean(-1, keepdim=True)
+        return m, x.amax(-1), x.amin(-1), ((x - m) ** 2).sum(-1)
+
+
+def _with_nan(x):
+    x[1, 4321] = float("nan")
+    return x
+
+
+def _split_rows_seen() -> str:
+    """Whether the launches split their long rows across programs as OSTINATO_SPLIT_REDUCTION asks."""
+    from ostinato.backends.cuda.kernels.fused import _LAUNCHERS, split_enabled
+    split = sum(p.ws_shape is not None for f in _LAUNCHERS.values() for p in getattr(f, "_plans", {}).values()
+                if p is not None and hasattr(p, "ws_shape"))
+    if split_enabled() != (split > 0):
+        return f"{split} split launch plans with OSTINATO_SPLIT_REDUCTION={os.environ.get('OSTINATO_SPLIT_REDUCTION')}"
+    return "ok"
 
 
 if __name__ == "__main__":

@@ -22,10 +22,10 @@ pytest.importorskip("triton", reason="Triton is a dev dependency: pip install -e
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _interpret(what: str, dtype: str) -> dict:
+def _interpret(what: str, dtype: str, **env_vars: str) -> dict:
     """Run interpret_cases.py in a subprocess: Triton must be imported with TRITON_INTERPRET=1 set (its
     own @triton.jit helpers, tl.sigmoid among them, are made interpreted at import)."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = dict(os.environ, TRITON_INTERPRET="1", **env_vars)
     p = subprocess.run([sys.executable, os.path.join(HERE, "interpret_cases.py"), what, dtype], env=env,
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -57,11 +57,14 @@ def test_interpreted_matmul_groups(dtype):
                        "bias_gelu_head": "ok", "bias_gelu_head_patterns": "ok"}, results
 
 
-def test_interpreted_row_lengths():
+@pytest.mark.parametrize("split", ["1", "0"])
+def test_interpreted_row_lengths(split):
     """Rows held whole and walked in chunks (over 4096), lengths not multiples of the block, transposed
-    inputs (strided loads), a reduction over two dims; channels-last inputs give channels-last outputs."""
-    results = _interpret("rows", "float32")
-    assert len(results) == 7
+    inputs (strided loads), a reduction over two dims; channels-last inputs give channels-last outputs.
+    Few long rows are split across programs (partial reductions, then a combining kernel) and, with
+    OSTINATO_SPLIT_REDUCTION=0, walked by one program each: both match eager."""
+    results = _interpret("rows", "float32", OSTINATO_SPLIT_REDUCTION=split)
+    assert len(results) == 9
     failed = {k: v for k, v in results.items() if v != "ok"}
     assert not failed, failed
 
@@ -100,7 +103,7 @@ def test_every_variant_compiles_for_sm90():
     from ostinato.backends.cuda.kernels.fused import LinearLauncher, launcher
     from ostinato.backends.cuda.runtime import arg_type
 
-    compiled = set()
+    compiled, split_stages = set(), 0
     for case, dtype in _variants():
         model, args = case.build(dtype)
         prog = ostinato.export(model.eval(), args, passes=GENERIC_PIPELINE)
@@ -120,15 +123,19 @@ def test_every_variant_compiles_for_sm90():
                 plan = f.plan(tensors)
                 outs = [torch.empty(s, dtype=dt) for s, dt in zip(plan.out_shapes, f.out_dtypes)]
                 scalars = [1.5] * len(parse(spec_json).scalars)
-                types = tuple(arg_type(a) for a in (*tensors, *outs, *scalars, *plan.ints))
-                key = (plan.kernel.library.module, types, tuple(sorted(plan.kernel.specialization.items())))
-                if key in compiled:
-                    continue
-                meta, cubin = compile_binary(plan.kernel.library.module, plan.kernel.library.function_name("k"),
-                                             types, plan.kernel.specialization, 90)
-                assert cubin[:4] == b"\x7fELF" and meta.num_warps in (4, 8)
-                compiled.add(key)
+                ws = (torch.empty(plan.ws_shape),) if plan.ws_shape else ()     # a split row's workspace
+                types = tuple(arg_type(a) for a in (*tensors, *outs, *scalars, *plan.ints, *ws))
+                for kernel in (*plan.stages, plan.kernel):
+                    key = (kernel.library.module, types, tuple(sorted(kernel.specialization.items())))
+                    if key in compiled:
+                        continue
+                    meta, cubin = compile_binary(kernel.library.module, kernel.library.function_name("k"),
+                                                 types, kernel.specialization, 90)
+                    assert cubin[:4] == b"\x7fELF" and meta.num_warps in (4, 8)
+                    compiled.add(key)
+                    split_stages += bool(plan.stages)
     assert len(compiled) >= len(CASES)
+    assert split_stages, "no split row was compiled"
 
 
 def test_linear_variants_compile_for_sm90():
@@ -170,10 +177,11 @@ def test_linear_variants_compile_for_sm90():
 
 
 def test_wide_index_variants_compile_for_sm90():
-    """The 64-bit-index variants (tensors past 2^31 elements) of a held and a looped row kernel compile."""
+    """The 64-bit-index variants (tensors past 2^31 elements) of a held, a looped and a split row kernel
+    compile."""
     from ostinato.backends.cuda.binaries import compile_binary
     from ostinato.backends.cuda.kernels.fused import launcher
-    from ostinato.codegen.triton_source import param_names
+    from ostinato.codegen.triton_source import param_names, split_stages
     from ostinato.passes import GENERIC_PIPELINE
     from fusion_models import NanRows, StatsHead
     for model, args in ((StatsHead(), (torch.randn(4, 5, 33),)), (NanRows(), (torch.randn(2, 3),))):
@@ -181,11 +189,14 @@ def test_wide_index_variants_compile_for_sm90():
         specs = [n for n in __import__("ostinato").codegen.schedule(prog.graph) if hasattr(n, "spec")]
         for g in specs:
             f = launcher(g.spec.to_json())
-            for loop in (False, True):
-                lib, name = f.library(2, 1, loop, True)
-                names = param_names(f.spec, 2, 1, loop)
-                types = [("*fp32:D" if n.startswith(("in", "out")) else "i64") for n in names]
+            stages = [(False, None), (True, None)] + [(True, k) for k in range(split_stages(f.spec))]
+            for loop, stage in stages:
+                lib, name = f.library(2, 1, loop, True, stage)
+                names = param_names(f.spec, 2, 1, loop, stage is not None)
+                types = [("*fp32:D" if n.startswith(("in", "out", "ws")) else "i64") for n in names]
                 spec = {"XBLOCK": 1 if loop else 4, "RBLOCK": 64, "num_warps": 4}
+                if stage is not None:
+                    spec["SBLOCK"] = 8
                 meta, cubin = compile_binary(lib.module, lib.function_name(name), types, spec, 90)
                 assert cubin[:4] == b"\x7fELF"
 

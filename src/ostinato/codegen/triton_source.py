@@ -22,9 +22,10 @@ def kernel_name(spec: GroupSpec) -> str:
     return f"fused_{spec.digest[:16]}"
 
 
-def param_names(spec: GroupSpec, xr: int, rr: int, loop: bool = False) -> list[str]:
+def param_names(spec: GroupSpec, xr: int, rr: int, loop: bool = False, split: bool = False) -> list[str]:
     """The kernel's runtime parameters, in launch order (a looped row kernel ends with ``rchunk``: the row
-    elements whose outputs one program along grid axis 1 writes)."""
+    elements whose outputs one program along grid axis 1 writes; a split one then with ``nsplit``, the
+    programs per row, and ``ws``, the fp32 workspace of partial reductions ``[reductions, rows, nsplit]``)."""
     n_in, n_out = len(spec.inputs), len(spec.outputs)
     names = [f"in{k}" for k in range(n_in)] + [f"out{k}" for k in range(n_out)]
     names += [f"sc{k}" for k in range(len(spec.scalars))]
@@ -32,7 +33,7 @@ def param_names(spec: GroupSpec, xr: int, rr: int, loop: bool = False) -> list[s
     names += [f"xs{d}" for d in range(1, xr)] + [f"rs{d}" for d in range(1, rr)]
     for k in range(n_in + n_out):
         names += [f"xst{k}_{d}" for d in range(xr)] + [f"rst{k}_{d}" for d in range(rr if spec.red else 0)]
-    return names + (["rchunk"] if loop and spec.red else [])
+    return names + (["rchunk"] if loop and spec.red else []) + (["nsplit", "ws"] if split and spec.red else [])
 
 
 def _ct(code: str) -> str:
@@ -150,10 +151,12 @@ class _Emitter:
                 self.line(f"v{i} = {self.expr(i)}", indent)
 
     # -- kernels --------------------------------------------------------------------------------
-    def render(self, name: str, loop: bool, i64: bool) -> str:
+    def render(self, name: str, loop: bool, i64: bool, stage: int | None = None) -> str:
         spec = self.spec
-        params = param_names(spec, self.xr, self.rr, loop)
-        head = f"def {name}({', '.join(params)}, XBLOCK: tl.constexpr" + (", RBLOCK: tl.constexpr" if self.row else "") + "):"
+        split = stage is not None
+        params = param_names(spec, self.xr, self.rr, loop or split, split)
+        head = (f"def {name}({', '.join(params)}, XBLOCK: tl.constexpr" + (", RBLOCK: tl.constexpr" if self.row else "")
+                + (", SBLOCK: tl.constexpr" if split else "") + "):")
         self.lines = ["@triton.jit", head]
         pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
         if self.row:
@@ -185,10 +188,16 @@ class _Emitter:
                 else:
                     self._store(k, ref, code, "xoff", "xmask", 1)
             return "\n".join(self.lines) + "\n"
-        self.looped_reductions(set())
-        # Grid axis 1 splits the output pass of a row (each program computed the row's statistics):
-        # rows that are few and long still fill the GPU. Row-level results are stored by chunk 0.
-        self.line("chunk = tl.program_id(1)")
+        if split:
+            self.line("chunk = tl.program_id(1)")
+            if not self.split_reductions(stage):
+                return "\n".join(self.lines) + "\n"     # a partial-reduction stage stores no output
+        else:
+            self.looped_reductions(set())
+            self.line("chunk = tl.program_id(1)")
+        # Grid axis 1 splits the output pass of a row (each program has the row's statistics: computed
+        # over the whole row, or combined from the split stages' partials): rows that are few and long
+        # still fill the GPU. Row-level results are stored by chunk 0.
         for k, (ref, code, *_) in r_outs:
             self._store(k, ref, code, "xoff", "xmask & (chunk == 0)", 1)
         if x_outs:
@@ -204,33 +213,63 @@ class _Emitter:
         """Each reduction as a loop over the row in RBLOCK chunks (recomputing the pointwise ops it
         reads), then every row-level op: the statistics the x-level outputs need."""
         spec = self.spec
-
-        def emit_r_before(limit: int) -> None:
-            ids = [i for i, op in enumerate(spec.ops) if i < limit and op[2] == "r" and i not in r_done
-                   and op[0] not in REDUCTIONS]
-            self.emit_ops(ids, 1)
-            r_done.update(ids)
-
         for j in [i for i, op in enumerate(spec.ops) if op[0] in REDUCTIONS]:
-            emit_r_before(j)
-            rname, code = spec.ops[j][0], spec.ops[j][1]
-            ident, combine, _ = REDUCTIONS[rname]
-            arg = spec.ops[j][3]
-            act = _ct(code)
-            self.line(f"acc{j} = tl.full([XBLOCK, RBLOCK], {ident}, {act})")
-            self.line("for r0 in range(0, rnumel, RBLOCK):")
-            self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.i64 else ""), 2)
-            self._row_body(2)
-            self.emit_ops(self.needed([arg], "x"), 2)
-            val = f"tl.where(mask, {self._conv(arg, code)}, {ident})"
-            if rname == "sum":
-                self.line(f"acc{j} = acc{j} + {val}", 2)
-            else:
-                fn = "tl.maximum" if rname == "rmax" else "tl.minimum"
-                self.line(f"acc{j} = {fn}(acc{j}, {val}, propagate_nan=tl.PropagateNan.ALL)", 2)
-            self.line(f"v{j} = {self._nan_kept(combine.format(f'acc{j}'), f'acc{j}', rname)}")
+            self._emit_r_before(j, r_done)
+            self._accumulate(j, "0", "rnumel")
             r_done.add(j)
-        emit_r_before(len(spec.ops))
+        self._emit_r_before(len(spec.ops), r_done)
+
+    def split_reductions(self, stage: int) -> bool:
+        """A split row's statistics (``chunk``: this program's part of the row). Stage k < the number of
+        reductions: the earlier reductions combined from their partials, then reduction k over this
+        part, stored as its partial (returns False: nothing else to emit). The last stage: every
+        reduction combined from its partials, then the row-level ops (returns True)."""
+        spec = self.spec
+        reds = [i for i, op in enumerate(spec.ops) if op[0] in REDUCTIONS]
+        r_done: set[int] = set()
+        if stage:
+            self.line("sidx = tl.arange(0, SBLOCK)[None, :]")
+        for e, j in enumerate(reds[:stage]):
+            self._emit_r_before(j, r_done)
+            rname = spec.ops[j][0]
+            ident, combine, _ = REDUCTIONS[rname]
+            self.line(f"p{j} = tl.load(ws + ({e} * xnumel + xidx) * nsplit + sidx, mask=xmask & (sidx < nsplit), "
+                      f"other={ident})")
+            self.line(f"v{j} = {self._nan_kept(combine.format(f'p{j}'), f'p{j}', rname)}")
+            r_done.add(j)
+        if stage < len(reds):
+            j = reds[stage]
+            self._emit_r_before(j, r_done)
+            self._accumulate(j, "chunk * rchunk", "tl.minimum(rnumel, chunk * rchunk + rchunk)")
+            self.line(f"tl.store(ws + ({stage} * xnumel + xidx) * nsplit + chunk, v{j}, mask=xmask)")
+            return False
+        self._emit_r_before(len(spec.ops), r_done)
+        return True
+
+    def _emit_r_before(self, limit: int, r_done: set[int]) -> None:
+        """The row-level ops before op ``limit`` not emitted yet (reductions aside)."""
+        ids = [i for i, op in enumerate(self.spec.ops) if i < limit and op[2] == "r" and i not in r_done
+               and op[0] not in REDUCTIONS]
+        self.emit_ops(ids, 1)
+        r_done.update(ids)
+
+    def _accumulate(self, j: int, start: str, stop: str) -> None:
+        """Reduction ``j`` over the row elements [start, stop) in RBLOCK chunks (recomputing the
+        pointwise ops it reads), as ``v{j}`` of shape [XBLOCK, 1]."""
+        rname, code, _, arg = self.spec.ops[j]
+        ident, combine, _ = REDUCTIONS[rname]
+        self.line(f"acc{j} = tl.full([XBLOCK, RBLOCK], {ident}, {_ct(code)})")
+        self.line(f"for r0 in range({start}, {stop}, RBLOCK):")
+        self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.i64 else ""), 2)
+        self._row_body(2)
+        self.emit_ops(self.needed([arg], "x"), 2)
+        val = f"tl.where(mask, {self._conv(arg, code)}, {ident})"
+        if rname == "sum":
+            self.line(f"acc{j} = acc{j} + {val}", 2)
+        else:
+            fn = "tl.maximum" if rname == "rmax" else "tl.minimum"
+            self.line(f"acc{j} = {fn}(acc{j}, {val}, propagate_nan=tl.PropagateNan.ALL)", 2)
+        self.line(f"v{j} = {self._nan_kept(combine.format(f'acc{j}'), f'acc{j}', rname)}")
 
     def _row_body(self, indent: int) -> None:
         self.line("rmask = ridx < rnumel", indent)
@@ -267,15 +306,24 @@ class _Emitter:
         self.line(f"tl.store(out{k} + {offset}, {conv}, mask={mask})", indent)
 
 
-def render(spec: GroupSpec, xr: int, rr: int, loop: bool, i64: bool, interpreted: bool = False) -> tuple[str, str]:
+def render(spec: GroupSpec, xr: int, rr: int, loop: bool, i64: bool, interpreted: bool = False,
+           stage: int | None = None) -> tuple[str, str]:
     """(module source, kernel name) of one variant: ``xr`` kept dims, ``rr`` reduced dims (0 for a
     pointwise group), ``loop`` over row chunks, ``i64`` index arithmetic; ``interpreted`` for Triton's
-    interpreter (no libdevice)."""
-    name = f"{kernel_name(spec)}_x{xr}r{rr}{'l' if loop else 'p'}{'w' if i64 else ''}{'_i' if interpreted else ''}"
-    body = _Emitter(spec, xr, rr if spec.red else 0, interpreted).render(name, loop, i64)
+    interpreter (no libdevice). ``stage``: one kernel of a split row (each row walked by several
+    programs): 0 .. reductions - 1 store a reduction's partials, the last combines them and writes the
+    outputs (split_stages(spec) kernels run in order)."""
+    kind = f"s{stage}" if stage is not None else "l" if loop else "p"
+    name = f"{kernel_name(spec)}_x{xr}r{rr}{kind}{'w' if i64 else ''}{'_i' if interpreted else ''}"
+    body = _Emitter(spec, xr, rr if spec.red else 0, interpreted).render(name, loop, i64, stage)
     head = ('"""Generated by ostinato.codegen from a fusion group; do not edit."""\n'
             "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n")
     return head + f"# spec: {spec.to_json()}\n" + body, name
+
+
+def split_stages(spec: GroupSpec) -> int:
+    """How many kernels a split row takes: one per reduction (its partials), then the last."""
+    return sum(op[0] in REDUCTIONS for op in spec.ops) + 1
 
 
 # A matmul group (spec.LinearSpec): the prologue's and the epilogue's emitters write their names with

@@ -10,8 +10,9 @@ the first convolution. Convolutions feeding a group norm of long groups stay in 
 layout (see LONG_GROUP). A graph output that may have come out channels-last is made contiguous at the
 end of the plan (one copy), as eager gives it (torch.compile keeps eager's output strides the same way).
 
-``OSTINATO_CONV_LAYOUT=nchw`` keeps every convolution in the layout its input comes in (the A/B
-switch); it is part of the plan key.
+``OSTINATO_CONV_LAYOUT=nchw`` keeps every convolution in the layout its input comes in, ``=nhwc`` runs
+every one channels-last, those feeding long-grouped group norms too (the A/B switches); the mode is part
+of the plan key.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ CONV = "aten.convolution"
 
 def conv_layout_mode() -> str:
     mode = os.environ.get("OSTINATO_CONV_LAYOUT", "auto")
-    return "nchw" if mode == "nchw" else "auto"
+    return mode if mode in ("nchw", "nhwc") else "auto"
 
 
 def runs_channels_last(node: Node) -> bool:
@@ -43,21 +44,28 @@ def runs_channels_last(node: Node) -> bool:
 
 
 # Group norms whose groups hold more elements than this are computed by the looped row kernel, which
-# re-reads each group for its statistics: over a channels-last tensor every read takes a few bytes of each
-# 32-byte sector (a group's channels are a short run in every pixel), measured 3-8x slower than over NCHW
-# on an H100 (conv-stack 0.05 -> 0.35 ms per norm). Shorter groups are held in registers and read once.
+# re-reads each group for its statistics (split across programs when the groups are few: fused.py):
+# over a channels-last tensor every read takes a group's short run of channels in each pixel. With runs
+# of fewer than NARROW_GROUP channels (4 bytes of each 32-byte sector at 2 channels) that measured 3-8x
+# slower than over NCHW on an H100 (conv-stack, 2 channels per group: 0.05 -> 0.17 ms per norm);
+# with 4 and 8 channels (unet-r64) the split kernels over NHWC cost what they cost over NCHW, and the
+# convolutions around gain (0.913 -> 0.856 ms of GPU time per step). Shorter groups are held in
+# registers and read once.
 LONG_GROUP = 4096
+NARROW_GROUP = 4
 
 
 def _feeds_long_group_norm(graph: Graph) -> set[str]:
-    """Convolutions whose result reaches a long-grouped ``native_group_norm`` through pointwise ops only
-    (a residual sum, an added bias or embedding, an activation): they stay in their input's layout."""
+    """Convolutions whose result reaches a long- and narrow-grouped ``native_group_norm`` (more than
+    LONG_GROUP elements, fewer than NARROW_GROUP channels per group) through pointwise ops only (a
+    residual sum, an added bias or embedding, an activation): they stay in their input's layout."""
     keep: set[str] = set()
     for node in graph.nodes:
         if node.op != "aten.native_group_norm" or len(node.args) < 7:
             continue
         c, hw, groups = node.args[4], node.args[5], node.args[6]
-        if all(isinstance(d, int) for d in (c, hw, groups)) and groups and c // groups * hw <= LONG_GROUP:
+        if all(isinstance(d, int) for d in (c, hw, groups)) and groups and (
+                c // groups * hw <= LONG_GROUP or c // groups >= NARROW_GROUP):
             continue
         stack, seen = [node.args[0]], set()
         while stack:
@@ -78,9 +86,11 @@ def channels_last_convs(graph: Graph) -> set[str]:
     long-grouped group norm. Those stay in their input's layout: computing them NHWC and copying the
     result back to NCHW was measured slower still on an H100 (unet-r64 1.04 -> 1.21 ms, conv-stack
     0.255 -> 0.452 ms: torch's transposing copies)."""
-    if conv_layout_mode() == "nchw":
+    mode = conv_layout_mode()
+    if mode == "nchw":
         return set()
-    return {n.name for n in graph.nodes if runs_channels_last(n)} - _feeds_long_group_norm(graph)
+    chosen = {n.name for n in graph.nodes if runs_channels_last(n)}
+    return chosen if mode == "nhwc" else chosen - _feeds_long_group_norm(graph)
 
 
 def outputs_to_restore(graph: Graph, nhwc: set[str]) -> list:

@@ -16,11 +16,11 @@ import threading
 
 import torch
 
-from ....codegen.prims import DTYPES
+from ....codegen.prims import DTYPES, REDUCTIONS, compute_code
 from ....codegen.reference import (base_shape, epilogue_inputs, evaluate, evaluate_linear, iteration_shape, parse,
                                    split_dims, split_linear_args)
 from ....codegen.spec import GroupSpec, LinearSpec
-from ....codegen.triton_source import render, render_linear
+from ....codegen.triton_source import render, render_linear, split_stages
 from ....ir.fused_ops import _packed_rows
 from ...cuda.binaries import register_source
 from ..runtime import KernelLibrary
@@ -29,6 +29,12 @@ from .common import cdiv
 MAX_PERSISTENT_ROW = 4096   # rows up to this many elements are held in registers
 _LOOP_RBLOCK = 4096        # long rows: few, wide iterations (each pass over a row is a chain of dependent loads)
 _TARGET_PROGRAMS = 512      # a looped row kernel splits its output pass until about this many programs run
+_SPLIT_RBLOCK = 1024        # a split row's programs walk their part in chunks of this many elements
+
+
+def split_enabled() -> bool:
+    """OSTINATO_SPLIT_REDUCTION=0 keeps every long row in one program (the A/B switch of split rows)."""
+    return os.environ.get("OSTINATO_SPLIT_REDUCTION", "1") != "0"
 
 
 def _pow2(n: int) -> int:
@@ -95,11 +101,13 @@ def _strides_in(shape: tuple, fmt: torch.memory_format) -> list[int]:
 
 
 class _LaunchPlan:
-    __slots__ = ("kernel", "ints", "grid", "out_shapes", "empty", "formats")
+    """``kernel`` (the last) with its integer arguments and grid; ``stages``: the kernels a split row
+    runs first (each storing one reduction's partials in a workspace of ``ws_shape``)."""
+    __slots__ = ("kernel", "ints", "grid", "out_shapes", "empty", "formats", "stages", "ws_shape")
 
-    def __init__(self, kernel, ints, grid, out_shapes, empty, formats):
+    def __init__(self, kernel, ints, grid, out_shapes, empty, formats, stages=(), ws_shape=None):
         self.kernel, self.ints, self.grid, self.out_shapes, self.empty = kernel, ints, grid, out_shapes, empty
-        self.formats = formats
+        self.formats, self.stages, self.ws_shape = formats, stages, ws_shape
 
 
 class FusedLauncher:
@@ -113,12 +121,12 @@ class FusedLauncher:
         self._libraries: dict[tuple, KernelLibrary] = {}
         self._lock = threading.Lock()
 
-    def library(self, xr: int, rr: int, loop: bool, i64: bool) -> tuple[KernelLibrary, str]:
+    def library(self, xr: int, rr: int, loop: bool, i64: bool, stage: int | None = None) -> tuple[KernelLibrary, str]:
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        key = (xr, rr, loop, i64, interpreted)
+        key = (xr, rr, loop, i64, interpreted, stage)
         lib = self._libraries.get(key)
         if lib is None:
-            source, name = render(self.spec, xr, rr, loop, i64, interpreted)
+            source, name = render(self.spec, xr, rr, loop, i64, interpreted, stage)
             module = f"gen_{name}"
             register_source(module, source)
             lib = self._libraries[key] = KernelLibrary(module, {"k": name})
@@ -166,6 +174,9 @@ class FusedLauncher:
         chunks = 1
         if red:
             loop = _pow2(rnumel) > MAX_PERSISTENT_ROW
+            nsplit = self._splits(xnumel, rnumel) if loop else 1
+            if nsplit > 1:
+                return self._split_plan(xs, rs, i64, ints, nsplit, out_shapes, formats)
             rblock = _LOOP_RBLOCK if loop else _pow2(rnumel)
             xblock = 1 if loop else min(_pow2(xnumel), max(1, 2048 // rblock))
             warps = 8 if rblock * xblock >= 2048 else 4
@@ -186,6 +197,32 @@ class FusedLauncher:
         grid = (cdiv(xnumel, xblock),) if chunks == 1 else (cdiv(xnumel, xblock), chunks)
         return _LaunchPlan(kernel, tuple(ints), grid, out_shapes, False, formats)
 
+    def _splits(self, xnumel: int, rnumel: int) -> int:
+        """Programs per row when rows are too few to fill the GPU with one program each (a group norm:
+        batch x groups rows of thousands of elements): each reduction then runs as partial sums over
+        parts of the row, combined by the next kernel. 1: no split (many rows, switched off, or a
+        reduction that does not accumulate in fp32)."""
+        if xnumel >= _TARGET_PROGRAMS or not split_enabled():
+            return 1
+        if any(op[0] in REDUCTIONS and compute_code(op[1]) != "f32" for op in self.spec.ops):
+            return 1
+        return max(1, min(cdiv(rnumel, _SPLIT_RBLOCK), cdiv(_TARGET_PROGRAMS, xnumel)))
+
+    def _split_plan(self, xs, rs, i64, ints, nsplit, out_shapes, formats) -> _LaunchPlan:
+        """split_stages(spec) kernels over a (rows, nsplit) grid, each program walking ``rchunk``
+        elements of its row: the reductions' partials one after the other, then the outputs."""
+        xnumel, rnumel = math.prod(xs), math.prod(rs)
+        rchunk = cdiv(cdiv(rnumel, nsplit), _SPLIT_RBLOCK) * _SPLIT_RBLOCK
+        nsplit = cdiv(rnumel, rchunk)
+        n_stages = split_stages(self.spec)
+        kernels = []
+        for stage in range(n_stages):
+            lib, name = self.library(len(xs), len(rs), True, i64, stage)
+            kernels.append(lib.kernel(name, XBLOCK=1, RBLOCK=_SPLIT_RBLOCK, SBLOCK=_pow2(nsplit), num_warps=4))
+        grid = (xnumel, nsplit)
+        return _LaunchPlan(kernels[-1], tuple(ints) + (rchunk, nsplit), grid, out_shapes, False, formats,
+                           stages=tuple(kernels[:-1]), ws_shape=(n_stages - 1, xnumel, nsplit))
+
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
         tensors = args[:self.n_in]
         key = tuple((t.shape, t.stride()) for t in tensors)
@@ -198,7 +235,12 @@ class FusedLauncher:
         device = tensors[0].device
         outs = tuple(torch.empty(s, dtype=dt, device=device, memory_format=f)
                      for s, dt, f in zip(plan.out_shapes, self.out_dtypes, plan.formats))
-        plan.kernel(*tensors, *outs, *args[self.n_in:], *plan.ints, grid=plan.grid)
+        if plan.ws_shape is None:
+            plan.kernel(*tensors, *outs, *args[self.n_in:], *plan.ints, grid=plan.grid)
+            return outs
+        ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=device)
+        for kernel in (*plan.stages, plan.kernel):
+            kernel(*tensors, *outs, *args[self.n_in:], *plan.ints, ws, grid=plan.grid)
         return outs
 
 
@@ -367,6 +409,13 @@ def launcher(spec_json: str) -> "FusedLauncher | LinearLauncher":
         made = LinearLauncher(spec) if isinstance(spec, LinearSpec) else FusedLauncher(spec_json)
         f = _LAUNCHERS.setdefault(spec_json, made)
     return f
+
+
+def forget_plans() -> None:
+    """Drop every launcher's memoized launch plans (the next call plans again, reading the switches
+    such as OSTINATO_SPLIT_REDUCTION anew): for A/B runs in one process."""
+    for f in list(_LAUNCHERS.values()):
+        f._plans.clear()
 
 
 def run_fused(spec_json: str, *args) -> tuple[torch.Tensor, ...]:
