@@ -12,6 +12,12 @@ them. Modes:
                        steady-state cell of that runner (outputs checked, trials), so its compile is
                        paid once per configuration
   torch_compile_warm   the same first call with the caches the cold process filled
+  aoti_cold            torch.export, aoti_compile_and_package to WORKDIR/model.pt2 (empty caches),
+                       aoti_load_package, first output
+  aoti_warm            aoti_load_package of that file, first output; no model is built
+  executorch_cold      torch.export, to_edge_transform_and_lower (XNNPACK), to_executorch, the .pte
+                       saved to WORKDIR/model.pte, loaded by executorch.runtime, first output
+  executorch_warm      the .pte loaded, first output; no model is built
 The configuration, step inputs and eager's reference outputs come from WORKDIR/io.pt, the cache
 directories from the environment the parent sets (bench/suite/startup.py).
 """
@@ -52,7 +58,41 @@ def main(mode: str, name: str, workdir: str) -> dict:
         out["total_s"] = time.perf_counter() - t0
         out["cache"] = ostinato.cache.stats()
         return out
+    if mode in ("aoti_warm", "executorch_warm"):
+        t0 = time.perf_counter()
+        from bench.suite import peers
+        if mode == "aoti_warm":
+            fn = peers.aoti_load(os.path.join(workdir, peers.AOTI_FILE))
+        else:
+            fn = peers.executorch_load(os.path.join(workdir, peers.PTE_FILE))
+        out["load_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        measure.call(fn, steps[0])
+        measure.sync(device)
+        out["first_output_s"] = time.perf_counter() - t1
+        out["total_s"] = time.perf_counter() - t0
+        return out
     wl = workloads.build(cfg["builder"], cfg["params"], cfg["device"], cfg["dtype"])
+    if mode in ("aoti_cold", "executorch_cold"):
+        t0 = time.perf_counter()
+        from bench.suite import peers
+        if mode == "aoti_cold":
+            path = os.path.join(workdir, peers.AOTI_FILE)
+            out.update(peers.aoti_package(wl.model, wl.steps[0], wl.export_options, path))
+            t1 = time.perf_counter()
+            fn = peers.aoti_load(path)
+        else:
+            path = os.path.join(workdir, peers.PTE_FILE)
+            out.update(peers.executorch_lower(wl.model, wl.steps[0], wl.export_options, path))
+            t1 = time.perf_counter()
+            fn = peers.executorch_load(path)
+        out["load_s"] = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        measure.call(fn, steps[0])
+        measure.sync(device)
+        out["first_output_s"] = time.perf_counter() - t2
+        out["total_s"] = time.perf_counter() - t0
+        return out
     if mode == "ostinato_cold":
         t0 = time.perf_counter()
         import ostinato

@@ -17,20 +17,24 @@ import fnmatch
 import json
 from dataclasses import dataclass, field
 
-CATEGORIES = ("dispatch-heavy", "small-llm", "diffusion", "gpu-bound", "speech-vision", "user-written")
+CATEGORIES = ("dispatch-heavy", "small-llm", "diffusion", "gpu-bound", "speech-vision", "user-written", "encoder",
+              "vision", "state-space")
 RUNNERS = ("eager", "cuda_graph_eager", "torch_compile", "torch_compile_ro", "ostinato", "ostinato_replay",
            "ostinato_replay_unfused", "ostinato_replay_nolinear", "ostinato_replay_noattention",
-           "ostinato_replay_nchw")
+           "ostinato_replay_nchw", "aoti", "aoti_cuda_graph", "executorch_xnnpack")
 # Runners only run when --runners names them (diagnostics: generic fusion, matmul groups or merged decode
 # attention off, convolutions left NCHW, for an A/B in one process).
 OPTIONAL_RUNNERS = ("ostinato_replay_unfused", "ostinato_replay_nolinear", "ostinato_replay_noattention",
                     "ostinato_replay_nchw")
-CUDA_ONLY_RUNNERS = ("cuda_graph_eager",)
+CUDA_ONLY_RUNNERS = ("cuda_graph_eager", "aoti_cuda_graph")
+CPU_ONLY_RUNNERS = ("executorch_xnnpack",)   # XNNPACK is ExecuTorch's CPU backend
 PART_BUDGET_S = 540.0      # a part's estimate stays under this: 10-minute runs with start-up to spare
 QUICK_BUDGET_S = 420.0     # --quick on one GPU: under 8 minutes with start-up to spare
 # --quick measures time to first output (four fresh processes) for these only: they are the costly part.
-# and runs torch.compile in reduce-overhead mode only (its default mode would double the compile time).
-QUICK_RUNNERS = tuple(r for r in RUNNERS if r != "torch_compile" and r not in OPTIONAL_RUNNERS)
+# and runs torch.compile in reduce-overhead mode only (its default mode would double the compile time);
+# it leaves AOTInductor out too (1-2 minutes of compile per model on a GPU would not fit 8 minutes).
+QUICK_RUNNERS = tuple(r for r in RUNNERS if r not in ("torch_compile", "aoti", "aoti_cuda_graph")
+                      and r not in OPTIONAL_RUNNERS)
 QUICK_STARTUP = ("gpu/tiny-decoder-h128-l32", "cpu/tiny-decoder-h128-l16")
 
 
@@ -94,9 +98,80 @@ def _gpu() -> list[Config]:
     for name, params, est in (("user-decoder-h128-l64", {"dim": 128, "layers": 64, "style": "rms"}, (2, 25, 90, 0.06)),
                               ("user-decoder-h4096-l4", {"dim": 4096, "layers": 4, "style": "rms"}, (4, 6, 15, 0.02)),
                               ("user-decoder-ln-h512-l16", {"dim": 512, "layers": 16, "style": "ln"}, (2, 8, 25, 0.02)),
-                              ("conv-stack-b8-r64", {"ch": 64, "blocks": 4, "batch": 8, "res": 64}, (1, 5, 12, 0.01))):
-        out.append(Config(f"gpu/{name}", "user-written", name.rsplit("-", 1)[0] if "conv" in name else "user-decoder",
+                              ("conv-stack-b8-r64", {"ch": 64, "blocks": 4, "batch": 8, "res": 64}, (1, 5, 12, 0.01)),
+                              ("conv-stack-b1-r64", {"ch": 64, "blocks": 4, "batch": 1, "res": 64}, (1, 5, 12, 0.005))):
+        out.append(Config(f"gpu/{name}", "user-written", "conv-stack" if "conv" in name else "user-decoder",
                           "conv-stack" if "conv" in name else "user-decoder", params, "cuda", "bfloat16", _est(*est)))
+    return out + _gpu_families()
+
+
+def _gpu_families() -> list[Config]:
+    """Issue #16's families at real shapes (two sizes, or batch 1 and a larger batch, each). Estimates:
+    the decoders by the formula of the small LLMs above (per layer); the single-forward encoders and
+    vision backbones from the H100's Whisper and ResNet figures, by parameter count."""
+    out = []
+    dec = (  # name, shape, params, (build, export, compile, step)
+        ("gemma2-2b-decode", "gemma2-2b", {"tokens": 1, "cache": 256}, (10, 18, 26, 0.03)),
+        ("gemma2-2b-prefill128", "gemma2-2b", {"tokens": 128, "cache": 256}, (10, 18, 26, 0.05)),
+        ("phi-3-mini-l16-decode", "phi-3-mini", {"layers": 16, "tokens": 1, "cache": 256}, (10, 13, 20, 0.03)),
+        ("phi-3-mini-l16-prefill128", "phi-3-mini", {"layers": 16, "tokens": 128, "cache": 256}, (10, 13, 20, 0.05)),
+        ("gpt2-decode", "gpt2", {"tokens": 1, "cache": 256}, (4, 11, 17, 0.02)),
+        ("gpt2-medium-decode", "gpt2-medium", {"tokens": 1, "cache": 256}, (5, 17, 24, 0.03)),
+        # past the 256-token window: the decode's mask slides; the prefill's 512 tokens are longer than it
+        ("mistral-7b-l4-sw256-decode", "mistral-7b-sw256", {"layers": 4, "tokens": 1, "cache": 1024, "start": 512},
+         (8, 7, 12, 0.02)),
+        ("mistral-7b-l4-sw256-prefill512", "mistral-7b-sw256", {"layers": 4, "tokens": 512, "cache": 1024},
+         (8, 7, 12, 0.05)),
+    )
+    family = {"gemma2-2b": "gemma2", "phi-3-mini": "phi-3", "gpt2": "gpt2", "gpt2-medium": "gpt2",
+              "mistral-7b-sw256": "mistral-sw"}
+    for name, shape, params, est in dec:
+        out.append(Config(f"gpu/{name}", "small-llm", family[shape], "hf-decoder",
+                          {"shape": shape, "batch": 1, **params}, "cuda", "bfloat16", _est(*est)))
+    one = (  # name, category, family, shape, params, (build, export, compile, step)
+        ("opt-125m-forward-s128", "small-llm", "opt", "opt-125m", {"batch": 1, "tokens": 128}, (4, 6, 14, 0.01)),
+        ("opt-350m-forward-s128", "small-llm", "opt", "opt-350m", {"batch": 1, "tokens": 128}, (5, 10, 22, 0.02)),
+        ("bert-base-b1-s128", "encoder", "bert", "bert-base", {"batch": 1, "tokens": 128}, (3, 6, 15, 0.01)),
+        ("bert-base-b32-s128", "encoder", "bert", "bert-base", {"batch": 32, "tokens": 128}, (3, 6, 15, 0.03)),
+        ("roberta-base-b1-s128", "encoder", "roberta", "roberta-base", {"batch": 1, "tokens": 128}, (3, 6, 15, 0.01)),
+        ("roberta-base-b32-s128", "encoder", "roberta", "roberta-base", {"batch": 32, "tokens": 128}, (3, 6, 15, 0.03)),
+        ("deberta-v3-base-b1-s128", "encoder", "deberta-v2", "deberta-v3-base", {"batch": 1, "tokens": 128},
+         (4, 10, 25, 0.02)),
+        ("deberta-v3-base-b32-s128", "encoder", "deberta-v2", "deberta-v3-base", {"batch": 32, "tokens": 128},
+         (4, 10, 25, 0.06)),
+        ("t5-base-encoder-b1-s128", "encoder", "t5-encoder", "t5-base-encoder", {"batch": 1, "tokens": 128},
+         (3, 6, 15, 0.01)),
+        ("t5-base-encoder-b32-s128", "encoder", "t5-encoder", "t5-base-encoder", {"batch": 32, "tokens": 128},
+         (3, 6, 15, 0.03)),
+        ("clip-text-b32-b1", "encoder", "clip-text", "clip-text-b32", {"batch": 1, "tokens": 77}, (3, 6, 15, 0.01)),
+        ("clip-text-b32-b32", "encoder", "clip-text", "clip-text-b32", {"batch": 32, "tokens": 77}, (3, 6, 15, 0.02)),
+        ("vit-b16-b1", "vision", "vit", "vit-b16", {"batch": 1, "res": 224}, (3, 6, 15, 0.01)),
+        ("vit-b16-b32", "vision", "vit", "vit-b16", {"batch": 32, "res": 224}, (3, 6, 15, 0.05)),
+        ("convnext-tiny-b1", "vision", "convnext", "convnext-tiny", {"batch": 1, "res": 224}, (3, 6, 15, 0.01)),
+        ("convnext-tiny-b32", "vision", "convnext", "convnext-tiny", {"batch": 32, "res": 224}, (3, 6, 15, 0.04)),
+        ("resnet50-b1", "vision", "resnet-50", "resnet-50", {"batch": 1, "res": 224}, (3, 7, 15, 0.01)),
+        ("resnet50-b32", "vision", "resnet-50", "resnet-50", {"batch": 32, "res": 224}, (3, 7, 15, 0.03)),
+        ("efficientnet-b0-b1", "vision", "efficientnet", "efficientnet-b0", {"batch": 1, "res": 224}, (3, 8, 20, 0.01)),
+        ("efficientnet-b0-b32", "vision", "efficientnet", "efficientnet-b0", {"batch": 32, "res": 224},
+         (3, 8, 20, 0.03)),
+        ("clip-vision-b32-b1", "vision", "clip-vision", "clip-vision-b32", {"batch": 1, "res": 224}, (3, 6, 15, 0.01)),
+        ("clip-vision-b32-b32", "vision", "clip-vision", "clip-vision-b32", {"batch": 32, "res": 224},
+         (3, 6, 15, 0.03)),
+        ("wav2vec2-base-b1-1s", "speech-vision", "wav2vec2", "wav2vec2-base", {"batch": 1, "samples": 16000},
+         (3, 6, 15, 0.01)),
+        ("wav2vec2-base-b8-1s", "speech-vision", "wav2vec2", "wav2vec2-base", {"batch": 8, "samples": 16000},
+         (3, 6, 15, 0.03)),
+        # the scan over 32 tokens is unrolled by export: ~13k nodes for 24 layers
+        ("mamba-130m-b1-t32", "state-space", "mamba", "mamba-130m", {"batch": 1, "tokens": 32}, (4, 60, 120, 0.05)),
+        ("mamba-130m-b8-t32", "state-space", "mamba", "mamba-130m", {"batch": 8, "tokens": 32}, (4, 60, 120, 0.06)),
+    )
+    for name, cat, fam, shape, params, est in one:
+        out.append(Config(f"gpu/{name}", cat, fam, "hf-encoder", {"shape": shape, **params}, "cuda", "bfloat16",
+                          _est(*est)))
+    for arch, batch in (("large", 1), ("large", 32)):
+        out.append(Config(f"gpu/mobilenetv3-{arch}-b{batch}", "vision", "mobilenetv3", "mobilenet-v3",
+                          {"arch": arch, "batch": batch, "res": 224}, "cuda", "bfloat16",
+                          _est(2, 6, 15, 0.01 if batch == 1 else 0.02)))
     return out
 
 
@@ -138,6 +213,82 @@ def _cpu() -> list[Config]:
                       {"dim": 128, "layers": 16, "style": "rms"}, "cpu", "float32", _est(0.5, 10, 40, 0.01)))
     out.append(Config("cpu/conv-stack-b1-r32", "user-written", "conv-stack", "conv-stack",
                       {"ch": 64, "blocks": 4, "batch": 1, "res": 32}, "cpu", "float32", _est(0.5, 5, 25, 0.01)))
+    # second sizes of the families above that had one on the CPU
+    out.append(Config("cpu/whisper-base-encoder", "speech-vision", "whisper-encoder", "whisper-encoder",
+                      {"dim": 512, "layers": 6, "heads": 8, "positions": 250, "batch": 1}, "cpu", "float32",
+                      _est(0.5, 8, 30, 0.06)))
+    out.append(Config("cpu/user-decoder-ln-h256-l8", "user-written", "user-decoder", "user-decoder",
+                      {"dim": 256, "layers": 8, "style": "ln"}, "cpu", "float32", _est(0.5, 6, 30, 0.008)))
+    out.append(Config("cpu/conv-stack-b4-r32", "user-written", "conv-stack", "conv-stack",
+                      {"ch": 64, "blocks": 4, "batch": 4, "res": 32}, "cpu", "float32", _est(0.5, 5, 25, 0.03)))
+    return out + _cpu_families()
+
+
+def _cpu_families() -> list[Config]:
+    """The same families at sizes this CPU runs (two each). Estimates from single runs on this
+    project's 2-core machines (eager and ostinato; torch.compile's first call like the minis above)."""
+    out = []
+    dec = (  # name, shape, params, (build, export, compile, step)
+        ("gemma2-mini-decode", "gemma2-mini", {"tokens": 1, "cache": 128}, (1, 5, 30, 0.005)),
+        ("gemma2-mini-prefill64", "gemma2-mini", {"tokens": 64, "cache": 128}, (1, 5, 30, 0.02)),
+        ("phi3-tiny-decode", "phi3-tiny", {"tokens": 1, "cache": 128}, (1, 4, 25, 0.004)),
+        ("phi3-tiny-prefill64", "phi3-tiny", {"tokens": 64, "cache": 128}, (1, 4, 25, 0.015)),
+        ("gpt2-mini-decode", "gpt2-mini", {"tokens": 1, "cache": 128}, (1, 4, 25, 0.004)),
+        ("gpt2-decode", "gpt2", {"tokens": 1, "cache": 128}, (3, 10, 40, 0.02)),
+        # a 64-token window: the decode starts past it, the 128-token prefill is longer than it
+        ("mistral-mini-sw64-decode", "mistral-mini-sw64", {"tokens": 1, "cache": 256, "start": 96}, (1, 4, 25, 0.005)),
+        ("mistral-mini-sw64-prefill128", "mistral-mini-sw64", {"tokens": 128, "cache": 256}, (1, 4, 25, 0.03)),
+    )
+    family = {"gemma2-mini": "gemma2", "phi3-tiny": "phi-3", "gpt2-mini": "gpt2", "gpt2": "gpt2",
+              "mistral-mini-sw64": "mistral-sw"}
+    for name, shape, params, est in dec:
+        out.append(Config(f"cpu/{name}", "small-llm", family[shape], "hf-decoder",
+                          {"shape": shape, "batch": 1, **params}, "cpu", "float32", _est(*est)))
+    one = (  # name, category, family, shape, params, (build, export, compile, step)
+        ("opt-mini-forward-s64", "small-llm", "opt", "opt-mini", {"batch": 1, "tokens": 64}, (1, 3, 20, 0.01)),
+        ("opt-125m-forward-s32", "small-llm", "opt", "opt-125m", {"batch": 1, "tokens": 32}, (3, 6, 30, 0.04)),
+        ("bert-mini-b1-s64", "encoder", "bert", "bert-mini", {"batch": 1, "tokens": 64}, (1, 3, 20, 0.005)),
+        ("bert-base-b1-s64", "encoder", "bert", "bert-base", {"batch": 1, "tokens": 64}, (2, 6, 30, 0.04)),
+        ("roberta-mini-b1-s64", "encoder", "roberta", "roberta-mini", {"batch": 1, "tokens": 64}, (1, 3, 20, 0.005)),
+        ("roberta-mini-b4-s64", "encoder", "roberta", "roberta-mini", {"batch": 4, "tokens": 64}, (1, 3, 20, 0.015)),
+        ("deberta-v3-mini-b1-s64", "encoder", "deberta-v2", "deberta-v3-mini", {"batch": 1, "tokens": 64},
+         (1, 4, 30, 0.01)),
+        ("deberta-v3-mini-b4-s64", "encoder", "deberta-v2", "deberta-v3-mini", {"batch": 4, "tokens": 64},
+         (1, 4, 30, 0.03)),
+        ("t5-small-encoder-b1-s64", "encoder", "t5-encoder", "t5-small-encoder", {"batch": 1, "tokens": 64},
+         (1, 3, 20, 0.01)),
+        ("t5-small-encoder-b4-s64", "encoder", "t5-encoder", "t5-small-encoder", {"batch": 4, "tokens": 64},
+         (1, 3, 20, 0.04)),
+        ("clip-text-mini-b1", "encoder", "clip-text", "clip-text-mini", {"batch": 1, "tokens": 77}, (1, 3, 20, 0.005)),
+        ("clip-text-mini-b4", "encoder", "clip-text", "clip-text-mini", {"batch": 4, "tokens": 77}, (1, 3, 20, 0.02)),
+        ("vit-mini-b1-r112", "vision", "vit", "vit-mini", {"batch": 1, "res": 112}, (1, 3, 20, 0.003)),
+        ("vit-mini-b4-r112", "vision", "vit", "vit-mini", {"batch": 4, "res": 112}, (1, 3, 20, 0.01)),
+        ("convnext-mini-b1-r112", "vision", "convnext", "convnext-mini", {"batch": 1, "res": 112}, (1, 3, 20, 0.005)),
+        ("convnext-mini-b4-r112", "vision", "convnext", "convnext-mini", {"batch": 4, "res": 112}, (1, 3, 20, 0.02)),
+        ("resnet50-b1-r112", "vision", "resnet-50", "resnet-50", {"batch": 1, "res": 112}, (2, 6, 35, 0.03)),
+        ("resnet50-b4-r112", "vision", "resnet-50", "resnet-50", {"batch": 4, "res": 112}, (2, 6, 35, 0.1)),
+        ("efficientnet-b0-b1-r112", "vision", "efficientnet", "efficientnet-b0", {"batch": 1, "res": 112},
+         (1, 6, 35, 0.01)),
+        ("efficientnet-b0-b4-r112", "vision", "efficientnet", "efficientnet-b0", {"batch": 4, "res": 112},
+         (1, 6, 35, 0.04)),
+        ("clip-vision-mini-b1-r112", "vision", "clip-vision", "clip-vision-mini", {"batch": 1, "res": 112},
+         (1, 3, 20, 0.004)),
+        ("clip-vision-mini-b4-r112", "vision", "clip-vision", "clip-vision-mini", {"batch": 4, "res": 112},
+         (1, 3, 20, 0.015)),
+        ("wav2vec2-mini-b1-0.5s", "speech-vision", "wav2vec2", "wav2vec2-mini", {"batch": 1, "samples": 8000},
+         (1, 3, 20, 0.01)),
+        ("wav2vec2-mini-b4-0.5s", "speech-vision", "wav2vec2", "wav2vec2-mini", {"batch": 4, "samples": 8000},
+         (1, 3, 20, 0.04)),
+        ("mamba-mini-b1-t32", "state-space", "mamba", "mamba-mini", {"batch": 1, "tokens": 32}, (1, 6, 40, 0.01)),
+        ("mamba-mini-b4-t32", "state-space", "mamba", "mamba-mini", {"batch": 4, "tokens": 32}, (1, 6, 40, 0.015)),
+    )
+    for name, cat, fam, shape, params, est in one:
+        out.append(Config(f"cpu/{name}", cat, fam, "hf-encoder", {"shape": shape, **params}, "cpu", "float32",
+                          _est(*est)))
+    for arch in ("small", "large"):
+        out.append(Config(f"cpu/mobilenetv3-{arch}-b1", "vision", "mobilenetv3", "mobilenet-v3",
+                          {"arch": arch, "batch": 1, "res": 224}, "cpu", "float32",
+                          _est(0.5, 5, 30, 0.005 if arch == "small" else 0.012)))
     return out
 
 
@@ -153,7 +304,17 @@ def by_name(name: str) -> Config:
 
 def runners_for(config: Config, wanted: list[str] | None = None) -> list[str]:
     names = [r for r in RUNNERS if (r not in OPTIONAL_RUNNERS if wanted is None else r in wanted)]
-    return [r for r in names if config.device == "cuda" or r not in CUDA_ONLY_RUNNERS]
+    skip = CPU_ONLY_RUNNERS if config.device == "cuda" else CUDA_ONLY_RUNNERS
+    return [r for r in names if r not in skip]
+
+
+def peer_seconds(config: Config) -> dict[str, float]:
+    """Estimated seconds to make the peers' files: AOTInductor's export + compile + package (``aoti``;
+    H100: 117 s for the 64-layer tiny decoder on an H200, issue #16; about torch.compile's first call
+    plus the weights written out) and ExecuTorch's export + lowering (``lower``; CPU only)."""
+    e = config.est
+    aoti = e.get("aoti", 1.3 * e["compile"] + 5 + e["build"])
+    return {"aoti": aoti, "lower": e.get("lower", 1.5 * e["export"] + 3)}
 
 
 def estimate_seconds(config: Config, runners: list[str], startup: bool, measured: dict | None = None) -> float:
@@ -175,6 +336,13 @@ def estimate_seconds(config: Config, runners: list[str], startup: bool, measured
         total += 10 + e["build"] + e["export"]                         # ostinato cold (exports) and warm
         if tc:
             total += 10 + 2 * e["build"] + 1.15 * e["compile"] + timing  # torch.compile cold and warm
+    # The peers make their file once (in the cold process when there is one, else here): its time, and
+    # with start-up two fresh processes (~5 s of imports each) and the cold one's model build.
+    peer = peer_seconds(config)
+    if any(r in runners for r in ("aoti", "aoti_cuda_graph")):
+        total += peer["aoti"] + (10 + e["build"] if startup else 0)
+    if "executorch_xnnpack" in runners:
+        total += peer["lower"] + (12 + e["build"] if startup else 0)
     return total
 
 

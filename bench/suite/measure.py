@@ -151,6 +151,7 @@ def prepare_cell(make: Callable[[], Callable], steps: list, ref: Reference | Non
         t0 = time.perf_counter()
         fn = make()
         cell["build_s"] = time.perf_counter() - t0
+        cell.update(getattr(fn, "suite_info", {}))   # a peer's export / compile / lower seconds
         t0 = time.perf_counter()
         snapshot(call(fn, steps[0]))
         sync(device)

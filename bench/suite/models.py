@@ -206,3 +206,80 @@ class ResNet(nn.Module):
     def forward(self, x):
         h = self.layers(self.stem(x))
         return self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1))
+
+
+# ---- MobileNetV3 ---------------------------------------------------------------------------------------
+# torchvision's MobileNetV3 (Howard et al. 2019) as written there; torchvision itself is not a dependency:
+# the registry's wheels for torch 2.13 are CUDA builds whose operator library does not load with the CPU
+# torch ("operator torchvision::nms does not exist" at import), and timm needs torchvision.
+
+# (input channels, kernel, expanded channels, output channels, squeeze-excite, hard-swish, stride)
+MOBILENET_V3 = {
+    "large": ([(16, 3, 16, 16, False, False, 1), (16, 3, 64, 24, False, False, 2), (24, 3, 72, 24, False, False, 1),
+               (24, 5, 72, 40, True, False, 2), (40, 5, 120, 40, True, False, 1), (40, 5, 120, 40, True, False, 1),
+               (40, 3, 240, 80, False, True, 2), (80, 3, 200, 80, False, True, 1), (80, 3, 184, 80, False, True, 1),
+               (80, 3, 184, 80, False, True, 1), (80, 3, 480, 112, True, True, 1), (112, 3, 672, 112, True, True, 1),
+               (112, 5, 672, 160, True, True, 2), (160, 5, 960, 160, True, True, 1), (160, 5, 960, 160, True, True, 1)],
+              1280),
+    "small": ([(16, 3, 16, 16, True, False, 2), (16, 3, 72, 24, False, False, 2), (24, 3, 88, 24, False, False, 1),
+               (24, 5, 96, 40, True, True, 2), (40, 5, 240, 40, True, True, 1), (40, 5, 240, 40, True, True, 1),
+               (40, 5, 120, 48, True, True, 1), (48, 5, 144, 48, True, True, 1), (48, 5, 288, 96, True, True, 2),
+               (96, 5, 576, 96, True, True, 1), (96, 5, 576, 96, True, True, 1)],
+              1024),
+}
+
+
+def _divisible(v: float, d: int = 8) -> int:
+    out = max(d, int(v + d / 2) // d * d)
+    return out + d if out < 0.9 * v else out
+
+
+def _conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, act: type | None = nn.ReLU) -> nn.Sequential:
+    layers = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    return nn.Sequential(*layers, *([act()] if act is not None else []))
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, ch: int):
+        super().__init__()
+        mid = _divisible(ch // 4)
+        self.fc1, self.fc2 = nn.Conv2d(ch, mid, 1), nn.Conv2d(mid, ch, 1)
+
+    def forward(self, x):
+        s = F.adaptive_avg_pool2d(x, 1)
+        return x * F.hardsigmoid(self.fc2(F.relu(self.fc1(s))))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, k: int, exp: int, cout: int, se: bool, hs: bool, stride: int):
+        super().__init__()
+        act = nn.Hardswish if hs else nn.ReLU
+        layers = [] if exp == cin else [_conv_bn(cin, exp, 1, act=act)]
+        layers.append(_conv_bn(exp, exp, k, stride, groups=exp, act=act))
+        if se:
+            layers.append(SqueezeExcite(exp))
+        layers.append(_conv_bn(exp, cout, 1, act=None))
+        self.block = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.block(x)
+        return x + y if self.residual else y
+
+
+class MobileNetV3(nn.Module):
+    """MobileNetV3 "large" or "small" (width 1.0), eval-mode BatchNorm with non-trivial statistics."""
+
+    def __init__(self, arch: str = "large", classes: int = 1000):
+        super().__init__()
+        blocks, last = MOBILENET_V3[arch]
+        layers = [_conv_bn(3, 16, 3, 2, act=nn.Hardswish)]
+        layers += [InvertedResidual(*b) for b in blocks]
+        cin = blocks[-1][3]
+        layers.append(_conv_bn(cin, 6 * cin, 1, act=nn.Hardswish))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Linear(6 * cin, last), nn.Hardswish(), nn.Linear(last, classes))
+        perturb_norms(self)
+
+    def forward(self, x):
+        return self.classifier(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))

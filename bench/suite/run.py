@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import configs, measure, runners, startup, workloads
+from . import configs, measure, peers, runners, startup, workloads
 from .configs import Config
 
 
@@ -58,10 +58,11 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
             rec["export_error"] = measure.describe_error(e)
         restore()
     tc_in_child = False
+    cfg_dir = os.path.join(workdir, cfg.name.replace("/", "_"))
     if with_startup:
         tc = any(r.startswith("torch_compile") for r in runner_names)
-        rec["startup"] = startup.measure_startup(cfg, os.path.join(workdir, cfg.name.replace("/", "_")),
-                                                 wl.steps, ref, timing, tc, log)
+        rec["startup"] = startup.measure_startup(cfg, cfg_dir, wl.steps, ref, timing, tc, log,
+                                                 startup.peer_modes(runner_names))
         cold = rec["startup"].get("torch_compile_cold", {})
         if "torch_compile_ro" in runner_names and "cell" in cold:
             cell = dict(cold["cell"], measured_in="the cold-start process (first call with empty caches)")
@@ -70,6 +71,7 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
     # Every runner is built, checked and warmed up first; then their trials are interleaved, so the
     # ratios of one configuration are taken over the same stretch of the machine's time.
     live: dict[str, Callable] = {}
+    context = peers.Context(cfg_dir, wl.export_options, rec["startup"])
     for name in runner_names:
         if name == "torch_compile_ro" and tc_in_child:
             log(f"    {name}: {_summary(rec['cells'][name])}")
@@ -78,7 +80,7 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
         if extra_runners and name in extra_runners:
             make = lambda: extra_runners[name](wl.model, program, device, wl.steps[0])   # noqa: E731
         else:
-            make = lambda: runners.make_runner(name, wl.model, program, device, wl.steps[0])   # noqa: E731
+            make = lambda: runners.make_runner(name, wl.model, program, device, wl.steps[0], context)   # noqa: E731
         log(f"    {name} ...")
         cell, fn = measure.prepare_cell(make, wl.steps, None if name == "eager" else ref, device,
                                         rec["model_bytes"], **{k: v for k, v in timing.items() if k == "warmups"})
@@ -101,6 +103,7 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
             cell["wall_s"] = cell.get("wall_s", 0.0) + share
             log(f"    {name}: {_summary(cell)}")
     live.clear()
+    context.made.clear()
     for name in runner_names:
         runners.release(name)
     del wl, program, initial
@@ -113,9 +116,11 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
 
 def _summary(cell: dict) -> str:
     if cell.get("status") == "ok":
+        made = ", ".join(f"{k} {cell[k]:.1f} s" for k in ("export_s", "compile_s", "lower_s") if k in cell)
         return (f"{cell['mean_ms']:.3f} ms/step (min {cell['min_ms']:.3f}, max {cell['max_ms']:.3f}), "
                 f"first call {cell['first_call_s']:.2f} s"
-                + (f", {cell['kernels_per_step']} kernels/step" if "kernels_per_step" in cell else ""))
+                + (f", {cell['kernels_per_step']} kernels/step" if "kernels_per_step" in cell else "")
+                + (f" ({made})" if made else ""))
     if cell.get("status") == "wrong":
         return f"WRONG: max error {cell['max_error']:.3g} > {cell['tolerance']:.3g}, not timed"
     return f"error: {cell.get('error')}"
@@ -130,6 +135,12 @@ def environment(device: str) -> dict[str, Any]:
             versions[mod] = __import__(mod).__version__
         except Exception:
             versions[mod] = None
+    from importlib import metadata
+    for dist in ("executorch", "torchao"):   # not imported here: executorch's import takes seconds
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
     env: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
                            "platform": platform.platform(), "versions": versions, "device_type": device,
                            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),

@@ -22,7 +22,14 @@ DESCRIPTIONS = {
                                    "rope, cache writes and attention as launches of their own",
     "ostinato_replay_nchw": "ostinato_replay with fp16/bf16 convolutions left in their input's layout "
                             "(OSTINATO_CONV_LAYOUT=nchw): the A/B of running them channels-last",
+    "aoti": "AOTInductor: torch.export, torch._inductor.aoti_compile_and_package (.pt2), aoti_load_package, "
+            "called step by step (the cell's export_s and compile_s: what making the package took)",
+    "aoti_cuda_graph": "the same AOTInductor package (loaded run_single_threaded) with one step captured as a "
+                       "torch.cuda.CUDAGraph, inputs copied into static ones",
+    "executorch_xnnpack": "ExecuTorch: torch.export, to_edge_transform_and_lower(XnnpackPartitioner), "
+                          "to_executorch (.pte), run by executorch.runtime (the cell's export_s and lower_s)",
 }
+PEERS = ("aoti", "aoti_cuda_graph", "executorch_xnnpack")
 # runner -> (environment variable, value) it compiles under
 _SWITCHED = {"ostinato_replay_unfused": ("OSTINATO_FUSION", "0"), "ostinato_replay_nolinear": ("OSTINATO_FUSE_LINEAR", "0"),
              "ostinato_replay_noattention": ("OSTINATO_FUSE_ATTENTION", "0"),
@@ -65,9 +72,18 @@ def _torch_compile(model: nn.Module, mode: str | None) -> Callable:
 
 
 def make_runner(name: str, model: nn.Module, program, device: torch.device,
-                example: tuple[tuple, dict]) -> Callable:
-    """The runner ``name`` (one of DESCRIPTIONS); ``program`` is the model's ostinato Program."""
+                example: tuple[tuple, dict], context=None) -> Callable:
+    """The runner ``name`` (one of DESCRIPTIONS); ``program`` is the model's ostinato Program;
+    ``context`` (a peers.Context) is where the AOTInductor and ExecuTorch runners keep their files."""
     import ostinato
+    if name in PEERS:
+        from . import peers
+        if context is None:
+            import tempfile
+            context = peers.Context(tempfile.mkdtemp(prefix="ostinato-bench-peer-"))
+        if name == "executorch_xnnpack":
+            return peers.executorch_runner(context, model, example, device)
+        return peers.aoti_runner(context, model, example, device, cuda_graph=name == "aoti_cuda_graph")
     if name == "eager":
         return model
     if name == "cuda_graph_eager":

@@ -1,7 +1,11 @@
 """Time to first output in fresh processes (bench/suite/child.py), for one configuration: ostinato cold
 (empty caches) and warm (the .ost on disk, the cache the cold process filled, an empty Triton
 directory so kernels must come from ostinato's cache), torch.compile reduce-overhead cold (empty
-Inductor and Triton caches; it also gives that runner's steady-state cell) and warm (its caches warm).
+Inductor and Triton caches; it also gives that runner's steady-state cell) and warm (its caches warm),
+AOTInductor cold (export, compile and package with empty caches, load, first output) and warm (load
+the package, first output), ExecuTorch cold (export, lower to XNNPACK, save the .pte, load, first
+output) and warm (load the .pte, first output). The in-process AOTInductor and ExecuTorch runners
+then load the files their cold processes made (bench/suite/peers.py).
 
 Every cache directory is private to the configuration, under its work directory, as in
 bench/startup.py; no Redis.
@@ -51,9 +55,20 @@ def run_child(mode: str, config: Config, workdir: str, env: dict, timeout: float
     return res
 
 
+def peer_modes(runner_names: list[str]) -> tuple[str, ...]:
+    """The peers whose cold and warm processes the runners call for: "aoti", "executorch"."""
+    out = []
+    if any(r in ("aoti", "aoti_cuda_graph") for r in runner_names):
+        out.append("aoti")
+    if "executorch_xnnpack" in runner_names:
+        out.append("executorch")
+    return tuple(out)
+
+
 def measure_startup(config: Config, workdir: str, steps: list, ref: Reference, timing: dict,
-                    torch_compile: bool, log) -> dict[str, Any]:
-    """The four fresh-process measurements (two when ``torch_compile`` is False), by name."""
+                    torch_compile: bool, log, peers: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fresh-process measurements, by name: ostinato's two, torch.compile's two when
+    ``torch_compile``, and each peer's (``peers``: "aoti", "executorch") cold and warm."""
     os.makedirs(workdir, exist_ok=True)
     to_cpu = lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x   # noqa: E731
     torch.save({"config": config.as_dict(), "steps": pytree.tree_map(to_cpu, steps), "refs": pytree.tree_map(to_cpu, ref.outputs),
@@ -66,11 +81,18 @@ def measure_startup(config: Config, workdir: str, steps: list, ref: Reference, t
         tc = _env(TORCHINDUCTOR_CACHE_DIR=d("inductor"), TRITON_CACHE_DIR=d("triton-tc"),
                   OSTINATO_CACHE_DIR=d("ostinato-unused"))
         plan += [("torch_compile_cold", tc), ("torch_compile_warm", tc)]
+    for peer in peers:
+        # AOTInductor's cold process compiles with empty Inductor and Triton caches of its own.
+        penv = _env(TORCHINDUCTOR_CACHE_DIR=d(f"inductor-{peer}"), TRITON_CACHE_DIR=d(f"triton-{peer}"),
+                    OSTINATO_CACHE_DIR=d("ostinato-unused"))
+        plan += [(f"{peer}_cold", penv), (f"{peer}_warm", penv)]
     out: dict[str, Any] = {}
     for mode, env in plan:
-        if mode == "ostinato_warm" and out["ostinato_cold"]["status"] != "ok":
-            out[mode] = {"status": "error", "error": "no .ost: the cold process failed"}
-            continue
+        if mode.endswith("_warm") and out.get(mode[:-len("_warm")] + "_cold", {}).get("status") != "ok":
+            what = {"ostinato_warm": "no .ost", "aoti_warm": "no .pt2 package", "executorch_warm": "no .pte"}
+            if mode in what:
+                out[mode] = {"status": "error", "error": f"{what[mode]}: the cold process failed"}
+                continue
         log(f"    fresh process: {mode} ...")
         out[mode] = run_child(mode, config, workdir, env)
         r = out[mode]

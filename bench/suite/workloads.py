@@ -84,7 +84,33 @@ HF_SHAPES = {
     "llama-1024": ("LlamaConfig", dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
                                        num_attention_heads=8, num_key_value_heads=2, head_dim=128,
                                        vocab_size=8192, rope_theta=500000.0)),
+    # More decoder families: real shapes (Phi-3-mini and Mistral-7B with fewer layers, given by the
+    # configuration), then CPU-sized versions.
+    "gemma2-2b": ("Gemma2Config", dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                                       num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                                       vocab_size=256000, sliding_window=4096, query_pre_attn_scalar=256,
+                                       attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+    "phi-3-mini": ("Phi3Config", dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32064)),
+    "gpt2": ("GPT2Config", dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)),
+    "gpt2-medium": ("GPT2Config", dict(n_embd=1024, n_layer=24, n_head=16, vocab_size=50257, n_positions=1024)),
+    # Mistral-7B's layer with a 256-token sliding window (its real window, 4096, would never slide in
+    # the suite's caches); the decode configurations start past the window so the mask slides.
+    "mistral-7b-sw256": ("MistralConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                               num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                               vocab_size=32000, sliding_window=256)),
+    "gemma2-mini": ("Gemma2Config", dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=4096,
+                                         sliding_window=64, query_pre_attn_scalar=64, attn_logit_softcapping=50.0,
+                                         final_logit_softcapping=30.0)),
+    "phi3-tiny": ("Phi3Config", dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                                     num_attention_heads=8, num_key_value_heads=8, vocab_size=4096)),
+    "gpt2-mini": ("GPT2Config", dict(n_embd=256, n_layer=4, n_head=4, vocab_size=4096, n_positions=1024)),
+    "mistral-mini-sw64": ("MistralConfig", dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                                                num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                                                vocab_size=4096, sliding_window=64)),
 }
+_LAYERS_KEY = {"GPT2Config": "n_layer"}
 
 
 def hf_decoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
@@ -95,7 +121,7 @@ def hf_decoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
     from transformers import AutoModelForCausalLM, GenerationConfig
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
     cls, shape = HF_SHAPES[p["shape"]]
-    shape = dict(shape, **({"num_hidden_layers": p["layers"]} if "layers" in p else {}))
+    shape = dict(shape, **({_LAYERS_KEY.get(cls, "num_hidden_layers"): p["layers"]} if "layers" in p else {}))
     config = getattr(transformers, cls)(max_position_embeddings=max(4096, p["cache"]), pad_token_id=0,
                                         bos_token_id=1, eos_token_id=2, **shape)
     torch.manual_seed(0)
@@ -103,20 +129,23 @@ def hf_decoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
         with torch.no_grad():   # from_config leaves norms at 1 (Gemma: 0 for its 1+w)
             for name, w in model.named_parameters():
-                if w.dim() == 1:
+                if w.dim() == 1 and name.endswith("bias"):
+                    w.uniform_(-0.2, 0.2)
+                elif w.dim() == 1:
                     w.uniform_(-0.5, 0.5) if "gemma" in p["shape"] else w.uniform_(0.5, 1.5)
         model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static")
         wrapper = TorchExportableModuleWithStaticCache(model, batch_size=p["batch"], max_cache_len=p["cache"],
                                                        device=device).eval()
     g, t, vocab = _gen(), p["tokens"], shape["vocab_size"]
     steps = []
+    start = p.get("start", 0)   # first position: a decode past a sliding window reads a slid mask
     for s in range(INPUT_STEPS if t == 1 else 2):
         ids = torch.randint(0, vocab, (p["batch"], t), generator=g).to(device)
-        pos = (torch.tensor([s]) if t == 1 else torch.arange(t)).to(device)
+        pos = (torch.tensor([start + s]) if t == 1 else start + torch.arange(t)).to(device)
         steps.append(((), {"input_ids": ids, "cache_position": pos}))
-    kind = "decode step" if t == 1 else f"{t}-token prefill"
+    kind = ("decode step" if t == 1 else f"{t}-token prefill") + (f" from position {start}" if start else "")
     return Workload(wrapper, steps, strict_export_option(),
-                    f"{p['shape']} ({cls}, {shape['num_hidden_layers']} layers, random weights), batch {p['batch']}, "
+                    f"{p['shape']} ({cls}, {config.num_hidden_layers} layers, random weights), batch {p['batch']}, "
                     f"{kind}, static cache {p['cache']}")
 
 
@@ -200,9 +229,20 @@ def conv_stack(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
                                               f"pixel shuffle, {b}x{p['ch']}x{r}x{r}")
 
 
+def _hf_encoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
+    from .hf_models import hf_encoder
+    return hf_encoder(p, device, dtype)
+
+
+def _mobilenet_v3(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
+    from .hf_models import mobilenet_v3
+    return mobilenet_v3(p, device, dtype)
+
+
 BUILDERS: dict[str, Callable[[dict, torch.device, torch.dtype], Workload]] = {
     "tiny-decoder": tiny_decoder, "hf-decoder": hf_decoder, "unet": unet, "dit": dit, "resnet": resnet,
     "whisper-encoder": whisper_encoder, "user-decoder": user_decoder, "conv-stack": conv_stack,
+    "hf-encoder": _hf_encoder, "mobilenet-v3": _mobilenet_v3,
 }
 
 
