@@ -14,12 +14,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # from 2.11 on work too (pyproject.toml's range).
   .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
-  # The benchmark suite's ExecuTorch runner (bench/suite/peers.py). executorch's wheel names no torch
-  # version (it runs with 2.13), but its dependency list pulls coremltools, scikit-learn, pandas, hydra
-  # and more that its export-lower-run path never imports: installed without them, with the two that
-  # path does import (ruamel.yaml, tabulate) and the torchao its wheel pins. torch is left as it is.
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "executorch==1.5.1" "torchao==0.18.0" \
-    "ruamel.yaml==0.19.1" "tabulate==0.10.0"
+  # The benchmark suite's ExecuTorch runner (bench/suite/peers.py), in a directory of its own that only
+  # that runner puts on sys.path: executorch needs torchao, and with torchao importable transformers
+  # imports it whenever it builds a model (8 s, and a CUDA library that fails to load on this CPU torch).
+  # executorch's wheel names no torch version (it runs with 2.13); its dependency list pulls coremltools,
+  # scikit-learn, pandas, hydra and more that its export-lower-run path never imports: installed without
+  # them (--no-deps), with the two that path does import (ruamel.yaml, tabulate) and the torchao its wheel
+  # pins. torch is left as it is.
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --upgrade --target .venv/executorch-peer \
+    "executorch==1.5.1" "torchao==0.18.0" "ruamel.yaml==0.19.1" "tabulate==0.10.0"
   .venv/bin/python -c 'import ostinato, torch, transformers, pytest' \
     || { echo "setup: FAILED: the packages did not import after install" >&2; exit 1; }
   echo "$want" > "$stamp"

@@ -131,10 +131,37 @@ def perturb_all_norms(model: nn.Module) -> nn.Module:
     return model
 
 
-def hf_config(shape: str, layers: int | None = None):
+def narrow(cls: str, kw: dict) -> dict:
+    """The same architecture at hidden 64, 4 heads, vocabulary 512 (convnets: narrow stages of one
+    block; EfficientNet-B0 as it is): what ``workloads.small_params`` builds to check a builder."""
+    kw = dict(kw)
+    if cls == "T5Config":
+        kw.update(d_model=64, d_ff=128, d_kv=16, num_heads=4, vocab_size=512)
+    elif cls == "ConvNextConfig":
+        kw.update(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128])
+    elif cls == "ResNetConfig":
+        kw.update(depths=[1, 1, 1, 1], hidden_sizes=[32, 64, 128, 256], embedding_size=16)
+    elif cls == "MambaConfig":
+        kw.update(hidden_size=64, vocab_size=512)
+    elif cls == "OPTConfig":
+        projected = kw["word_embed_proj_dim"] != kw["hidden_size"]
+        kw.update(hidden_size=64, num_attention_heads=4, ffn_dim=128, vocab_size=512,
+                  word_embed_proj_dim=32 if projected else 64)
+    elif cls != "EfficientNetConfig":
+        kw.update(hidden_size=64, num_attention_heads=4, intermediate_size=128)
+        if "vocab_size" in kw:
+            kw["vocab_size"] = 512
+        if cls == "CLIPTextConfig":   # its bos and eos ids (49406, 49407) inside the small vocabulary
+            kw.update(bos_token_id=510, eos_token_id=511)
+        if cls == "Wav2Vec2Config":
+            kw.update(conv_dim=(32,) * 7, num_conv_pos_embeddings=16)
+    return kw
+
+
+def hf_config(shape: str, layers: int | None = None, narrowed: bool = False):
     import transformers
     cls, _, kw, _ = ENCODER_SHAPES[shape]
-    kw = dict(kw)
+    kw = narrow(cls, kw) if narrowed else dict(kw)
     if layers is not None:
         key = _DEPTH_KEY.get(cls, "num_hidden_layers")
         if key is None:
@@ -160,7 +187,7 @@ def hf_encoder(p: dict, device: torch.device, dtype: torch.dtype):
     from .workloads import Workload, _gen
     shape = p["shape"]
     _, model_cls, _, kind = ENCODER_SHAPES[shape]
-    config = hf_config(shape, p.get("layers"))
+    config = hf_config(shape, p.get("layers"), p.get("narrow", False))
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config)
     perturb_all_norms(model)
@@ -183,11 +210,15 @@ def hf_encoder(p: dict, device: torch.device, dtype: torch.dtype):
 
 
 def _depth(config) -> str:
+    if type(config).__name__ == "EfficientNetConfig":
+        return f"width x{config.width_coefficient}, depth x{config.depth_coefficient},"
+    depths = getattr(config, "depths", None)
+    if depths:
+        return "+".join(map(str, depths))
     for key in ("num_hidden_layers", "num_layers"):
         if isinstance(getattr(config, key, None), int):
             return str(getattr(config, key))
-    depths = getattr(config, "depths", None)
-    return "+".join(map(str, depths)) if depths else "?"
+    return "?"
 
 
 def mobilenet_v3(p: dict, device: torch.device, dtype: torch.dtype):

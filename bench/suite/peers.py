@@ -99,9 +99,32 @@ def _aoti_made(ctx: Context, model, example) -> dict:
 
 # ---- ExecuTorch (XNNPACK) -----------------------------------------------------------------------------------
 
+EXECUTORCH_DIR = "executorch-peer"   # under the virtual environment (scripts/setup.sh installs it there)
+
+
+def _executorch_importable() -> None:
+    """Put scripts/setup.sh's executorch directory (or OSTINATO_EXECUTORCH_PATH) on sys.path. It is kept
+    out of site-packages because executorch needs torchao, which transformers would then import at
+    every model build; transformers caches whether torchao is there at its first model build, before
+    this runs, so the models built later in this process do not import it either."""
+    import sys
+    try:
+        import executorch  # noqa: F401  (installed by the user in site-packages)
+        return
+    except ImportError:
+        pass
+    path = os.environ.get("OSTINATO_EXECUTORCH_PATH") or os.path.join(sys.prefix, EXECUTORCH_DIR)
+    if not os.path.isdir(path):
+        raise ImportError(f"no executorch: neither importable nor installed in {path} (scripts/setup.sh "
+                          f"installs it there; OSTINATO_EXECUTORCH_PATH names another directory)")
+    if path not in sys.path:
+        sys.path.append(path)
+
+
 def executorch_lower(model: torch.nn.Module, step: tuple[tuple, dict], export_options: dict, path: str) -> dict:
     """Export, lower to XNNPACK and serialise ``model`` to the .pte ``path`` (its input and output
     pytree specs beside it, for a process that has no model): the seconds of each stage."""
+    _executorch_importable()
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
     t0 = time.perf_counter()
@@ -125,7 +148,7 @@ def executorch_load(path: str) -> Callable:
     """The .pte's forward method through ExecuTorch's runtime bindings, as a callable of the model's
     ``(*args, **kwargs)`` returning the model's pytree."""
     from torch.fx import _pytree as fx_pytree
-
+    _executorch_importable()
     from executorch.runtime import Runtime
     with open(path[:-len(".pte")] + ".pte.json") as f:
         specs = json.load(f)

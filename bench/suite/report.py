@@ -1,6 +1,8 @@
 """The suite's outputs: JSON (everything measured, with device, versions and date), a markdown table,
-a PNG chart of speed-up over eager per configuration and runner, and the regression list (every
-configuration where ostinato replay is slower than eager or than torch.compile reduce-overhead)."""
+a PNG chart of speed-up over eager per configuration and runner, the geometric means of ostinato
+replay's speed-up over each other runner (per category and overall), the regression list (every
+configuration where ostinato replay is slower than a runner a user would pick instead), the time to
+first output of fresh processes (cold and warm) and the failures, each with the first line of its error."""
 from __future__ import annotations
 
 import json
@@ -10,7 +12,12 @@ from typing import Any
 
 from .configs import MATRIX, RUNNERS
 
-STARTUP_MODES = ("ostinato_cold", "ostinato_warm", "torch_compile_cold", "torch_compile_warm")
+STARTUP_MODES = ("ostinato_cold", "ostinato_warm", "torch_compile_cold", "torch_compile_warm", "aoti_cold",
+                 "aoti_warm", "executorch_cold", "executorch_warm")
+MINE = "ostinato_replay"
+# The runners a user would pick instead of ostinato: replay slower than any of them is a regression.
+PEERS = ("eager", "cuda_graph_eager", "torch_compile", "torch_compile_ro", "aoti", "aoti_cuda_graph",
+         "executorch_xnnpack")
 
 
 def _ms(rec: dict, runner: str) -> float | None:
@@ -18,14 +25,48 @@ def _ms(rec: dict, runner: str) -> float | None:
     return cell["mean_ms"] if cell and cell.get("status") == "ok" else None
 
 
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def speedups(doc: dict) -> dict:
+    """Ostinato replay's speed-up over each other runner (their step time / replay's), as geometric
+    means over the configurations where both ran and were right: per category (in CATEGORIES' order)
+    and overall. ``{"categories": {cat: {runner: {geomean, n, min, max}}}, "overall": {runner: ...}}``."""
+    from .configs import CATEGORIES
+    others = [r for r in RUNNERS if r != MINE]
+    ratios: dict[str, dict[str, list[float]]] = {}
+    for rec in doc["configs"]:
+        mine = _ms(rec, MINE)
+        if not mine:
+            continue
+        cat = rec["config"].get("category", "uncategorised")
+        for other in others:
+            theirs = _ms(rec, other)
+            if theirs:
+                ratios.setdefault(cat, {}).setdefault(other, []).append(theirs / mine)
+
+    def stats(xs: list[float]) -> dict:
+        return {"geomean": _geomean(xs), "n": len(xs), "min": min(xs), "max": max(xs)}
+    order = [c for c in CATEGORIES if c in ratios] + sorted(c for c in ratios if c not in CATEGORIES)
+    cats = {c: {r: stats(ratios[c][r]) for r in others if r in ratios[c]} for c in order}
+    overall = {}
+    for r in others:
+        xs = [x for c in order for x in ratios[c].get(r, [])]
+        if xs:
+            overall[r] = stats(xs)
+    return {"categories": cats, "overall": overall}
+
+
 def regressions(doc: dict) -> list[dict]:
-    """Configurations where ostinato replay's trimmed mean is above eager's or reduce-overhead's."""
+    """Configurations where ostinato replay's trimmed mean is above that of a runner a user would pick
+    instead (PEERS: eager, a CUDA graph of eager, torch.compile, AOTInductor, ExecuTorch)."""
     out = []
     for rec in doc["configs"]:
-        mine = _ms(rec, "ostinato_replay")
+        mine = _ms(rec, MINE)
         if mine is None:
             continue
-        for other in ("eager", "torch_compile_ro"):
+        for other in PEERS:
             theirs = _ms(rec, other)
             if theirs is not None and mine > theirs:
                 out.append({"config": rec["config"]["name"], "slower_than": other, "ostinato_replay_ms": mine,
@@ -54,6 +95,7 @@ def failures(doc: dict) -> list[dict]:
 
 
 def finish(doc: dict) -> dict:
+    doc["speedups"] = speedups(doc)
     doc["regressions"] = regressions(doc)
     doc["failures"] = failures(doc)
     return doc
@@ -68,7 +110,7 @@ def merge(docs: list[dict]) -> dict:
     for d in docs:
         for rec in d["configs"]:
             by_name[rec["config"]["name"]] = rec
-    head = {k: v for k, v in docs[0].items() if k not in ("configs", "regressions", "failures", "parts")}
+    head = {k: v for k, v in docs[0].items() if k not in ("configs", "regressions", "failures", "parts", "speedups")}
     parts = [{k: d.get(k) for k in ("date", "device", "versions", "wall_s", "selection")} for d in docs]
     devices = {p["device"] for p in parts}
     order = {c.name: i for i, c in enumerate(MATRIX)}   # the matrix's order, whatever the parts'
@@ -87,10 +129,19 @@ def _cell_text(rec: dict, runner: str) -> str:
     if cell.get("status") == "wrong":
         return f"wrong (err {float(cell['max_error']):.2g})"
     if cell.get("status") != "ok":
-        return "error"
+        return _failed(cell.get("error"))
     eager = _ms(rec, "eager")
     ratio = f" ({eager / cell['mean_ms']:.2f}x)" if eager and runner != "eager" else ""
     return f"{cell['mean_ms']:.3f}{ratio}"
+
+
+def _failed(error: str | None, width: int = 120) -> str:
+    """A failed cell: "failed: " and the first line of its error, cut to ``width`` characters, made safe
+    for a markdown table."""
+    first = (str(error or "no error recorded").strip().splitlines() or [""])[0]
+    if len(first) > width:
+        first = first[:width - 3] + "..."
+    return "failed: " + first.replace("|", "\\|")
 
 
 def _mem(rec: dict, runner: str) -> str:
@@ -105,7 +156,8 @@ def markdown(doc: dict) -> str:
     lines = [f"# ostinato bench: {doc['device']}", "",
              f"{doc['date']}; torch {v['torch']}, Python {v['python']}, ostinato {v['ostinato']}, "
              f"transformers {v.get('transformers')}, Triton {v.get('triton')}"
-             + (f", CUDA {v['cuda']}" if v.get("cuda") else "") + ".", "",
+             + (f", CUDA {v['cuda']}" if v.get("cuda") else "")
+             + (f", ExecuTorch {v['executorch']}" if v.get("executorch") else "") + ".", "",
              f"Step time in ms: 10% trimmed mean of {doc['method']['trials']} trials after "
              f"{doc['method']['warmups']} warm-ups"
              + (", the runners' trials interleaved" if doc["method"].get("interleaved") else "")
@@ -118,18 +170,25 @@ def markdown(doc: dict) -> str:
               "| configuration | " + " | ".join(runners) + " |", "|---|" + "---|" * len(runners)]
     for rec in doc["configs"]:
         lines.append(f"| {rec['config']['name']} | " + " | ".join(_mem(rec, r) for r in runners) + " |")
+    lines += _made_table(doc)
     starts = [rec for rec in doc["configs"] if rec.get("startup")]
     if starts:
-        lines += ["", "Time to first output in a fresh process, seconds (cold: empty caches, export included "
-                  "for ostinato; warm: the .ost loaded with a warm cache / torch.compile with warm caches).", "",
-                  "| configuration | " + " | ".join(STARTUP_MODES) + " |", "|---|" + "---|" * len(STARTUP_MODES)]
+        modes = [m for m in STARTUP_MODES if any(m in rec["startup"] for rec in starts)]
+        lines += ["", "## Time to first output in a fresh process", "",
+                  "Seconds from after `import torch` and the model's construction to the first output (cold: "
+                  "empty caches, export, compile or lowering included; warm: ostinato loads its .ost with the "
+                  "cache the cold process filled, torch.compile compiles with warm caches, AOTInductor loads its "
+                  ".pt2 package, ExecuTorch its .pte; the warm ones build no model).", "",
+                  "| configuration | category | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
         for rec in starts:
             row = []
-            for m in STARTUP_MODES:
+            for m in modes:
                 r = rec["startup"].get(m)
-                row.append("–" if r is None else f"{r['total_s']:.2f}" if r.get("status") == "ok" else "error")
-            lines.append(f"| {rec['config']['name']} | " + " | ".join(row) + " |")
-    lines += ["", "## Regressions (ostinato replay slower than eager or than torch.compile reduce-overhead)", ""]
+                row.append("–" if r is None else f"{r['total_s']:.2f}" if r.get("status") == "ok"
+                           else _failed(r.get("error"), 60))
+            lines.append(f"| {rec['config']['name']} | {rec['config'].get('category', '')} | " + " | ".join(row) + " |")
+    lines += _speedup_tables(doc)
+    lines += ["", "## Regressions (ostinato replay slower than " + ", ".join(PEERS) + ")", ""]
     regs = doc.get("regressions", [])
     lines += [f"- {r['config']}: {r['ostinato_replay_ms']:.3f} ms vs {r['slower_than']} "
               f"{r[r['slower_than'] + '_ms']:.3f} ms ({r['ratio']:.2f}x)" for r in regs] or ["none"]
@@ -139,6 +198,59 @@ def markdown(doc: dict) -> str:
     lines += ["", "Configurations:", ""]
     lines += [f"- {rec['config']['name']}: {rec.get('description', '')}" for rec in doc["configs"]]
     return "\n".join(lines) + "\n"
+
+
+def _made_table(doc: dict) -> list[str]:
+    """Seconds each tool took to make what it runs, per configuration: ostinato's export, torch.compile's
+    first calls, AOTInductor's export + compile + package, ExecuTorch's export + lowering."""
+    cols = (("ostinato export", lambda rec: rec.get("export_s")),
+            ("torch_compile first call", lambda rec: _cell(rec, "torch_compile", "first_call_s")),
+            ("torch_compile_ro first call", lambda rec: _cell(rec, "torch_compile_ro", "first_call_s")),
+            ("aoti export + compile", lambda rec: _sum(_cell(rec, "aoti", "export_s") or _cell(rec, "aoti_cuda_graph", "export_s"),
+                                                       _cell(rec, "aoti", "compile_s") or _cell(rec, "aoti_cuda_graph", "compile_s"))),
+            ("executorch export + lower", lambda rec: _sum(_cell(rec, "executorch_xnnpack", "export_s"),
+                                                           _cell(rec, "executorch_xnnpack", "lower_s"))))
+    used = [(name, f) for name, f in cols if any(f(rec) is not None for rec in doc["configs"])]
+    if not used:
+        return []
+    lines = ["", "Seconds to make what each runs (in this process or its cold-start process; see the JSON's "
+             "compiled_in / lowered_in):", "",
+             "| configuration | " + " | ".join(n for n, _ in used) + " |", "|---|" + "---|" * len(used)]
+    for rec in doc["configs"]:
+        vals = [f(rec) for _, f in used]
+        lines.append(f"| {rec['config']['name']} | " + " | ".join("–" if v is None else f"{v:.1f}" for v in vals) + " |")
+    return lines
+
+
+def _cell(rec: dict, runner: str, key: str) -> float | None:
+    cell = rec.get("cells", {}).get(runner) or {}
+    v = cell.get(key)
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _sum(*xs: float | None) -> float | None:
+    return None if any(x is None for x in xs) else sum(xs)
+
+
+def _speedup_tables(doc: dict) -> list[str]:
+    sp = doc.get("speedups") or speedups(doc)
+    runners = [r for r in RUNNERS if r in sp["overall"]]
+    if not runners:
+        return []
+    lines = ["", "## Ostinato replay against each runner", "",
+             "Geometric mean over the configurations where both ran and were right of the runner's step time "
+             "divided by ostinato_replay's (above 1: replay is faster), with the number of configurations "
+             "and the range.", "",
+             "| category | " + " | ".join(f"vs {r}" for r in runners) + " |", "|---|" + "---|" * len(runners)]
+
+    def text(st: dict | None) -> str:
+        if not st:
+            return "–"
+        return f"{st['geomean']:.2f}x (n={st['n']}, {st['min']:.2f}-{st['max']:.2f})"
+    for cat, per in sp["categories"].items():
+        lines.append(f"| {cat} | " + " | ".join(text(per.get(r)) for r in runners) + " |")
+    lines.append("| **overall** | " + " | ".join(text(sp["overall"].get(r)) for r in runners) + " |")
+    return lines
 
 
 def chart(doc: dict, path: str) -> None:

@@ -113,6 +113,20 @@ HF_SHAPES = {
 _LAYERS_KEY = {"GPT2Config": "n_layer"}
 
 
+def narrow_decoder(cls: str, kw: dict) -> dict:
+    """The same architecture at hidden 64, 4 heads (grouped KV kept grouped), vocabulary 512 and a
+    window of 8: what ``small_params`` builds to check a builder in seconds."""
+    if cls == "GPT2Config":
+        return dict(kw, n_embd=64, n_head=4, vocab_size=512)
+    heads = kw["num_attention_heads"]
+    out = dict(kw, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=512,
+               num_key_value_heads=4 if kw.get("num_key_value_heads", heads) == heads else 2)
+    for key, value in (("head_dim", 16), ("query_pre_attn_scalar", 16), ("sliding_window", 8)):
+        if key in out:
+            out[key] = value
+    return out
+
+
 def hf_decoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
     """transformers' static-cache export wrapper around a from_config model with random weights, built
     on ``device`` in ``dtype`` (the cache's tensors are not all buffers: ``.to()`` would not move them).
@@ -122,6 +136,8 @@ def hf_decoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
     cls, shape = HF_SHAPES[p["shape"]]
     shape = dict(shape, **({_LAYERS_KEY.get(cls, "num_hidden_layers"): p["layers"]} if "layers" in p else {}))
+    if p.get("narrow"):
+        shape = narrow_decoder(cls, shape)
     config = getattr(transformers, cls)(max_position_embeddings=max(4096, p["cache"]), pad_token_id=0,
                                         bos_token_id=1, eos_token_id=2, **shape)
     torch.manual_seed(0)
@@ -248,3 +264,36 @@ BUILDERS: dict[str, Callable[[dict, torch.device, torch.dtype], Workload]] = {
 
 def build(builder: str, params: dict[str, Any], device: str, dtype: str) -> Workload:
     return BUILDERS[builder](params, torch.device(device), getattr(torch, dtype))
+
+
+def small_params(config) -> dict:
+    """``config``'s parameters shrunk so its builder runs in about a second on a CPU (tests): batch 1,
+    one or two layers, short inputs, and for the transformers models ``narrow`` (hidden 64, small
+    vocabulary). Same builder, same model classes and code paths; not the configuration's shapes."""
+    from .hf_models import ENCODER_SHAPES, _DEPTH_KEY
+    p, b = dict(config.params), config.builder
+    if "batch" in p:
+        p["batch"] = 1
+    if b == "hf-decoder":
+        p.update(narrow=True, layers=2, cache=32, tokens=min(p["tokens"], 8))
+        if "start" in p:
+            p["start"] = 16     # past the narrowed window of 8: the mask still slides
+    elif b == "hf-encoder":
+        cls, _, _, kind = ENCODER_SHAPES[p["shape"]]
+        p["narrow"] = True
+        if _DEPTH_KEY.get(cls, "num_hidden_layers") is not None:
+            p["layers"] = 1
+        if kind == "tokens":
+            p["tokens"] = min(p["tokens"], 16)
+        elif kind == "audio":
+            p["samples"] = min(p["samples"], 3200)
+        elif cls not in ("ViTConfig", "CLIPVisionConfig"):   # those two have a position table per patch
+            p["res"] = min(p["res"], 64)
+    elif b == "mobilenet-v3":
+        p["res"] = 64
+    else:
+        p.update({"tiny-decoder": {"hidden": 32, "layers": 1}, "unet": {"ch": 32, "res": 8},
+                  "dit": {"dim": 64, "depth": 1, "heads": 4, "res": 8}, "resnet": {"width": 8, "res": 32},
+                  "whisper-encoder": {"dim": 64, "layers": 1, "heads": 4, "positions": 16},
+                  "user-decoder": {"dim": 64, "layers": 1}, "conv-stack": {"ch": 32, "blocks": 1, "res": 8}}[b])
+    return p
