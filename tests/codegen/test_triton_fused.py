@@ -178,36 +178,27 @@ def test_linear_variants_compile_for_sm90():
 
 def test_wide_index_variants_compile_for_sm90():
     """The 64-bit-index variants (tensors past 2^31 elements) of a held, a looped and a split row kernel
-    (rows walked alone or interleaved: max/min and group norms) compile."""
+    compile."""
     from ostinato.backends.cuda.binaries import compile_binary
     from ostinato.backends.cuda.kernels.fused import launcher
     from ostinato.codegen.triton_source import param_names, split_stages
     from ostinato.passes import GENERIC_PIPELINE
-    from fusion_models import GroupNormSiLU, NanRows, StatsHead
-    tiled = 0
-    for model, args in ((StatsHead(), (torch.randn(4, 5, 33),)), (NanRows(), (torch.randn(2, 3),)),
-                        (GroupNormSiLU(), (torch.randn(2, 16, 6, 6),))):
+    from fusion_models import NanRows, StatsHead
+    for model, args in ((StatsHead(), (torch.randn(4, 5, 33),)), (NanRows(), (torch.randn(2, 3),))):
         prog = ostinato.export(model, args, passes=GENERIC_PIPELINE)
         specs = [n for n in __import__("ostinato").codegen.schedule(prog.graph) if hasattr(n, "spec")]
         for g in specs:
             f = launcher(g.spec.to_json())
-            n = split_stages(f.spec)
-            # held, looped, split stages, and split stages over interleaved rows ([outer, rows, inner] tiles)
-            variants = ([(False, None, False, 1), (True, None, False, 1)] + [(True, k, False, 1) for k in range(n)]
-                        + [(True, k, True, 2) for k in range(n)])
-            for loop, stage, tile, rr in variants:
-                lib, name = f.library(2, rr, loop, True, stage, tiled=tile)
-                names = param_names(f.spec, 2, rr, loop, stage is not None)
+            stages = [(False, None), (True, None)] + [(True, k) for k in range(split_stages(f.spec))]
+            for loop, stage in stages:
+                lib, name = f.library(2, 1, loop, True, stage)
+                names = param_names(f.spec, 2, 1, loop, stage is not None)
                 types = [("*fp32:D" if n.startswith(("in", "out", "ws")) else "i64") for n in names]
-                spec = {"XBLOCK": 1 if loop and not tile else 4, "RBLOCK": 64, "num_warps": 4}
+                spec = {"XBLOCK": 1 if loop else 4, "RBLOCK": 64, "num_warps": 4}
                 if stage is not None:
                     spec["SBLOCK"] = 8
-                if tile:
-                    spec["RIBLOCK"] = 4
                 meta, cubin = compile_binary(lib.module, lib.function_name(name), types, spec, 90)
                 assert cubin[:4] == b"\x7fELF"
-                tiled += tile
-    assert tiled
 
 
 def _input_tensors(exe, prog, args, launch):

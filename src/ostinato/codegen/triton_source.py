@@ -50,11 +50,6 @@ class _Emitter:
         self.rblock = "RBLOCK"                  # the row tile's width (a matmul's epilogue: its column tile)
         self.loaded: dict[int, str] = {}       # input -> the expression that holds it (a matmul's result)
         self.i64 = False
-        self.unit = "[1, 1]" if self.row else "[1]"     # the shape of a constant
-        self.tile = "[XBLOCK, RBLOCK]"                   # the shape of a chunk of rows
-        self.walked = "rnumel"                           # the row elements a loop walks
-        self.xaxis = "[:, None]"                         # where rows lie in a tile
-        self.extra_constexprs = ""
 
     def line(self, text: str, indent: int = 1) -> None:
         self.lines.append("    " * indent + text)
@@ -93,9 +88,10 @@ class _Emitter:
         if name == "scalar":
             return f"sc{args[0]}"
         if name == "const":
-            return f"tl.full({self.unit}, {literal(decode_const(args[0]))}, {ct})"
+            shape = "[1, 1]" if self.row else "[1]"
+            return f"tl.full({shape}, {literal(decode_const(args[0]))}, {ct})"
         if name == "rnumel":
-            return f"tl.full({self.unit}, rnumel, tl.float32)"
+            return f"tl.full({'[1, 1]' if self.row else '[1]'}, rnumel, tl.float32)"
         if name == "cast":
             src = f"v{args[0]}"
             if code == "bool":
@@ -160,11 +156,11 @@ class _Emitter:
         split = stage is not None
         params = param_names(spec, self.xr, self.rr, loop or split, split)
         head = (f"def {name}({', '.join(params)}, XBLOCK: tl.constexpr" + (", RBLOCK: tl.constexpr" if self.row else "")
-                + (", SBLOCK: tl.constexpr" if split else "") + self.extra_constexprs + "):")
+                + (", SBLOCK: tl.constexpr" if split else "") + "):")
         self.lines = ["@triton.jit", head]
         pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
         if self.row:
-            self.line(f"xidx = {pid} * XBLOCK + tl.arange(0, XBLOCK){self.xaxis}")
+            self.line(f"xidx = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         else:
             self.line(f"xidx = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
         self.line("xmask = xidx < xnumel")
@@ -178,8 +174,7 @@ class _Emitter:
         x_outs = [(k, o) for k, o in enumerate(spec.outputs) if o[2] == "x"]
         r_outs = [(k, o) for k, o in enumerate(spec.outputs) if o[2] == "r"]
         self.i64 = i64
-        self.begin()
-        if not loop and not split:
+        if not loop:
             self.line("ridx = tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if i64 else ""))
             self._row_body(1)
             for i, op in enumerate(spec.ops):
@@ -206,14 +201,13 @@ class _Emitter:
         for k, (ref, code, *_) in r_outs:
             self._store(k, ref, code, "xoff", "xmask & (chunk == 0)", 1)
         if x_outs:
-            self._chunk_loop("chunk * rchunk", f"tl.minimum({self.walked}, chunk * rchunk + rchunk)")
+            self.line("for r0 in range(chunk * rchunk, tl.minimum(rnumel, chunk * rchunk + rchunk), RBLOCK):")
+            self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if i64 else ""), 2)
+            self._row_body(2)
             self.emit_ops(self.needed([o[0] for _, o in x_outs], "x"), 2)
             for k, (ref, code, *_) in x_outs:
                 self._store(k, ref, code, "xoff{k} + roff{k}", "mask", 2, full=True)
         return "\n".join(self.lines) + "\n"
-
-    def begin(self) -> None:
-        """Set-up a row kernel's loops need (the tiled kernel's inner row index)."""
 
     def looped_reductions(self, r_done: set[int]) -> None:
         """Each reduction as a loop over the row in RBLOCK chunks (recomputing the pointwise ops it
@@ -233,29 +227,24 @@ class _Emitter:
         spec = self.spec
         reds = [i for i, op in enumerate(spec.ops) if op[0] in REDUCTIONS]
         r_done: set[int] = set()
+        if stage:
+            self.line("sidx = tl.arange(0, SBLOCK)[None, :]")
         for e, j in enumerate(reds[:stage]):
             self._emit_r_before(j, r_done)
-            self._combine_partials(e, j)
+            rname = spec.ops[j][0]
+            ident, combine, _ = REDUCTIONS[rname]
+            self.line(f"p{j} = tl.load(ws + ({e} * xnumel + xidx) * nsplit + sidx, mask=xmask & (sidx < nsplit), "
+                      f"other={ident})")
+            self.line(f"v{j} = {self._nan_kept(combine.format(f'p{j}'), f'p{j}', rname)}")
             r_done.add(j)
         if stage < len(reds):
             j = reds[stage]
             self._emit_r_before(j, r_done)
-            self._accumulate(j, "chunk * rchunk", f"tl.minimum({self.walked}, chunk * rchunk + rchunk)")
+            self._accumulate(j, "chunk * rchunk", "tl.minimum(rnumel, chunk * rchunk + rchunk)")
             self.line(f"tl.store(ws + ({stage} * xnumel + xidx) * nsplit + chunk, v{j}, mask=xmask)")
             return False
         self._emit_r_before(len(spec.ops), r_done)
         return True
-
-    def _combine_partials(self, e: int, j: int) -> None:
-        """``v{j}``: reduction ``j`` (the ``e``-th) combined from the partials its split stage stored."""
-        rname = self.spec.ops[j][0]
-        self.line(f"p{j} = tl.load(ws + ({e} * xnumel + xidx) * nsplit + tl.arange(0, SBLOCK)[None, :], "
-                  f"mask=xmask & (tl.arange(0, SBLOCK)[None, :] < nsplit), other={REDUCTIONS[rname][0]})")
-        self.line(f"v{j} = {self._reduce(rname, f'p{j}')}")
-
-    def _reduce(self, rname: str, tile: str) -> str:
-        """A [XBLOCK, N] tile reduced along its rows, as [XBLOCK, 1]."""
-        return self._nan_kept(REDUCTIONS[rname][1].format(tile), tile, rname)
 
     def _emit_r_before(self, limit: int, r_done: set[int]) -> None:
         """The row-level ops before op ``limit`` not emitted yet (reductions aside)."""
@@ -268,9 +257,11 @@ class _Emitter:
         """Reduction ``j`` over the row elements [start, stop) in RBLOCK chunks (recomputing the
         pointwise ops it reads), as ``v{j}`` of shape [XBLOCK, 1]."""
         rname, code, _, arg = self.spec.ops[j]
-        ident = REDUCTIONS[rname][0]
-        self.line(f"acc{j} = tl.full({self.tile}, {ident}, {_ct(code)})")
-        self._chunk_loop(start, stop)
+        ident, combine, _ = REDUCTIONS[rname]
+        self.line(f"acc{j} = tl.full([XBLOCK, RBLOCK], {ident}, {_ct(code)})")
+        self.line(f"for r0 in range({start}, {stop}, RBLOCK):")
+        self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.i64 else ""), 2)
+        self._row_body(2)
         self.emit_ops(self.needed([arg], "x"), 2)
         val = f"tl.where(mask, {self._conv(arg, code)}, {ident})"
         if rname == "sum":
@@ -278,13 +269,7 @@ class _Emitter:
         else:
             fn = "tl.maximum" if rname == "rmax" else "tl.minimum"
             self.line(f"acc{j} = {fn}(acc{j}, {val}, propagate_nan=tl.PropagateNan.ALL)", 2)
-        self.line(f"v{j} = {self._reduce(rname, f'acc{j}')}")
-
-    def _chunk_loop(self, start: str, stop: str) -> None:
-        """Open a loop over the row elements [start, stop) in RBLOCK chunks, its indices and masks."""
-        self.line(f"for r0 in range({start}, {stop}, RBLOCK):")
-        self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.i64 else ""), 2)
-        self._row_body(2)
+        self.line(f"v{j} = {self._nan_kept(combine.format(f'acc{j}'), f'acc{j}', rname)}")
 
     def _row_body(self, indent: int) -> None:
         self.line("rmask = ridx < rnumel", indent)
@@ -313,7 +298,7 @@ class _Emitter:
         offset = off.format(k=slot) if "{k}" in off else f"{off}{slot}"
         value = f"v{ref}"
         if full and self.spec.ops[ref][2] == "r":
-            value = f"tl.broadcast_to({value}, {self.tile.replace('RBLOCK', self.rblock)})"
+            value = f"tl.broadcast_to({value}, [XBLOCK, {self.rblock}])"
         elif not self.row and self.spec.ops[ref][2] == "r":
             value = f"tl.broadcast_to({value}, [XBLOCK])"
         store_ty = TRITON_TYPES[code]
@@ -321,64 +306,16 @@ class _Emitter:
         self.line(f"tl.store(out{k} + {offset}, {conv}, mask={mask})", indent)
 
 
-class _TiledEmitter(_Emitter):
-    """The split stages of rows that lie interleaved in memory: two reduced dims whose inner one is
-    short and densest, the rows' own dim just outside it (a group norm over a channels-last tensor:
-    [pixels, channels of a group], groups side by side in every pixel). One program holds XBLOCK
-    neighbouring rows and walks them as [RBLOCK, XBLOCK, RIBLOCK] tiles (outer reduced dim, rows,
-    inner reduced dim: memory order, so a tile is a coalesced block of whole pixels) instead of one
-    row's short runs. Same parameters as the split kernel; ``rs1`` is the inner dim's size, ``rchunk``
-    counts outer elements."""
-
-    def __init__(self, spec: GroupSpec, xr: int, interpreted: bool):
-        super().__init__(spec, xr, 2, interpreted)
-        self.unit, self.tile, self.walked = "[1, 1, 1]", "[RBLOCK, XBLOCK, RIBLOCK]", "ronumel"
-        self.xaxis, self.extra_constexprs = "[None, :, None]", ", RIBLOCK: tl.constexpr"
-
-    def begin(self) -> None:
-        self.line("ronumel = rnumel // rs1")
-        self.line("rc1 = tl.arange(0, RIBLOCK)[None, None, :]")
-        self.line("rimask = rc1 < rs1")
-
-    def _chunk_loop(self, start: str, stop: str) -> None:
-        self.line(f"for r0 in range({start}, {stop}, RBLOCK):")
-        self.line("rc0 = r0 + tl.arange(0, RBLOCK)[:, None, None]" + (".to(tl.int64)" if self.i64 else ""), 2)
-        self.line("rmask = (rc0 < ronumel) & rimask", 2)
-        self.line("mask = xmask & rmask", 2)
-        self.offsets("r", 2, 2)
-
-    def _combine_partials(self, e: int, j: int) -> None:
-        rname = self.spec.ops[j][0]
-        self.line(f"p{j} = tl.load(ws + ({e} * xnumel + xidx) * nsplit + tl.arange(0, SBLOCK)[:, None, None], "
-                  f"mask=xmask & (tl.arange(0, SBLOCK)[:, None, None] < nsplit), other={REDUCTIONS[rname][0]})")
-        self.line(f"v{j} = {self._reduce(rname, f'p{j}')}")
-
-    def _reduce(self, rname: str, tile: str) -> str:
-        fn = {"sum": "tl.sum", "rmax": "tl.max", "rmin": "tl.min"}[rname]
-        reduced = f"{fn}({fn}({tile}, axis=2), axis=0)[None, :, None]"
-        if rname == "sum":
-            return reduced
-        nan = f"tl.max(tl.max(({tile} != {tile}).to(tl.int32), axis=2), axis=0)[None, :, None]"
-        return f"tl.where({nan} > 0, float('nan'), {reduced})"
-
-
 def render(spec: GroupSpec, xr: int, rr: int, loop: bool, i64: bool, interpreted: bool = False,
-           stage: int | None = None, tiled: bool = False) -> tuple[str, str]:
+           stage: int | None = None) -> tuple[str, str]:
     """(module source, kernel name) of one variant: ``xr`` kept dims, ``rr`` reduced dims (0 for a
     pointwise group), ``loop`` over row chunks, ``i64`` index arithmetic; ``interpreted`` for Triton's
     interpreter (no libdevice). ``stage``: one kernel of a split row (each row walked by several
     programs): 0 .. reductions - 1 store a reduction's partials, the last combines them and writes the
-    outputs (split_stages(spec) kernels run in order); ``tiled``: those stages over interleaved rows
-    (_TiledEmitter; ``rr`` must be 2)."""
-    kind = f"{'t' if tiled else 's'}{stage}" if stage is not None else "l" if loop else "p"
+    outputs (split_stages(spec) kernels run in order)."""
+    kind = f"s{stage}" if stage is not None else "l" if loop else "p"
     name = f"{kernel_name(spec)}_x{xr}r{rr}{kind}{'w' if i64 else ''}{'_i' if interpreted else ''}"
-    if tiled:
-        if stage is None or rr != 2:
-            raise ValueError("a tiled kernel is a split stage over two reduced dims")
-        emitter = _TiledEmitter(spec, xr, interpreted)
-    else:
-        emitter = _Emitter(spec, xr, rr if spec.red else 0, interpreted)
-    body = emitter.render(name, loop, i64, stage)
+    body = _Emitter(spec, xr, rr if spec.red else 0, interpreted).render(name, loop, i64, stage)
     head = ('"""Generated by ostinato.codegen from a fusion group; do not edit."""\n'
             "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n")
     return head + f"# spec: {spec.to_json()}\n" + body, name

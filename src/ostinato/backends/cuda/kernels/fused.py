@@ -100,25 +100,6 @@ def _strides_in(shape: tuple, fmt: torch.memory_format) -> list[int]:
     return _contiguous_strides(shape)
 
 
-_TILE = 2048                # elements of an interleaved split row kernel's tile
-_MAX_INNER = 16             # interleaved rows: the inner reduced dim at most this long ...
-_MAX_ROWS_INNER = 256       # ... and the rows x inner elements of a tile at most this many
-
-
-def _interleaved(xs: list[int], rs: list[int], xst: list[list[int]], rst: list[list[int]], spec: GroupSpec):
-    """(XBLOCK, RIBLOCK) when the rows lie interleaved in memory (a group norm over a channels-last
-    tensor: each row a short run of channels in every pixel, the next row's run right after), else
-    None: two reduced dims, the inner one short and dense and the rows' innermost dim next to it in
-    every full-size input (the loads then read whole pixels)."""
-    if len(rs) != 2 or rs[1] > _MAX_INNER:
-        return None
-    full = [k for k, i in enumerate(spec.inputs) if i[1] == "x" and rst[k][0] and rst[k][1]]
-    if not full or any(rst[k][1] != 1 or xst[k][-1] != rs[1] for k in full):
-        return None
-    riblock = _pow2(rs[1])
-    return max(1, min(_pow2(xs[-1]), _MAX_ROWS_INNER // riblock)), riblock
-
-
 class _LaunchPlan:
     """``kernel`` (the last) with its integer arguments and grid; ``stages``: the kernels a split row
     runs first (each storing one reduction's partials in a workspace of ``ws_shape``)."""
@@ -140,13 +121,12 @@ class FusedLauncher:
         self._libraries: dict[tuple, KernelLibrary] = {}
         self._lock = threading.Lock()
 
-    def library(self, xr: int, rr: int, loop: bool, i64: bool, stage: int | None = None,
-                tiled: bool = False) -> tuple[KernelLibrary, str]:
+    def library(self, xr: int, rr: int, loop: bool, i64: bool, stage: int | None = None) -> tuple[KernelLibrary, str]:
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        key = (xr, rr, loop, i64, interpreted, stage, tiled)
+        key = (xr, rr, loop, i64, interpreted, stage)
         lib = self._libraries.get(key)
         if lib is None:
-            source, name = render(self.spec, xr, rr, loop, i64, interpreted, stage, tiled)
+            source, name = render(self.spec, xr, rr, loop, i64, interpreted, stage)
             module = f"gen_{name}"
             register_source(module, source)
             lib = self._libraries[key] = KernelLibrary(module, {"k": name})
@@ -196,9 +176,6 @@ class FusedLauncher:
             loop = _pow2(rnumel) > MAX_PERSISTENT_ROW
             nsplit = self._splits(xnumel, rnumel) if loop else 1
             if nsplit > 1:
-                tile = _interleaved(xs, rs, xst[:self.n_in], rst[:self.n_in], self.spec)
-                if tile:
-                    return self._tiled_plan(xs, rs, i64, ints, tile, out_shapes, formats)
                 return self._split_plan(xs, rs, i64, ints, nsplit, out_shapes, formats)
             rblock = _LOOP_RBLOCK if loop else _pow2(rnumel)
             xblock = 1 if loop else min(_pow2(xnumel), max(1, 2048 // rblock))
@@ -245,24 +222,6 @@ class FusedLauncher:
         grid = (xnumel, nsplit)
         return _LaunchPlan(kernels[-1], tuple(ints) + (rchunk, nsplit), grid, out_shapes, False, formats,
                            stages=tuple(kernels[:-1]), ws_shape=(n_stages - 1, xnumel, nsplit))
-
-    def _tiled_plan(self, xs, rs, i64, ints, tile, out_shapes, formats) -> _LaunchPlan:
-        """The split stages over interleaved rows (triton_source._TiledEmitter): XBLOCK rows per program,
-        [outer, rows, inner] tiles of _TILE elements, enough parts of the outer dim for _TARGET_PROGRAMS."""
-        xblock, riblock = tile
-        xnumel, outer = math.prod(xs), rs[0]
-        oblock = max(1, _TILE // (xblock * riblock))
-        nsplit = max(1, min(cdiv(outer, oblock), cdiv(_TARGET_PROGRAMS, cdiv(xnumel, xblock))))
-        rchunk = cdiv(cdiv(outer, nsplit), oblock) * oblock
-        nsplit = cdiv(outer, rchunk)
-        n_stages = split_stages(self.spec)
-        kernels = []
-        for stage in range(n_stages):
-            lib, name = self.library(len(xs), 2, True, i64, stage, tiled=True)
-            kernels.append(lib.kernel(name, XBLOCK=xblock, RBLOCK=oblock, SBLOCK=_pow2(nsplit), RIBLOCK=riblock,
-                                      num_warps=4))
-        return _LaunchPlan(kernels[-1], tuple(ints) + (rchunk, nsplit), (cdiv(xnumel, xblock), nsplit), out_shapes,
-                           False, formats, stages=tuple(kernels[:-1]), ws_shape=(n_stages - 1, xnumel, nsplit))
 
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
         tensors = args[:self.n_in]
