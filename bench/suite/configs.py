@@ -36,6 +36,17 @@ QUICK_BUDGET_S = 420.0     # --quick on one GPU: under 8 minutes with start-up t
 QUICK_RUNNERS = tuple(r for r in RUNNERS if r not in ("torch_compile", "aoti", "aoti_cuda_graph")
                       and r not in OPTIONAL_RUNNERS)
 QUICK_STARTUP = ("gpu/tiny-decoder-h128-l32", "cpu/tiny-decoder-h128-l16")
+# One configuration per category and device whose fresh-process figures a run measures with
+# ``--startup-configs representative`` (every runner's cold and warm start for each category, at a
+# fraction of measuring them for the whole matrix).
+STARTUP_REPRESENTATIVES = (
+    "gpu/tiny-decoder-h128-l32", "gpu/llama-3.2-1b-decode", "gpu/dit-b2-r32", "gpu/llama-4096-decode-b1",
+    "gpu/whisper-base-encoder", "gpu/user-decoder-ln-h512-l16", "gpu/bert-base-b1-s128", "gpu/resnet50-b1",
+    "gpu/mamba-130m-b1-t32",
+    "cpu/tiny-decoder-h128-l16", "cpu/llama-mini-decode", "cpu/dit-r16", "cpu/llama-1024-decode-b1",
+    "cpu/whisper-tiny-encoder", "cpu/user-decoder-h128-l16", "cpu/bert-mini-b1-s64", "cpu/mobilenetv3-small-b1",
+    "cpu/mamba-mini-b1-t32",
+)
 
 
 @dataclass(frozen=True)
@@ -354,7 +365,10 @@ def _matches(name: str, pattern: str) -> bool:
 
 def wants_startup(config: Config, startup: bool, quick: bool, only: str | None = None) -> bool:
     """Whether the configuration's fresh-process figures are measured: with ``startup``, for the
-    quick subset's QUICK_STARTUP under ``quick``, and for the configurations ``only`` matches."""
+    quick subset's QUICK_STARTUP under ``quick``, and for the configurations ``only`` matches
+    ("representative": STARTUP_REPRESENTATIVES, one per category)."""
+    if only == "representative":
+        return startup and config.name in STARTUP_REPRESENTATIVES
     if not startup or (only and not _matches(config.name, only)):
         return False
     return not quick or config.name in QUICK_STARTUP
