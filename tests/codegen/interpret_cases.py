@@ -76,9 +76,9 @@ def _check(fn) -> str:
 
 
 def _layout_case(dtype) -> None:
-    """fusion_models.ConvNet through the CUDA lowering's layouts: every fp16 convolution asked to run
-    channels-last, the layout handed on from conv to conv (the input converted once, by the stem: at
-    most one more conversion, after the pixel shuffle), outputs as eager gives them, values as eager's."""
+    """fusion_models.ConvNet through the CUDA lowering's layouts: fp16 convolutions asked to run
+    channels-last, the layout handed on from conv to conv (the input converted once, by the stem), the
+    lone one after the pixel shuffle left as it is, outputs as eager gives them, values as eager's."""
     from ostinato.backends.cuda import library_ops
     from fusion_backend import InterpretedCUDALowering
     from fusion_models import ConvNet
@@ -102,10 +102,12 @@ def _layout_case(dtype) -> None:
     assert_same(out, ref, tol=1e-4 if dtype == torch.float32 else 1e-2)
     assert all(o.is_contiguous() for o in out), [o.stride() for o in out]
     want = torch.channels_last if dtype in (torch.float16, torch.bfloat16) else None
-    assert len(seen) == 7 and all(fmt is want for _, fmt in seen), seen
+    # the last convolution reads the pixel shuffle's result (made through 6-D views): no channels-last
+    # neighbour, so it stays in its input's layout rather than convert it (layout._islands)
+    assert len(seen) == 7 and all(fmt is want for _, fmt in seen[:6]) and seen[6][1] is None, seen
     if want is not None:
-        converted = sum(not already for already, _ in seen)
-        assert converted <= 2, f"{converted} of {len(seen)} convolutions converted their input: {seen}"
+        converted = sum(not already for already, _ in seen[:6])
+        assert converted == 1, f"{converted} of {len(seen)} convolutions converted their input: {seen}"
 
 
 def main(what: str, dtype_name: str) -> None:
