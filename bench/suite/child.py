@@ -132,5 +132,9 @@ def main(mode: str, name: str, workdir: str) -> dict:
 
 
 if __name__ == "__main__":
-    result = main(*sys.argv[1:4])
+    try:
+        result = main(*sys.argv[1:4])
+    except Exception as e:   # noqa: BLE001 - the parent records the first line of the error
+        from bench.suite.measure import describe_error
+        result = {"mode": sys.argv[1], "error": describe_error(e)}
     sys.stdout.write("\n" + json.dumps(result) + "\n")

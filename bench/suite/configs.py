@@ -347,13 +347,13 @@ def estimate_seconds(config: Config, runners: list[str], startup: bool, measured
         total += 10 + e["build"] + e["export"]                         # ostinato cold (exports) and warm
         if tc:
             total += 10 + 2 * e["build"] + 1.15 * e["compile"] + timing  # torch.compile cold and warm
-    # The peers make their file once (in the cold process when there is one, else here): its time, and
-    # with start-up two fresh processes (~5 s of imports each) and the cold one's model build.
+    # The peers make their file once, in their cold fresh process (always run: bench/suite/peers.py),
+    # then load it in a warm one: the making, two processes' imports and the cold one's model build.
     peer = peer_seconds(config)
     if any(r in runners for r in ("aoti", "aoti_cuda_graph")):
-        total += peer["aoti"] + (10 + e["build"] if startup else 0)
+        total += peer["aoti"] + 10 + e["build"]
     if "executorch_xnnpack" in runners:
-        total += peer["lower"] + (12 + e["build"] if startup else 0)
+        total += peer["lower"] + 12 + e["build"]
     return total
 
 

@@ -6,7 +6,10 @@ the XnnpackPartitioner and ``to_executorch``: a .pte program run by ExecuTorch's
 Both give a file that a fresh process loads without the model's Python code, so each has a start-up
 story: cold (export, compile or lower, save, load, first output) and warm (load the file, first output),
 measured by bench/suite/child.py. The in-process runners load what the cold process saved when it ran,
-so a configuration pays AOTInductor's compile once; without start-up figures they compile here.
+so a configuration pays AOTInductor's compile once. The suite runs the peers' cold and warm processes
+for every configuration with a peer runner, start-up figures asked for or not: a package that crashes
+when loaded (AOTInductor's did on an H200, issue #16) fails its cell, not the run. Called without those
+records (``make_runner`` on its own), the runners make their file in this process.
 
 Both keep their own copies of the model's weights and mutable buffers (KV caches), so their memory
 figure counts the weights twice (the eager model's and theirs).
@@ -82,12 +85,27 @@ def aoti_runner(ctx: Context, model: torch.nn.Module, example: tuple[tuple, dict
     return _with_info(fn, {k: v for k, v in info.items() if k != "path"})
 
 
+def _from_fresh_processes(ctx: Context, peer: str, what: str) -> bool:
+    """Whether this peer's file comes from its cold-start process: True when that process made it and
+    the warm one loaded it and gave a first output; a RuntimeError with the first line of the failing
+    process's error when either failed (the file is not loaded here: a crash would end the whole run);
+    False when no fresh process ran for it (this process makes the file)."""
+    cold, warm = ctx.startup.get(f"{peer}_cold"), ctx.startup.get(f"{peer}_warm")
+    if cold is None:
+        return False
+    if cold.get("status") != "ok":
+        raise RuntimeError(f"{what} failed in the cold-start process: {cold.get('error')}")
+    if warm is not None and warm.get("status") != "ok":
+        raise RuntimeError(f"loading the {what} failed in a fresh process: {warm.get('error')}")
+    return True
+
+
 def _aoti_made(ctx: Context, model, example) -> dict:
     if "aoti" in ctx.made:
         return ctx.made["aoti"]
     cold = ctx.startup.get("aoti_cold") or {}
     path = os.path.join(ctx.workdir, AOTI_FILE)
-    if cold.get("status") == "ok" and os.path.exists(path):
+    if _from_fresh_processes(ctx, "aoti", "AOTInductor package"):
         info = {"path": path, "export_s": cold["export_s"], "compile_s": cold["compile_s"],
                 "package_bytes": os.path.getsize(path), "compiled_in": "the cold-start process (empty caches)"}
     else:
@@ -100,6 +118,18 @@ def _aoti_made(ctx: Context, model, example) -> dict:
 # ---- ExecuTorch (XNNPACK) -----------------------------------------------------------------------------------
 
 EXECUTORCH_DIR = "executorch-peer"   # under the virtual environment (scripts/setup.sh installs it there)
+
+
+def executorch_versions() -> dict[str, str | None]:
+    """executorch's and torchao's versions from their metadata, without importing them (seconds)."""
+    import sys
+    from importlib import metadata
+    path = os.environ.get("OSTINATO_EXECUTORCH_PATH") or os.path.join(sys.prefix, EXECUTORCH_DIR)
+    out: dict[str, str | None] = {}
+    for dist in ("executorch", "torchao"):
+        found = list(metadata.distributions(name=dist)) or list(metadata.distributions(name=dist, path=[path]))
+        out[dist] = found[0].version if found else None
+    return out
 
 
 def _executorch_importable() -> None:
@@ -168,7 +198,7 @@ def executorch_runner(ctx: Context, model: torch.nn.Module, example: tuple[tuple
         raise ValueError("executorch_xnnpack runs on the CPU only")
     cold = ctx.startup.get("executorch_cold") or {}
     path = os.path.join(ctx.workdir, PTE_FILE)
-    if cold.get("status") == "ok" and os.path.exists(path):
+    if _from_fresh_processes(ctx, "executorch", "ExecuTorch program"):
         info = {k: cold[k] for k in ("export_s", "lower_s", "pte_bytes", "delegate_calls") if k in cold}
         info["lowered_in"] = "the cold-start process"
     else:

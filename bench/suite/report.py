@@ -102,14 +102,28 @@ def finish(doc: dict) -> dict:
 
 
 def merge(docs: list[dict]) -> dict:
-    """One document from several parts' (a configuration measured twice keeps its later record).
-    The header is the first part's; every part's header is kept under ``parts``."""
+    """One document from several parts'. A configuration measured in several parts gets the union of
+    their cells and start-up figures, the later part's winning where both have one (a configuration
+    too long for one 10-minute part runs its runners in two, e.g. ``--runners aoti,aoti_cuda_graph``
+    alone); its ``parts`` lists which parts it came from, each cell's ``part`` says which it was
+    measured in. The header is the first part's; every part's header is kept under ``parts``."""
     if not docs:
         raise ValueError("nothing to merge")
     by_name: dict[str, dict] = {}
-    for d in docs:
+    for i, d in enumerate(docs):
         for rec in d["configs"]:
-            by_name[rec["config"]["name"]] = rec
+            name = rec["config"]["name"]
+            if name not in by_name:
+                by_name[name] = rec
+                continue
+            old = by_name[name]
+            if "parts" not in old:
+                old = dict(old, parts=[_part_of(docs, old)],
+                           cells={r: dict(c, part=_part_of(docs, old)) for r, c in old.get("cells", {}).items()})
+            cells = dict(old.get("cells", {}), **{r: dict(c, part=i) for r, c in rec.get("cells", {}).items()})
+            by_name[name] = dict(rec, cells=cells, startup=dict(old.get("startup", {}), **rec.get("startup", {})),
+                                 parts=old["parts"] + [i],
+                                 wall_s=(old.get("wall_s") or 0.0) + (rec.get("wall_s") or 0.0))
     head = {k: v for k, v in docs[0].items() if k not in ("configs", "regressions", "failures", "parts", "speedups")}
     parts = [{k: d.get(k) for k in ("date", "device", "versions", "wall_s", "selection")} for d in docs]
     devices = {p["device"] for p in parts}
@@ -120,6 +134,10 @@ def merge(docs: list[dict]) -> dict:
     if len(devices) > 1:
         out["warning"] = f"parts ran on different devices ({sorted(devices)}): compare ratios within a part only"
     return finish(out)
+
+
+def _part_of(docs: list[dict], rec: dict) -> int:
+    return next(i for i, d in enumerate(docs) if any(r is rec for r in d["configs"]))
 
 
 def _cell_text(rec: dict, runner: str) -> str:

@@ -63,6 +63,12 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
         tc = any(r.startswith("torch_compile") for r in runner_names)
         rec["startup"] = startup.measure_startup(cfg, cfg_dir, wl.steps, ref, timing, tc, log,
                                                  startup.peer_modes(runner_names))
+    elif startup.peer_modes(runner_names):
+        # AOTInductor's package and ExecuTorch's program are always made, loaded and first run in
+        # fresh processes before this one loads them: a package that crashes (as AOTInductor's did on
+        # an H200) fails its cell instead of the whole run.
+        rec["startup"] = startup.measure_startup(cfg, cfg_dir, wl.steps, ref, timing, False, log,
+                                                 startup.peer_modes(runner_names), ostinato=False)
         cold = rec["startup"].get("torch_compile_cold", {})
         if "torch_compile_ro" in runner_names and "cell" in cold:
             cell = dict(cold["cell"], measured_in="the cold-start process (first call with empty caches)")
@@ -135,12 +141,7 @@ def environment(device: str) -> dict[str, Any]:
             versions[mod] = __import__(mod).__version__
         except Exception:
             versions[mod] = None
-    from importlib import metadata
-    for dist in ("executorch", "torchao"):   # not imported here: executorch's import takes seconds
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = None
+    versions.update(peers.executorch_versions())
     env: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
                            "platform": platform.platform(), "versions": versions, "device_type": device,
                            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -47,8 +48,16 @@ def run_child(mode: str, config: Config, workdir: str, env: dict, timeout: float
     process_s = time.perf_counter() - t0
     if p.returncode != 0:
         tail = [line for line in p.stderr.strip().splitlines() if line.strip()]
-        return {"status": "error", "error": (tail[-1] if tail else f"exit status {p.returncode}")[:300],
-                "process_s": process_s}
+        last = (tail[-1] if tail else "")[:300]
+        if p.returncode < 0:   # a crash (a loaded AOTInductor package, a runtime's kernel): said so
+            try:
+                sig = signal.Signals(-p.returncode).name
+            except ValueError:
+                sig = str(-p.returncode)
+            error = f"the process died of {sig}" + (f"; its last words: {last}" if last else "")
+        else:
+            error = last or f"exit status {p.returncode}"
+        return {"status": "error", "error": error, "process_s": process_s, "returncode": p.returncode}
     res = json.loads(p.stdout.strip().splitlines()[-1])
     res["process_s"] = process_s
     res["status"] = "error" if "error" in res else "ok"
@@ -66,9 +75,9 @@ def peer_modes(runner_names: list[str]) -> tuple[str, ...]:
 
 
 def measure_startup(config: Config, workdir: str, steps: list, ref: Reference, timing: dict,
-                    torch_compile: bool, log, peers: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The fresh-process measurements, by name: ostinato's two, torch.compile's two when
-    ``torch_compile``, and each peer's (``peers``: "aoti", "executorch") cold and warm."""
+                    torch_compile: bool, log, peers: tuple[str, ...] = (), ostinato: bool = True) -> dict[str, Any]:
+    """The fresh-process measurements, by name: ostinato's two (when ``ostinato``), torch.compile's
+    two when ``torch_compile``, and each peer's (``peers``: "aoti", "executorch") cold and warm."""
     os.makedirs(workdir, exist_ok=True)
     to_cpu = lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x   # noqa: E731
     torch.save({"config": config.as_dict(), "steps": pytree.tree_map(to_cpu, steps), "refs": pytree.tree_map(to_cpu, ref.outputs),
@@ -76,7 +85,7 @@ def measure_startup(config: Config, workdir: str, steps: list, ref: Reference, t
     d = lambda name: os.path.join(workdir, name)   # noqa: E731
     ost = dict(OSTINATO_CACHE_DIR=d("ostinato-cache"))
     plan = [("ostinato_cold", _env(**ost, TRITON_CACHE_DIR=d("triton-ost-cold"))),
-            ("ostinato_warm", _env(**ost, TRITON_CACHE_DIR=d("triton-ost-warm")))]
+            ("ostinato_warm", _env(**ost, TRITON_CACHE_DIR=d("triton-ost-warm")))] if ostinato else []
     if torch_compile:
         tc = _env(TORCHINDUCTOR_CACHE_DIR=d("inductor"), TRITON_CACHE_DIR=d("triton-tc"),
                   OSTINATO_CACHE_DIR=d("ostinato-unused"))

@@ -263,7 +263,15 @@ BUILDERS: dict[str, Callable[[dict, torch.device, torch.dtype], Workload]] = {
 
 
 def build(builder: str, params: dict[str, Any], device: str, dtype: str) -> Workload:
-    return BUILDERS[builder](params, torch.device(device), getattr(torch, dtype))
+    """The workload of builder ``builder``: a BUILDERS key, or ``module:function`` (a builder outside
+    the suite, importable in the fresh processes too)."""
+    if ":" in builder:
+        import importlib
+        module, name = builder.split(":")
+        fn = getattr(importlib.import_module(module), name)
+    else:
+        fn = BUILDERS[builder]
+    return fn(params, torch.device(device), getattr(torch, dtype))
 
 
 def small_params(config) -> dict:
