@@ -63,17 +63,17 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
         tc = any(r.startswith("torch_compile") for r in runner_names)
         rec["startup"] = startup.measure_startup(cfg, cfg_dir, wl.steps, ref, timing, tc, log,
                                                  startup.peer_modes(runner_names))
+        cold = rec["startup"].get("torch_compile_cold", {})
+        if "torch_compile_ro" in runner_names and "cell" in cold:
+            cell = dict(cold["cell"], measured_in="the cold-start process (first call with empty caches)")
+            rec["cells"]["torch_compile_ro"] = cell
+            tc_in_child = True
     elif startup.peer_modes(runner_names):
         # AOTInductor's package and ExecuTorch's program are always made, loaded and first run in
         # fresh processes before this one loads them: a package that crashes (as AOTInductor's did on
         # an H200) fails its cell instead of the whole run.
         rec["startup"] = startup.measure_startup(cfg, cfg_dir, wl.steps, ref, timing, False, log,
                                                  startup.peer_modes(runner_names), ostinato=False)
-        cold = rec["startup"].get("torch_compile_cold", {})
-        if "torch_compile_ro" in runner_names and "cell" in cold:
-            cell = dict(cold["cell"], measured_in="the cold-start process (first call with empty caches)")
-            rec["cells"]["torch_compile_ro"] = cell
-            tc_in_child = True
     # Every runner is built, checked and warmed up first; then their trials are interleaved, so the
     # ratios of one configuration are taken over the same stretch of the machine's time.
     live: dict[str, Callable] = {}

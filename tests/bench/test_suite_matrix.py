@@ -297,3 +297,30 @@ def test_merge_joins_the_runners_of_one_configuration_run_in_two_parts():
     short = next(r for r in merged["configs"] if r["config"]["name"] == "short")
     assert "parts" not in short and "part" not in short["cells"]["eager"]
     assert {(r["config"], r["slower_than"]) for r in merged["regressions"]} == {("long", "aoti_cuda_graph")}
+
+
+def test_reduce_overhead_cell_comes_from_the_cold_process(tmp_path, monkeypatch):
+    """With start-up figures, torch.compile reduce-overhead's cell is the cold process's (its compile is
+    paid once), and the peers' cold and warm processes are asked for with the others."""
+    from bench.suite import runners, startup
+    asked = {}
+
+    def fake_startup(cfg, workdir, steps, ref, timing, torch_compile, log, peers=(), ostinato=True):
+        asked.update(torch_compile=torch_compile, peers=peers, ostinato=ostinato)
+        return {"torch_compile_cold": {"status": "ok", "total_s": 9.0,
+                                       "cell": {"status": "ok", "mean_ms": 1.5, "min_ms": 1.4, "max_ms": 1.6,
+                                                "first_call_s": 8.0}}}
+    made = []
+    real = runners.make_runner
+
+    def spy(name, *args, **kwargs):
+        made.append(name)
+        return real(name, *args, **kwargs)
+    monkeypatch.setattr(startup, "measure_startup", fake_startup)
+    monkeypatch.setattr(runners, "make_runner", spy)
+    tiny = Config("cpu/test-tiny", "dispatch-heavy", "tiny-decoder", "tiny-decoder", {"hidden": 32, "layers": 1},
+                  "cpu", "float32", configs._est(0.1, 1, 5, 0.001))
+    doc = run_suite([tiny], ["eager", "torch_compile_ro"], with_startup=True, workdir=str(tmp_path), timing=FAST)
+    cell = doc["configs"][0]["cells"]["torch_compile_ro"]
+    assert cell["mean_ms"] == 1.5 and "cold-start" in cell["measured_in"]
+    assert made == ["eager"] and asked == {"torch_compile": True, "peers": (), "ostinato": True}
