@@ -207,6 +207,16 @@ def executorch_runner(ctx: Context, model: torch.nn.Module, example: tuple[tuple
     return _with_info(executorch_load(path), info)
 
 
+def remove_files(workdir: str) -> None:
+    """Delete the peers' files of a configuration once its runners are done (each holds the weights)."""
+    import shutil
+    for name in (AOTI_FILE, PTE_FILE, PTE_SPEC_FILE):
+        for path in (os.path.join(workdir, name), os.path.join(workdir, "inprocess", name)):
+            if os.path.exists(path):
+                os.remove(path)
+    shutil.rmtree(os.path.join(workdir, "inprocess"), ignore_errors=True)
+
+
 def _with_info(fn: Callable, info: dict[str, Any]) -> Callable:
     """``fn`` carrying figures for its cell (bench/suite/measure.py copies ``suite_info`` into it)."""
     def call(*args, **kwargs):

@@ -112,6 +112,7 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
     context.made.clear()
     for name in runner_names:
         runners.release(name)
+    peers.remove_files(cfg_dir)   # a package holds the weights: GBs per configuration on the GPU
     del wl, program, initial
     gc.collect()
     if device.type == "cuda":

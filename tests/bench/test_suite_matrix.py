@@ -203,6 +203,9 @@ def test_peers_measured_and_started_in_fresh_processes(tmp_path):
         assert 0 < cold["export_s"] < cold["total_s"] < cold["process_s"]
         assert 0 < warm["load_s"] <= warm["total_s"] < warm["process_s"]
     assert rec["cells"]["executorch_xnnpack"]["delegate_calls"] >= 1   # XNNPACK took part of the graph
+    work = tmp_path / "cpu_test-mobilenet"
+    assert (work / "model.ost").exists()                                  # ostinato's, kept as before
+    assert not any((work / f).exists() for f in ("model.pt2", "model.pte", "inprocess"))   # each holds the weights
     text = report.markdown(report.finish(doc))
     assert "| aoti_cold | aoti_warm | executorch_cold | executorch_warm |" in text
 
