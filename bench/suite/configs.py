@@ -7,9 +7,11 @@ torch.compile first call with empty caches) and ``step`` (one eager step). GPU f
 H100 runs in docs/benchmarks (torch.compile's first call: 90 s for the 64-layer, 154 s for the
 128-layer hidden-256 decoder; export 25 s for 64 layers) scaled by layer count, and from the H100 quick
 run for the other families (reduce-overhead's first call: 20 s for the Llama-3.2-1B shape, 11 s for
-DiT-B/2, 9 s for the hidden-4096 decoder); CPU figures from this project's 2-core machines. A run's
-JSON records each configuration's real wall time: pass it back with ``--costs`` to split by measured
-figures instead.
+DiT-B/2, 9 s for the hidden-4096 decoder); CPU figures from this project's 2-core machines. Optional
+``aoti`` and ``lower`` override ``peer_seconds``'s guesses for AOTInductor's package and ExecuTorch's
+lowering (about 1.3x torch.compile's first call; 1.5x the export; on this CPU BERT-mini took 16 s and
+8 s, Mamba-mini 49 s and 50 s). A run's JSON records each configuration's real wall time: pass it back
+with ``--costs`` to split by measured figures instead.
 """
 from __future__ import annotations
 
