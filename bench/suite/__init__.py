@@ -1,6 +1,8 @@
-"""The benchmark suite: a matrix of configurations (dispatch-heavy decoders to GPU-bound prefill), each
-run by torch eager, a CUDA graph of eager, torch.compile (default and reduce-overhead) and ostinato
-with and without replay, in one process, so every claim is a ratio measured in one run.
+"""The benchmark suite: a matrix of configurations (dispatch-heavy decoders to GPU-bound prefill,
+encoders, vision backbones, speech, diffusion, a state-space model), each run by torch eager, a CUDA
+graph of eager, torch.compile (default and reduce-overhead), AOTInductor (with and without a CUDA graph),
+ExecuTorch with XNNPACK (CPU) and ostinato with and without replay, in one process (the AOT peers' files
+made in fresh ones), so every claim is a ratio measured in one run.
 
 Entry points: ``python bench/run_suite.py`` and ``ostinato bench`` (same options).
 """
