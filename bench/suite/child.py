@@ -50,12 +50,7 @@ def main(mode: str, name: str, workdir: str) -> dict:
         import ostinato
         prog = ostinato.load(path, verify="checksums")
         out["load_s"] = time.perf_counter() - t0
-        exe = ostinato.compile(prog, device=device, replay=True)
-        t1 = time.perf_counter()
-        measure.call(exe, steps[0])
-        measure.sync(device)
-        out["first_output_s"] = time.perf_counter() - t1
-        out["total_s"] = time.perf_counter() - t0
+        _first_output(ostinato.compile(prog, device=device, replay=True), steps[0], device, out, t0)
         out["cache"] = ostinato.cache.stats()
         return out
     if mode in ("aoti_warm", "executorch_warm"):
@@ -66,12 +61,7 @@ def main(mode: str, name: str, workdir: str) -> dict:
         else:
             fn = peers.executorch_load(os.path.join(workdir, peers.PTE_FILE))
         out["load_s"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        measure.call(fn, steps[0])
-        measure.sync(device)
-        out["first_output_s"] = time.perf_counter() - t1
-        out["total_s"] = time.perf_counter() - t0
-        return out
+        return _first_output(fn, steps[0], device, out, t0)
     wl = workloads.build(cfg["builder"], cfg["params"], cfg["device"], cfg["dtype"])
     if mode in ("aoti_cold", "executorch_cold"):
         t0 = time.perf_counter()
@@ -87,12 +77,7 @@ def main(mode: str, name: str, workdir: str) -> dict:
             t1 = time.perf_counter()
             fn = peers.executorch_load(path)
         out["load_s"] = time.perf_counter() - t1
-        t2 = time.perf_counter()
-        measure.call(fn, steps[0])
-        measure.sync(device)
-        out["first_output_s"] = time.perf_counter() - t2
-        out["total_s"] = time.perf_counter() - t0
-        return out
+        return _first_output(fn, steps[0], device, out, t0)
     if mode == "ostinato_cold":
         t0 = time.perf_counter()
         import ostinato
@@ -129,6 +114,17 @@ def main(mode: str, name: str, workdir: str) -> dict:
             out["error"] = cell.get("error", "no first output")
         return out
     raise SystemExit(f"unknown mode {mode!r}")
+
+
+def _first_output(fn, step, device, out: dict, t0: float) -> dict:
+    """``out`` with the first call's time (``first_output_s``) and the total since ``t0``."""
+    from bench.suite import measure
+    t1 = time.perf_counter()
+    measure.call(fn, step)
+    measure.sync(device)
+    out["first_output_s"] = time.perf_counter() - t1
+    out["total_s"] = time.perf_counter() - t0
+    return out
 
 
 if __name__ == "__main__":

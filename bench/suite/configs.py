@@ -72,6 +72,18 @@ def _est(build: float, export: float, compile: float, step: float) -> dict:
     return {"build": build, "export": export, "compile": compile, "step": step}
 
 
+def _hf_configs(device: str, dtype: str, dec: tuple, family: dict, one: tuple, extra: dict | None = None) -> list:
+    """transformers models: ``dec`` (name, shape, params, est) decoder steps through the static-cache
+    builder, ``family`` naming each shape's family; ``one`` (name, category, family, shape, params, est)
+    single forwards. ``extra``: estimate keys added per family."""
+    prefix = "gpu" if device == "cuda" else "cpu"
+    out = [Config(f"{prefix}/{name}", "small-llm", family[shape], "hf-decoder", {"shape": shape, "batch": 1, **params},
+                  device, dtype, _est(*est)) for name, shape, params, est in dec]
+    out += [Config(f"{prefix}/{name}", cat, fam, "hf-encoder", {"shape": shape, **params}, device, dtype,
+                   dict(_est(*est), **(extra or {}).get(fam, {}))) for name, cat, fam, shape, params, est in one]
+    return out
+
+
 def _gpu() -> list[Config]:
     out = []
     for hidden in (128, 256):
@@ -138,9 +150,6 @@ def _gpu_families() -> list[Config]:
     )
     family = {"gemma2-2b": "gemma2", "phi-3-mini": "phi-3", "gpt2": "gpt2", "gpt2-medium": "gpt2",
               "mistral-7b-sw256": "mistral-sw"}
-    for name, shape, params, est in dec:
-        out.append(Config(f"gpu/{name}", "small-llm", family[shape], "hf-decoder",
-                          {"shape": shape, "batch": 1, **params}, "cuda", "bfloat16", _est(*est)))
     one = (  # name, category, family, shape, params, (build, export, compile, step)
         ("opt-125m-forward-s128", "small-llm", "opt", "opt-125m", {"batch": 1, "tokens": 128}, (4, 6, 14, 0.01)),
         ("opt-350m-forward-s128", "small-llm", "opt", "opt-350m", {"batch": 1, "tokens": 128}, (5, 10, 22, 0.02)),
@@ -178,9 +187,7 @@ def _gpu_families() -> list[Config]:
         ("mamba-130m-b1-t32", "state-space", "mamba", "mamba-130m", {"batch": 1, "tokens": 32}, (4, 60, 120, 0.05)),
         ("mamba-130m-b8-t32", "state-space", "mamba", "mamba-130m", {"batch": 8, "tokens": 32}, (4, 60, 120, 0.06)),
     )
-    for name, cat, fam, shape, params, est in one:
-        out.append(Config(f"gpu/{name}", cat, fam, "hf-encoder", {"shape": shape, **params}, "cuda", "bfloat16",
-                          _est(*est)))
+    out += _hf_configs("cuda", "bfloat16", dec, family, one)
     for arch, batch in (("large", 1), ("large", 32)):
         out.append(Config(f"gpu/mobilenetv3-{arch}-b{batch}", "vision", "mobilenetv3", "mobilenet-v3",
                           {"arch": arch, "batch": batch, "res": 224}, "cuda", "bfloat16",
@@ -254,9 +261,6 @@ def _cpu_families() -> list[Config]:
     )
     family = {"gemma2-mini": "gemma2", "phi3-tiny": "phi-3", "gpt2-mini": "gpt2", "gpt2": "gpt2",
               "mistral-mini-sw64": "mistral-sw"}
-    for name, shape, params, est in dec:
-        out.append(Config(f"cpu/{name}", "small-llm", family[shape], "hf-decoder",
-                          {"shape": shape, "batch": 1, **params}, "cpu", "float32", _est(*est)))
     one = (  # name, category, family, shape, params, (build, export, compile, step)
         ("opt-mini-forward-s64", "small-llm", "opt", "opt-mini", {"batch": 1, "tokens": 64}, (1, 3, 20, 0.01)),
         ("opt-125m-forward-s32", "small-llm", "opt", "opt-125m", {"batch": 1, "tokens": 32}, (3, 6, 30, 0.04)),
@@ -295,11 +299,8 @@ def _cpu_families() -> list[Config]:
         ("mamba-mini-b1-t32", "state-space", "mamba", "mamba-mini", {"batch": 1, "tokens": 32}, (1, 6, 40, 0.01)),
         ("mamba-mini-b4-t32", "state-space", "mamba", "mamba-mini", {"batch": 4, "tokens": 32}, (1, 6, 40, 0.015)),
     )
-    for name, cat, fam, shape, params, est in one:
-        # Mamba's unrolled scan: ExecuTorch's lowering took 50 s and AOTInductor's compile 49 s for 4 layers
-        extra = {"lower": 50.0, "aoti": 55.0} if fam == "mamba" else {}
-        out.append(Config(f"cpu/{name}", cat, fam, "hf-encoder", {"shape": shape, **params}, "cpu", "float32",
-                          dict(_est(*est), **extra)))
+    # Mamba's unrolled scan: ExecuTorch's lowering took 50 s and AOTInductor's compile 49 s for 4 layers
+    out += _hf_configs("cpu", "float32", dec, family, one, {"mamba": {"lower": 50.0, "aoti": 55.0}})
     for arch in ("small", "large"):
         out.append(Config(f"cpu/mobilenetv3-{arch}-b1", "vision", "mobilenetv3", "mobilenet-v3",
                           {"arch": arch, "batch": 1, "res": 224}, "cpu", "float32",

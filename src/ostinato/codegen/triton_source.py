@@ -232,10 +232,9 @@ class _Emitter:
         for e, j in enumerate(reds[:stage]):
             self._emit_r_before(j, r_done)
             rname = spec.ops[j][0]
-            ident, combine, _ = REDUCTIONS[rname]
             self.line(f"p{j} = tl.load(ws + ({e} * xnumel + xidx) * nsplit + sidx, mask=xmask & (sidx < nsplit), "
-                      f"other={ident})")
-            self.line(f"v{j} = {self._nan_kept(combine.format(f'p{j}'), f'p{j}', rname)}")
+                      f"other={REDUCTIONS[rname][0]})")
+            self.line(f"v{j} = {self._reduced(rname, f'p{j}')}")
             r_done.add(j)
         if stage < len(reds):
             j = reds[stage]
@@ -257,7 +256,7 @@ class _Emitter:
         """Reduction ``j`` over the row elements [start, stop) in RBLOCK chunks (recomputing the
         pointwise ops it reads), as ``v{j}`` of shape [XBLOCK, 1]."""
         rname, code, _, arg = self.spec.ops[j]
-        ident, combine, _ = REDUCTIONS[rname]
+        ident = REDUCTIONS[rname][0]
         self.line(f"acc{j} = tl.full([XBLOCK, RBLOCK], {ident}, {_ct(code)})")
         self.line(f"for r0 in range({start}, {stop}, RBLOCK):")
         self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.i64 else ""), 2)
@@ -269,7 +268,7 @@ class _Emitter:
         else:
             fn = "tl.maximum" if rname == "rmax" else "tl.minimum"
             self.line(f"acc{j} = {fn}(acc{j}, {val}, propagate_nan=tl.PropagateNan.ALL)", 2)
-        self.line(f"v{j} = {self._nan_kept(combine.format(f'acc{j}'), f'acc{j}', rname)}")
+        self.line(f"v{j} = {self._reduced(rname, f'acc{j}')}")
 
     def _row_body(self, indent: int) -> None:
         self.line("rmask = ridx < rnumel", indent)
@@ -279,15 +278,15 @@ class _Emitter:
 
     def _reduce_whole(self, j: int) -> None:
         rname, code, _, arg = self.spec.ops[j]
-        ident, combine, _ = REDUCTIONS[rname]
-        val = f"tl.where(mask, {self._conv(arg, code)}, {ident})"
+        val = f"tl.where(mask, {self._conv(arg, code)}, {REDUCTIONS[rname][0]})"
         self.line(f"r{j} = {val}")
-        self.line(f"v{j} = {self._nan_kept(combine.format(f'r{j}'), f'r{j}', rname)}")
+        self.line(f"v{j} = {self._reduced(rname, f'r{j}')}")
 
     @staticmethod
-    def _nan_kept(reduced: str, tile: str, rname: str) -> str:
-        """The row's reduction as [XBLOCK, 1]; max and min give NaN where the row holds one, as torch's
-        amax/amin do (tl.max and tl.min drop NaN)."""
+    def _reduced(rname: str, tile: str) -> str:
+        """A [XBLOCK, N] tile reduced along its rows, as [XBLOCK, 1]; max and min give NaN where the row
+        holds one, as torch's amax/amin do (tl.max and tl.min drop NaN)."""
+        reduced = REDUCTIONS[rname][1].format(tile)
         if rname == "sum":
             return f"{reduced}[:, None]"
         return (f"tl.where(tl.max(({tile} != {tile}).to(tl.int32), axis=1)[:, None] > 0, float('nan'), "

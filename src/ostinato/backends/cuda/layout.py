@@ -81,12 +81,9 @@ def _feeds_long_group_norm(graph: Graph) -> set[str]:
     return keep
 
 
-def _islands(graph: Graph, chosen: set[str]) -> set[str]:
-    """Chosen convolutions that would run channels-last alone: no other chosen one reads what reaches
-    their input nor writes into what their result reaches (the 4-D values joined by the ops between
-    convolutions, which keep a layout). Such a one converts its input to NHWC and hands an NHWC result
-    to NCHW neighbours (a mixed-layout add reads one side strided): measured slower than NCHW on an
-    H100 (conv-stack's last pointwise convolution: 0.290 against 0.264 ms per step)."""
+def _conv_regions(graph: Graph) -> list[tuple[str, int, int]]:
+    """(name, input region, result region) of every convolution: the 4-D values joined by the ops
+    between convolutions (which keep a layout) form a region, numbered by one of its values' ids."""
     parent: dict[int, int] = {}
 
     def find(i: int) -> int:
@@ -101,17 +98,26 @@ def _islands(graph: Graph, chosen: set[str]) -> set[str]:
     convs = []
     for node in graph.nodes:
         if node.op == CONV:
-            if node.name in chosen:
-                convs.append((node.name, find(node.args[0].id), find(node.outputs[0].id)))
+            convs.append((node.name, node.args[0].id, node.outputs[0].id))
             continue
         ids = four_d(node.inputs) + four_d(node.outputs)
         for i in ids[1:]:
             parent[find(i)] = find(ids[0])
+    return [(name, find(a), find(b)) for name, a, b in convs]
+
+
+def _islands(regions: list[tuple[str, int, int]], chosen: set[str]) -> set[str]:
+    """Chosen convolutions that would run channels-last alone: no other chosen one reads from or writes
+    into the regions of their input and their result (_conv_regions). Such a one converts its input to
+    NHWC and hands an NHWC result to NCHW neighbours (a mixed-layout add reads one side strided):
+    measured slower than NCHW on an H100 (conv-stack's last pointwise convolution: 0.290 against 0.264
+    ms per step)."""
     touching: dict[int, int] = {}
-    for _, a, b in convs:
-        for r in {find(a), find(b)}:
-            touching[r] = touching.get(r, 0) + 1
-    return {name for name, a, b in convs if touching[find(a)] == 1 and touching[find(b)] == 1}
+    for name, a, b in regions:
+        if name in chosen:
+            for r in {a, b}:
+                touching[r] = touching.get(r, 0) + 1
+    return {name for name, a, b in regions if name in chosen and touching[a] == 1 and touching[b] == 1}
 
 
 def channels_last_convs(graph: Graph) -> set[str]:
@@ -126,8 +132,9 @@ def channels_last_convs(graph: Graph) -> set[str]:
     if mode == "nhwc":
         return chosen
     chosen -= _feeds_long_group_norm(graph)
+    regions = _conv_regions(graph)
     while True:     # dropping one may leave a neighbour alone
-        alone = _islands(graph, chosen)
+        alone = _islands(regions, chosen)
         if not alone:
             return chosen
         chosen -= alone
