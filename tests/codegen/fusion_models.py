@@ -230,6 +230,25 @@ class ConvNet(nn.Module):
         return torch.randn(2, 3, 32, 32).to(dtype), torch.randn(2, 8).to(dtype)
 
 
+class ConvBiasEpilogues(nn.Module):
+    """Biased convolutions read by a group norm + SiLU, by a lone ReLU, by a residual add (its result
+    read twice: by the ReLU and the add), and one whose result is the graph's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.gn = nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16)
+        self.c2, self.c3, self.c4 = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 8, 1), nn.Conv2d(8, 8, 1)
+        for c in (self.c1, self.c2, self.c3, self.c4):
+            nn.init.uniform_(c.bias, -1.0, 1.0)
+
+    def forward(self, x):
+        h = F.silu(self.gn(self.c1(x)))
+        h = torch.relu(self.c2(h))
+        y = self.c3(h)
+        z = self.c4(torch.relu(y)) + y
+        return z, self.c4(z)
+
+
 CASES = [
     Case("rms_plain", lambda dt: (RMSPlain().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
     Case("rms_upcast_div", lambda dt: (RMSUpcastDiv().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
@@ -246,6 +265,10 @@ CASES = [
     Case("conv_bn_relu_add", lambda dt: (ConvBNReLUAdd().to(dt), (_r(2, 16, 9, 9, dtype=dt),)), 1),
     Case("stats_head", lambda dt: (StatsHead(), (_r(4, 5, 33, dtype=dt),)), 1),
     Case("group_norm_silu", lambda dt: (GroupNormSiLU().to(dt), (_r(2, 16, 7, 9, dtype=dt),)), 2),
+    # three of the four convolutions' biases added by the group reading their result; relu(y) stays
+    # torch's (y is also read by the add); the last convolution's result is an output: torch adds its bias
+    Case("conv_bias_epilogues", lambda dt: (ConvBiasEpilogues().to(dt), (_r(2, 3, 10, 12, dtype=dt),)), 3,
+         leftover=("aten.relu",)),
 ]
 
 

@@ -48,6 +48,28 @@ def test_default_pipeline_still_fuses(case):
         assert_same(exe(*args), model(*args))
 
 
+def test_conv_bias_added_by_the_reading_group(monkeypatch):
+    """The convolutions whose result one group reads run without their bias (the group adds it); the one
+    whose result is read twice by different kernels, and the output's, keep it; OSTINATO_FUSE_CONV_BIAS=0
+    keeps them all. Values match eager either way."""
+    case = next(c for c in CASES if c.name == "conv_bias_epilogues")
+    model, args = case.build(torch.float32)
+    prog = ostinato.export(model.eval(), args)
+    with torch.no_grad():
+        ref = model(*args)
+
+    def biased(exe):
+        return [l.args[2] is not None for l in exe.launches if l.op == "aten.convolution"]
+
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    assert biased(exe) == [False, False, True, False, True]
+    assert_same(exe(*args), ref)
+    monkeypatch.setenv("OSTINATO_FUSE_CONV_BIAS", "0")
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    assert biased(exe) == [True] * 5 and fused_ops(exe).get("ost.fused", 0) == 1
+    assert_same(exe(*args), ref)
+
+
 def test_spec_round_trip_and_rejects_bad_json():
     model, args = CASES[0].build(torch.float32)
     prog = ostinato.export(model.eval(), args, passes=GENERIC)

@@ -67,6 +67,7 @@ class Builder:
         self.refs: dict[int, int] = {}          # Value id -> op index (values the group computes)
         self._loads: dict[tuple, int] = {}
         self._consts: dict[tuple, int] = {}
+        self.biased: set[int] = set()           # values whose loads add a convolution's bias (conv.py)
 
     # -- leaves ---------------------------------------------------------------------------------
     def level_of(self, v: Value, unsq: int = 0) -> str:
@@ -89,6 +90,8 @@ class Builder:
             return self.const(v)
         if v.id in self.refs and not unsq:
             return self.refs[v.id]
+        if v.id in self.biased:
+            raise NotFusible(f"{v.name} read unsqueezed after its bias was added")
         key = (v.id, unsq)
         if key in self._loads:
             return self._loads[key]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..ir import Graph, Node, Value, get_op
 from ..ir.types import TensorMeta
-from .expand import HANDLERS, Builder, Kind, NotFusible, code_of
+from .expand import HANDLERS, Builder, Kind, NotFusible, _f, code_of
 from .spec import GroupSpec
 
 log = logging.getLogger("ostinato")
@@ -106,6 +106,8 @@ class FusionGroup:
     closed: bool = False
     merged_into: "FusionGroup | None" = None    # set when another group absorbed this one
     launch_at: int = -1     # the graph position whose place the kernel takes (nodes hoisted in later keep it)
+    # (result, bias) of convolutions run without their bias: the group adds it on load (conv.py)
+    prologues: list = field(default_factory=list)
     # Filled by build():
     spec: GroupSpec | None = None
     inputs: list[Value] = field(default_factory=list)     # tensor inputs, then host scalars
@@ -118,6 +120,12 @@ class FusionGroup:
     def build(self, read_outside: set[int]) -> None:
         """The group's spec; its inputs and outputs (values read outside it, by id in ``read_outside``)."""
         b = Builder(self.space.rank, list(self.space.red), self.space.shape, self.space.split)
+        for v, bias in self.prologues:
+            code = code_of(v)
+            raw = b.value(v)
+            added = b.emit("add", code, _f(b, raw, code), _f(b, b.value(bias, len(v.meta.shape) - 2), code))
+            b.refs[v.id] = b.cast(added, code)
+            b.biased.add(v.id)
         produced: list[Value] = []
         for node in self.nodes:
             refs = HANDLERS[node.op].emit(b, node)
@@ -351,4 +359,7 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
     from .attention import absorb_attention, attention_fusion_enabled
     if attention_fusion_enabled():
         out = absorb_attention(graph, out, users, graph_reads)
+    from .conv import absorb_conv_bias, conv_bias_fusion_enabled
+    if conv_bias_fusion_enabled():
+        out = absorb_conv_bias(graph, out, users, graph_reads)
     return out

@@ -7,6 +7,7 @@ import torch
 
 from ... import codegen
 from ...codegen.attention import attention_fusion_enabled
+from ...codegen.conv import conv_bias_fusion_enabled
 from ...codegen.linear import linear_fusion_enabled
 from ...errors import BackendError
 from ..base import Launch, fused_launches
@@ -40,7 +41,8 @@ class CUDABackend(ConvLayouts, CPUBackend):
         if not self._fuses():
             return {"fusion": "off", **conv}
         return {"fusion": codegen.codegen_digest()[:16] + ("" if linear_fusion_enabled() else "-nolinear")
-                + ("" if attention_fusion_enabled() else "-noattention"), **conv}
+                + ("" if attention_fusion_enabled() else "-noattention")
+                + ("" if conv_bias_fusion_enabled() else "-noconvbias"), **conv}
 
     @staticmethod
     def _fuses() -> bool:

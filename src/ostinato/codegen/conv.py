@@ -1,0 +1,130 @@
+"""Convolutions with their bias added by the kernel that reads their result.
+
+torch runs a convolution with a bias as two kernels: cuDNN's convolution, then an in-place add of the
+bias broadcast over the channels (one more pass over the activations, read and written). When every
+reader of the result is one fusion group (or one fusible node, which then becomes a group of its own),
+the convolution runs without its bias and the group adds it where it loads the result: the same
+rounding as eager (the convolution's result rounded to its dtype, then the add in float32 and rounded
+again), one launch and two passes over the activations fewer.
+
+The pass runs on the scheduler's result, after the projections and attention took their neighbours
+(schedule.py); those groups (LinearGroup, attention) are left as they are.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from ..ir import Graph, Node, Value
+from ..ir.types import TensorMeta
+from .expand import NotFusible, code_of
+from .schedule import FusionGroup, node_space
+
+log = logging.getLogger("ostinato")
+
+CONV = "aten.convolution"
+
+
+def conv_bias_fusion_enabled() -> bool:
+    """OSTINATO_FUSE_CONV_BIAS=0 leaves every convolution's bias to torch (the A/B switch)."""
+    return os.environ.get("OSTINATO_FUSE_CONV_BIAS", "1") != "0"
+
+
+def conv_bias(node: Node) -> Value | None:
+    """The bias of a convolution node the pass may take: a [C] tensor of the result's dtype, where C is
+    the result's dim 1 (channels first, as aten.convolution returns it)."""
+    if node.op != CONV or len(node.outputs) != 1 or node.outputs[0] is None:
+        return None
+    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    out = node.outputs[0]
+    if not isinstance(bias, Value) or not isinstance(bias.meta, TensorMeta) or not isinstance(out.meta, TensorMeta):
+        return None
+    shape = tuple(out.meta.shape)
+    if len(shape) < 3 or tuple(bias.meta.shape) != (shape[1],) or code_of(out) is None \
+            or bias.meta.dtype != out.meta.dtype:
+        return None
+    return bias
+
+
+def without_bias(node: Node) -> Node:
+    """A copy of the convolution node (same name, same result Value) with no bias."""
+    args = list(node.args)
+    kwargs = dict(node.kwargs)
+    if len(args) > 2:
+        args[2] = None
+    else:
+        kwargs["bias"] = None
+    copy = Node(node.op, tuple(args), kwargs, node.name, node.source)
+    copy.outputs = list(node.outputs)
+    return copy
+
+
+def absorb_conv_bias(graph: Graph, items: list, users: dict, graph_reads: set[int]) -> list:
+    """``items`` (the scheduler's result, in run order) with each convolution whose result only one
+    plain fusion group (or lone fusible node) reads run without its bias, that group adding it."""
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    holder: dict[int, object] = {}      # node id -> the item holding it
+    for it in items:
+        for n in (it.nodes if isinstance(it, FusionGroup) else [it]):
+            holder[id(n)] = it
+    plain_convs = {id(it): it for it in items if isinstance(it, Node) and conv_bias(it) is not None}
+    prologues: dict[int, list[tuple[Value, Value]]] = {}      # item id -> [(result, bias)]
+    taken: dict[int, Node] = {}                               # conv node id -> the conv without bias
+    for conv in plain_convs.values():
+        out = conv.outputs[0]
+        readers = users.get(out.id, ())
+        if out.id in graph_reads or not readers:
+            continue
+        owners = {id(holder.get(id(u))) for u in readers}
+        if len(owners) != 1:
+            continue
+        item = holder.get(id(readers[0]))
+        if isinstance(item, FusionGroup):
+            if type(item) is not FusionGroup or item.space is None or item.space.short \
+                    or tuple(item.space.shape) != tuple(out.meta.shape):
+                continue
+        elif item is None or node_space(item, users, graph_reads) is None:
+            continue
+        prologues.setdefault(id(item), []).append((out, conv_bias(conv)))
+    if not prologues:
+        return items
+    result = []
+    rebuilt: dict[int, object] = {}
+    for it in items:
+        pro = prologues.get(id(it))
+        if pro is not None:
+            group = _with_prologue(it, pro, users, graph_reads, position)
+            if group is not None:
+                rebuilt[id(it)] = group
+                for out, _ in pro:
+                    taken[id(out.producer)] = without_bias(out.producer)
+    for it in items:
+        if id(it) in taken:
+            result.append(taken[id(it)])
+        else:
+            result.append(rebuilt.get(id(it), it))
+    return result
+
+
+def _with_prologue(item, prologue: list[tuple[Value, Value]], users: dict, graph_reads: set[int], position: dict):
+    """A FusionGroup of the item's nodes adding each bias to its convolution's result on load; None when
+    the generator does not take it."""
+    if isinstance(item, FusionGroup):
+        nodes, space, launch_at = list(item.nodes), item.space, item.launch_at
+    else:
+        nodes, space, launch_at = [item], node_space(item, users, graph_reads), position[id(item)]
+        if space is None or tuple(space.shape) != tuple(prologue[0][0].meta.shape):
+            return None
+    ids = {id(n) for n in nodes}
+    read_outside = set(graph_reads)
+    for n in nodes:
+        for v in n.outputs:
+            if v is not None and any(id(u) not in ids for u in users.get(v.id, ())):
+                read_outside.add(v.id)
+    group = FusionGroup(nodes, space, closed=True, launch_at=launch_at, prologues=list(prologue))
+    try:
+        group.build(read_outside)
+    except NotFusible as e:
+        log.debug("ostinato fusion: %s keeps its convolutions' biases: %s", group.name, e)
+        return None
+    return group
