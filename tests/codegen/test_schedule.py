@@ -70,6 +70,24 @@ def test_conv_bias_added_by_the_reading_group(monkeypatch):
     assert_same(exe(*args), ref)
 
 
+def test_depthwise_conv_bias_stays_in_torchs_kernel_unless_channels_last():
+    """torch's depthwise kernels over NCHW add the bias as they write: the scheduler leaves it there; run
+    channels-last (cuDNN, the bias a kernel of its own) the group reading the result takes it."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.SiLU()).eval()
+    x = torch.randn(2, 8, 6, 5)
+    prog = ostinato.export(model, (x,))
+    conv = next(n for n in prog.graph.nodes if n.op == "aten.convolution")
+
+    def conv_item(channels_last):
+        items = codegen.schedule(prog.graph, channels_last)
+        return next(i for i in items if getattr(i, "op", None) == "aten.convolution"), items
+
+    item, items = conv_item(frozenset())
+    assert item.args[2] is not None and not any(isinstance(i, codegen.FusionGroup) for i in items)
+    item, items = conv_item(frozenset({conv.name}))
+    assert item.args[2] is None and sum(isinstance(i, codegen.FusionGroup) for i in items) == 1
+
+
 def test_spec_round_trip_and_rejects_bad_json():
     model, args = CASES[0].build(torch.float32)
     prog = ostinato.export(model.eval(), args, passes=GENERIC)

@@ -66,12 +66,13 @@ class Launch:
         return f"Launch({self.name}: {self.op})"
 
 
-def fused_launches(backend: "Backend", graph, fused_fn: Callable) -> list[Launch]:
+def fused_launches(backend: "Backend", graph, fused_fn: Callable, channels_last: frozenset = frozenset()) -> list[Launch]:
     """The graph's Launches with each fusion group of ostinato.codegen's scheduler as one ``ost.fused``
-    launch of ``fused_fn`` (the group's spec, then its inputs); other nodes through ``backend.lower``."""
+    launch of ``fused_fn`` (the group's spec, then its inputs); other nodes through ``backend.lower``.
+    ``channels_last``: the names of the convolutions running NHWC."""
     from .. import codegen
     launches = []
-    for item in codegen.schedule(graph):
+    for item in codegen.schedule(graph, channels_last):
         if isinstance(item, codegen.FusionGroup):
             args = (item.spec.to_json(), *(_bind(v) for v in item.inputs))
             launches.append(Launch.of(fused_fn, "ost.fused", item.name, args, {},

@@ -57,7 +57,11 @@ def launch_table(graph: Graph, device: str) -> list[dict]:
     """One row per device launch of a step, in order: ``kind`` ("fused" or the op), ``name`` (the group
     or the node), ``ops`` (the ops it runs, in order), ``op_count``, ``kernel`` (the generated kernel's
     name, None for other ops) and ``bytes`` (read + written; None when symbolic)."""
-    items: list[Node | FusionGroup] = schedule(graph) if fuses(device) else list(graph.nodes)
+    if fuses(device):
+        from ..backends.cuda.layout import channels_last_convs     # the layouts CUDA's lowering picks
+        items: list[Node | FusionGroup] = schedule(graph, frozenset(channels_last_convs(graph)))
+    else:
+        items = list(graph.nodes)
     rows: list[dict] = []
     for item in items:
         if isinstance(item, FusionGroup):

@@ -214,8 +214,9 @@ def node_space(node: Node, users: dict[int, list[Node]], graph_reads: set[int]) 
     return space
 
 
-def schedule(graph: Graph) -> list[Node | FusionGroup]:
-    """The graph's nodes in order, chains of fusible nodes replaced by FusionGroups."""
+def schedule(graph: Graph, channels_last: frozenset = frozenset()) -> list[Node | FusionGroup]:
+    """The graph's nodes in order, chains of fusible nodes replaced by FusionGroups; ``channels_last``:
+    the names of the convolutions the backend runs NHWC."""
     users = graph.users()
     graph_reads = {v.id for v in graph.output_values()}
     graph_reads |= {t.id for t, new in graph.mutations} | {new.id for t, new in graph.mutations}
@@ -361,5 +362,5 @@ def schedule(graph: Graph) -> list[Node | FusionGroup]:
         out = absorb_attention(graph, out, users, graph_reads)
     from .conv import absorb_conv_bias, conv_bias_fusion_enabled
     if conv_bias_fusion_enabled():
-        out = absorb_conv_bias(graph, out, users, graph_reads)
+        out = absorb_conv_bias(graph, out, users, graph_reads, channels_last)
     return out

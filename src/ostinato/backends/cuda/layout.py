@@ -174,6 +174,11 @@ class ConvLayouts:
 
     _nhwc: frozenset = frozenset()
 
+    @property
+    def channels_last(self) -> frozenset:
+        """The names of the convolutions running NHWC in the graph being lowered (empty outside it)."""
+        return self._nhwc
+
     def with_layouts(self, graph: Graph, lower_all) -> list[Launch]:
         self._nhwc = frozenset(channels_last_convs(graph))
         try:
