@@ -32,6 +32,9 @@ class Program:
     info: dict[str, Any] = field(default_factory=dict)    # model name, exporter versions (saved)
     timings: dict[str, float] = field(default_factory=dict)  # seconds spent exporting (not saved)
     source: Any = None  # reader.FileInfo of the file it was loaded from, if any
+    # Named entry points besides this graph (a causal LM's "prefill"; this graph is its "decode"): each a
+    # Program over the same weights and state_init dicts, saved in the same file (schema: Method).
+    methods: dict[str, "Program"] = field(default_factory=dict)
 
     @property
     def num_nodes(self) -> int:
@@ -50,7 +53,10 @@ class Program:
         nbytes = sum(t.numel() * t.element_size() for t in self.weights.values())
         head = (f"ostinato.Program {model}: {self.num_nodes} nodes, {len(self.weights)} weights "
                 f"({nbytes / 2**20:.2f} MiB), {len(self.state_init)} state buffers")
-        return head + "\n" + str(self.graph)
+        body = str(self.graph)
+        for name, method in self.methods.items():
+            body += f"\n\nmethod {name}: {method.num_nodes} nodes\n{method.graph}"
+        return head + "\n" + body
 
     def __repr__(self) -> str:
         return f"<ostinato.Program {self.info.get('model', '')} nodes={self.num_nodes}>"

@@ -124,12 +124,13 @@ class _Decoder:
         return int(v)
 
     # -- the program ----------------------------------------------------------------------------
-    def program(self) -> tuple[Graph, dict, list[tuple[str, int, str, list[int], int, int]]]:
-        # Imported here: a load served by the decoded-program cache never needs the FlatBuffers runtime.
-        from .fb.Program import Program as FBProgram
-        if not FBProgram.ProgramBufferHasIdentifier(self.buf, 0):
-            raise self.bad("the FlatBuffer lacks the OSTP identifier")
-        fp = FBProgram.GetRootAs(self.buf, 0)
+    def program(self, fp=None) -> tuple[Graph, dict, list[tuple[str, int, str, list[int], int, int]]]:
+        if fp is None:
+            # Imported here: a load served by the decoded-program cache never needs the FlatBuffers runtime.
+            from .fb.Program import Program as FBProgram
+            if not FBProgram.ProgramBufferHasIdentifier(self.buf, 0):
+                raise self.bad("the FlatBuffer lacks the OSTP identifier")
+            fp = FBProgram.GetRootAs(self.buf, 0)
         g = Graph()
         for s in self.vec(fp.SymbolsLength, fp.Symbols, "symbols"):
             name = self.text(s.Name(), "symbol", 64)
@@ -232,10 +233,23 @@ class _Decoder:
             "info": json.loads(self.text(fp.Info(), "info", 1 << 20) or "{}"),
             "schema_version": fp.SchemaVersion(),
         }
+        methods = {}
+        for m in self.vec(fp.MethodsLength, fp.Methods, "methods"):
+            name = self.text(m.Name(), "method name", 256)
+            sub = m.Program()
+            if not name.isidentifier() or name in methods or sub is None:
+                raise self.bad(f"method {name!r}: invalid or repeated name, or no program")
+            # Methods are one level deep and own no tensors (a table pointing back at the root is refused here).
+            if sub.MethodsLength() or sub.TensorsLength():
+                raise self.bad(f"method {name!r} holds tensors or methods of its own")
+            methods[name] = self.program(sub)[:2]
+        if methods:
+            extra["methods"] = methods
         return g, extra, tensors
 
 
-def _tensors_from(mapped: mmap.mmap, data_offset: int, data_size: int, entries, graph: Graph, path: str):
+def _tensors_from(mapped: mmap.mmap, data_offset: int, data_size: int, entries, graph: Graph, path: str,
+                  method_graphs: tuple[Graph, ...] = ()):
     weights: dict[str, torch.Tensor] = {}
     state: dict[str, torch.Tensor] = {}
     for name, role, dtype_name, shape, offset, nbytes in entries:
@@ -256,12 +270,12 @@ def _tensors_from(mapped: mmap.mmap, data_offset: int, data_size: int, entries, 
         else:
             t = torch.frombuffer(mapped, dtype=dtype, count=numel, offset=data_offset + offset).view(shape)
         (weights if role == TensorRole.Weight else state)[name] = t
-    want_w = {v.name for v in graph.constants}
-    want_s = {v.name for v in graph.state}
+    want_w = {v.name for g in (graph, *method_graphs) for v in g.constants}
+    want_s = {v.name for g in (graph, *method_graphs) for v in g.state}
     if set(weights) != want_w or set(state) != want_s:
         raise InconsistentGraphError(f"{path}: tensors in the data segment do not match the graph's constants "
                                      f"and state (missing {sorted((want_w - set(weights)) | (want_s - set(state)))[:5]})")
-    for v in graph.constants + graph.state:
+    for v in [v for g in (graph, *method_graphs) for v in g.constants + g.state]:
         t = (weights if v.role == "constant" else state)[v.name]
         meta = v.meta
         if not isinstance(meta, TensorMeta) or not meta.is_static or tuple(t.shape) != meta.shape \
@@ -309,25 +323,42 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
         raise InconsistentGraphError(f"{path}: malformed program: {type(e).__name__}: {e}") from None
     if out_spec.num_leaves != len(graph.outputs) or in_spec.num_leaves != len(extra["slots"]):
         raise InconsistentGraphError(f"{path}: the pytree specs do not match the graph's inputs and outputs")
-    weights, state = _tensors_from(mapped, header.data_offset, header.data_size, entries, graph, path)
+    methods = extra.get("methods", {})
+    weights, state = _tensors_from(mapped, header.data_offset, header.data_size, entries, graph, path,
+                                   tuple(g for g, _ in methods.values()))
     hints = extra["hints"]
     require_fallback_ops(graph, path)   # ops run through eager torch must be registered in this process
+    for m_graph, _ in methods.values():
+        require_fallback_ops(m_graph, path)
     # The structural rules always; re-deriving every shape (fake tensors: ~1 s of torch imports in a
     # fresh process) when the caller asks for verification, once per FlatBuffer: bytes whose sha256
     # was just checked and whose program passed before (ir_cache.shapes_verified) are not re-derived.
     derive = check_shapes and not (verify_checksums and shapes_verified(header.fb_sha256))
     try:
         verify(graph, check_shapes=derive, hints=hints)
+        for name, (m_graph, m_extra) in methods.items():
+            verify(m_graph, check_shapes=derive, hints=m_extra["hints"])
     except Exception as e:  # noqa: BLE001 - GraphError, or a decoder error on a hostile expression
         raise InconsistentGraphError(f"{path}: the graph fails verification: {e}") from None
     if derive and verify_checksums:
         mark_shapes_verified(header.fb_sha256)
-    if decoded is None:
+    if decoded is None and not methods:   # the decoded-program cache's JSON holds one graph
         store_decoded(header.fb_sha256, graph, extra, entries)
     graph.assign_slots()
     info = extra["info"] if isinstance(extra["info"], dict) else {}
     prog = Program(graph, weights, state, in_spec, out_spec, extra["slots"], hints, info)
     prog.source = FileInfo(path, size, header)
+    for name, (m_graph, m_extra) in methods.items():
+        m_graph.assign_slots()
+        try:
+            m_in, m_out = pytree.treespec_loads(m_extra["in_spec"]), pytree.treespec_loads(m_extra["out_spec"])
+        except Exception as e:  # noqa: BLE001 - untrusted bytes
+            raise InconsistentGraphError(f"{path}: method {name!r}: malformed pytree spec: {e}") from None
+        if m_out.num_leaves != len(m_graph.outputs) or m_in.num_leaves != len(m_extra["slots"]):
+            raise InconsistentGraphError(f"{path}: method {name!r}: the pytree specs do not match its graph")
+        m_info = m_extra["info"] if isinstance(m_extra["info"], dict) else {}
+        prog.methods[name] = Program(m_graph, weights, state, m_in, m_out, m_extra["slots"], m_extra["hints"],
+                                     m_info)
     return prog
 
 
@@ -360,6 +391,8 @@ def cache_decoded(path: str | os.PathLike, check_shapes: bool = True) -> None:
             f.seek(header.fb_offset)
             fb = f.read(header.fb_size)
         graph, extra, entries = _Decoder(fb, os.fspath(path)).program()
+        if extra.get("methods"):
+            return   # the decoded-program cache's JSON holds one graph
         store_decoded(header.fb_sha256, graph, extra, entries)
     except Exception as e:  # noqa: BLE001 - a cache warm-up failing costs the first load some time only
         log.debug("ostinato: %s: decoded program not cached at save: %s: %s", path, type(e).__name__, e)

@@ -15,7 +15,7 @@ from torch.utils import _pytree as pytree
 from ..errors import OstinatoError
 from ..ir import Value, dtype_name
 from ..ir.types import ScalarMeta, SymDim, TensorMeta
-from .fb import Arg as A, Dim as D, InputSlot as IS, Mutation as M, Node as N, Program as P
+from .fb import Arg as A, Dim as D, InputSlot as IS, Method as MT, Mutation as M, Node as N, Program as P
 from .fb import Symbol as S, TensorData as TD, Value as V
 from .fb.ArgKind import ArgKind
 from .fb.InputKind import InputKind
@@ -200,7 +200,6 @@ def _write_data(f, entries, data_size: int) -> bytes:
 
 
 def _flatbuffer(program: Program, entries) -> bytes:
-    g = program.graph
     w = _Writer("program")
     b = w.b
     tensors = []
@@ -216,7 +215,29 @@ def _flatbuffer(program: Program, entries) -> bytes:
         TD.TensorDataAddNbytes(b, t.numel() * t.element_size())
         tensors.append(TD.TensorDataEnd(b))
     tensors_vec = w.vector(P.ProgramStartTensorsVector, tensors)
+    methods = []
+    for name, method in program.methods.items():
+        if method.methods:
+            raise OstinatoError(f"method {name!r} has methods of its own; only the root program may")
+        missing = sorted({v.name for v in method.graph.constants} - set(program.weights)
+                         | {v.name for v in method.graph.state} - set(program.state_init))
+        if missing:
+            raise OstinatoError(f"method {name!r} reads tensors the root program does not hold: {missing[:5]}")
+        m_prog = _program_table(w, method, None, None)
+        n_off = w.strings(name)
+        MT.MethodStart(b)
+        MT.MethodAddName(b, n_off)
+        MT.MethodAddProgram(b, m_prog)
+        methods.append(MT.MethodEnd(b))
+    methods_vec = w.vector(P.ProgramStartMethodsVector, methods) if methods else None
+    b.Finish(_program_table(w, program, tensors_vec, methods_vec), file_identifier=b"OSTP")
+    return bytes(b.Output())
 
+
+def _program_table(w: _Writer, program: Program, tensors_vec: int | None, methods_vec: int | None) -> int:
+    """A Program table for ``program``'s graph and calling convention (a method's has no tensors)."""
+    g = program.graph
+    b = w.b
     values = [*g.constants, *g.inputs, *g.state, *g.temps()]
     values_vec = w.vector(P.ProgramStartValuesVector, [w.value(v) for v in values])
     nodes_vec = w.vector(P.ProgramStartNodesVector, [w.node(n) for n in g.nodes])
@@ -274,9 +295,11 @@ def _flatbuffer(program: Program, entries) -> bytes:
     P.ProgramAddInSpec(b, in_spec)
     P.ProgramAddOutSpec(b, out_spec)
     P.ProgramAddInfo(b, info)
-    P.ProgramAddTensors(b, tensors_vec)
-    b.Finish(P.ProgramEnd(b), file_identifier=b"OSTP")
-    return bytes(b.Output())
+    if tensors_vec is not None:
+        P.ProgramAddTensors(b, tensors_vec)
+    if methods_vec is not None:
+        P.ProgramAddMethods(b, methods_vec)
+    return P.ProgramEnd(b)
 
 
 def flatbuffer_bytes(program: Program) -> bytes:

@@ -31,4 +31,6 @@ def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool
     exe = lower_program(program, device, cache=cache)
     if replay:
         exe.runner = ReplayRunner(exe, buckets)
+        for method in exe.methods.values():
+            method.runner = ReplayRunner(method)
     return exe

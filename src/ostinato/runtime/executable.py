@@ -44,7 +44,8 @@ capturing = _Capturing()
 class Executable:
     """Run with ``exe(*args, **kwargs)``; state lives in ``exe.session`` (or sessions you create)."""
 
-    def __init__(self, program: Program, backend: Backend, cache: bool = True):
+    def __init__(self, program: Program, backend: Backend, cache: bool = True,
+                 placed: dict[str, torch.Tensor] | None = None):
         self.program = program
         self.backend = backend
         self.device = backend.device
@@ -54,8 +55,13 @@ class Executable:
         self._checker = InputChecker(program, self.device)
         # Environment template: constants placed once, shared by every call and session.
         self._template: list[Any] = [None] * self.num_slots
+        # Weights placed on the device by name, shared with the program's methods (placed once).
+        placed = {} if placed is None else placed
         for v in g.constants:
-            self._template[v.slot] = backend.place(program.weights[v.name])
+            t = placed.get(v.name)
+            if t is None:
+                t = placed[v.name] = backend.place(program.weights[v.name])
+            self._template[v.slot] = t
         pack_sibling_weights(g, self._template)
         self._state_slots = [(v.slot, v.name) for v in g.state]
         self._input_slots = [(pos, g.inputs[s.index].slot) for pos, s in enumerate(program.inputs)
@@ -85,6 +91,10 @@ class Executable:
         # A MemoryReport per capture made of this executable (the latest 256).
         self.capture_reports: collections.deque = collections.deque(maxlen=256)
         self._segments: list[Segment] | None = None
+        # The program's other entry points (an LM's "prefill"), lowered over the same placed weights; a
+        # session runs them on its own state through session.method(name).
+        self.methods: dict[str, Executable] = {name: Executable(m, backend, cache, placed)
+                                                for name, m in program.methods.items()}
         self.session = self.new_session()
 
     @property
@@ -105,6 +115,17 @@ class Executable:
 
     def __call__(self, *args, **kwargs):
         return self.run(self.session, args, kwargs)
+
+    def method(self, name: str) -> Session:
+        """The program's entry point ``name`` on this executable's session (its state shared): call it
+        like the executable. ``exe.method("prefill")(ids, pos)`` on a causal LM."""
+        return self.session.method(name)
+
+    def generate(self, ids, max_new_tokens: int, **options):
+        """Generate tokens with a program made by ``ostinato.llm.export_causal_lm`` (its prefill and
+        decode methods); see ``ostinato.llm.generate`` for the options."""
+        from ..llm.generate import generate   # the LM layer sits above the runtime: imported on use
+        return generate(self, ids, max_new_tokens, **options)
 
     def check_inputs(self, args: tuple, kwargs: dict | None) -> tuple[list, dict[str, int]]:
         """The flattened inputs and the size-symbol bindings they imply; InputError when they do not fit."""

@@ -18,6 +18,19 @@ class Session:
         # What replay keeps per session (captures by shape signature, their shared arena or pool);
         # owned by ostinato.replay, opaque here.
         self.replay: dict = {}
+        self._methods: dict[str, Session] = {}
+
+    def method(self, name: str) -> "Session":
+        """A session of the executable's method ``name`` over this session's state (the same buffers)."""
+        s = self._methods.get(name)
+        if s is None:
+            exe = self.executable.methods.get(name)
+            if exe is None:
+                from ..errors import OstinatoError
+                known = ", ".join(sorted(self.executable.methods)) or "none"
+                raise OstinatoError(f"the program has no method {name!r} (its methods: {known})")
+            s = self._methods[name] = Session(exe, self.state)
+        return s
 
     def __call__(self, *args, **kwargs):
         return self.executable.run(self, args, kwargs)

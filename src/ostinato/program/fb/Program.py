@@ -312,7 +312,32 @@ class Program(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
         return o == 0
 
-def ProgramStart(builder): builder.StartObject(14)
+    # Program
+    def Methods(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            from ostinato.program.fb.Method import Method
+            obj = Method()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Program
+    def MethodsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Program
+    def MethodsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        return o == 0
+
+def ProgramStart(builder): builder.StartObject(15)
 def Start(builder):
     return ProgramStart(builder)
 def ProgramAddSchemaVersion(builder, schemaVersion): builder.PrependUint32Slot(0, schemaVersion, 0)
@@ -387,6 +412,12 @@ def AddTensors(builder, tensors):
 def ProgramStartTensorsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
 def StartTensorsVector(builder, numElems):
     return ProgramStartTensorsVector(builder, numElems)
+def ProgramAddMethods(builder, methods): builder.PrependUOffsetTRelativeSlot(14, flatbuffers.number_types.UOffsetTFlags.py_type(methods), 0)
+def AddMethods(builder, methods):
+    return ProgramAddMethods(builder, methods)
+def ProgramStartMethodsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
+def StartMethodsVector(builder, numElems):
+    return ProgramStartMethodsVector(builder, numElems)
 def ProgramEnd(builder): return builder.EndObject()
 def End(builder):
     return ProgramEnd(builder)
