@@ -17,4 +17,7 @@ def __getattr__(name: str):
         from .frontend import export
         globals()["export"] = export
         return export
+    if name == "llm":   # causal LMs (transformers optional): imported on first use too
+        import importlib
+        return importlib.import_module(".llm", __name__)
     raise AttributeError(f"module 'ostinato' has no attribute {name!r}")
