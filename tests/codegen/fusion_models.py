@@ -249,6 +249,24 @@ class ConvBiasEpilogues(nn.Module):
         return z, self.c4(z)
 
 
+class ConvNeXtBlock(nn.Module):
+    """transformers' ConvNeXt layer: a depthwise conv with bias, NCHW -> NHWC, layer norm, MLP, layer
+    scale, back to NCHW, residual."""
+
+    def __init__(self, ch: int = 16):
+        super().__init__()
+        self.dw = nn.Conv2d(ch, ch, 7, padding=3, groups=ch)
+        self.norm = nn.LayerNorm(ch, eps=1e-6)
+        self.fc1, self.fc2 = nn.Linear(ch, 4 * ch), nn.Linear(4 * ch, ch)
+        self.gamma = nn.Parameter(torch.rand(ch) + 0.5)
+        nn.init.uniform_(self.dw.bias, -1.0, 1.0)
+
+    def forward(self, x):
+        h = self.dw(x).permute(0, 2, 3, 1)
+        h = self.fc2(F.gelu(self.fc1(self.norm(h))))
+        return x + (self.gamma * h).permute(0, 3, 1, 2)
+
+
 CASES = [
     Case("rms_plain", lambda dt: (RMSPlain().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
     Case("rms_upcast_div", lambda dt: (RMSUpcastDiv().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
@@ -269,6 +287,10 @@ CASES = [
     # torch's (y is also read by the add); the last convolution's result is an output: torch adds its bias
     Case("conv_bias_epilogues", lambda dt: (ConvBiasEpilogues().to(dt), (_r(2, 3, 10, 12, dtype=dt),)), 3,
          leftover=("aten.relu",)),
+    # the layer scale and the residual add, either side of a permute back to NCHW (passes.sink_permutes);
+    # the layer norm and the GELU between cuBLAS matmuls are lone ops
+    Case("convnext_block", lambda dt: (ConvNeXtBlock().to(dt), (_r(2, 16, 9, 10, dtype=dt),)), 1,
+         leftover=("aten.layer_norm", "aten.gelu")),
 ]
 
 

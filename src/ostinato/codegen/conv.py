@@ -23,6 +23,7 @@ from .schedule import FusionGroup, node_space
 log = logging.getLogger("ostinato")
 
 CONV = "aten.convolution"
+PERMUTE = "aten.permute"
 
 
 def conv_bias_fusion_enabled() -> bool:
@@ -84,28 +85,29 @@ def absorb_conv_bias(graph: Graph, items: list, users: dict, graph_reads: set[in
     for it in items:
         for n in (it.nodes if isinstance(it, FusionGroup) else [it]):
             holder[id(n)] = it
-    plain_convs = {id(it): it for it in items if isinstance(it, Node) and conv_bias(it, channels_last) is not None}
-    prologues: dict[int, list[tuple[Value, Value]]] = {}      # item id -> [(result, bias)]
-    taken: dict[int, Node] = {}                               # conv node id -> the conv without bias
-    for conv in plain_convs.values():
-        out = conv.outputs[0]
-        readers = users.get(out.id, ())
-        if out.id in graph_reads or not readers:
+    plain_convs = [it for it in items if isinstance(it, Node) and conv_bias(it, channels_last) is not None]
+    prologues: dict[int, list[tuple[Value, Value, int]]] = {}     # item id -> [(value, bias, unsq)]
+    convs_of: dict[int, list[Node]] = {}                            # item id -> the convolutions it takes
+    for conv in plain_convs:
+        found = _reader(conv.outputs[0], users, graph_reads)
+        if found is None:
             continue
-        owners = {id(holder.get(id(u))) for u in readers}
-        if len(owners) != 1:
+        v, channel = found
+        readers = users[v.id]
+        if len({id(holder.get(id(u))) for u in readers}) != 1:
             continue
         item = holder.get(id(readers[0]))
         if isinstance(item, FusionGroup):
             if type(item) is not FusionGroup or item.space is None or item.space.short \
-                    or tuple(item.space.shape) != tuple(out.meta.shape):
+                    or tuple(item.space.shape) != tuple(v.meta.shape):
                 continue
         elif item is None or node_space(item, users, graph_reads) is None:
             continue
-        prologues.setdefault(id(item), []).append((out, conv_bias(conv, channels_last)))
+        prologues.setdefault(id(item), []).append((v, conv_bias(conv, channels_last), len(v.meta.shape) - 1 - channel))
+        convs_of.setdefault(id(item), []).append(conv)
     if not prologues:
         return items
-    result = []
+    taken: dict[int, Node] = {}                               # conv node id -> the conv without bias
     rebuilt: dict[int, object] = {}
     for it in items:
         pro = prologues.get(id(it))
@@ -113,17 +115,31 @@ def absorb_conv_bias(graph: Graph, items: list, users: dict, graph_reads: set[in
             group = _with_prologue(it, pro, users, graph_reads, position)
             if group is not None:
                 rebuilt[id(it)] = group
-                for out, _ in pro:
-                    taken[id(out.producer)] = without_bias(out.producer)
-    for it in items:
-        if id(it) in taken:
-            result.append(taken[id(it)])
-        else:
-            result.append(rebuilt.get(id(it), it))
-    return result
+                for conv in convs_of[id(it)]:
+                    taken[id(conv)] = without_bias(conv)
+    return [taken.get(id(it)) or rebuilt.get(id(it), it) for it in items]
 
 
-def _with_prologue(item, prologue: list[tuple[Value, Value]], users: dict, graph_reads: set[int], position: dict):
+def _reader(out: Value, users: dict, graph_reads: set[int]) -> tuple[Value, int] | None:
+    """The value a convolution's result reaches through permutes each read by nothing else (ConvNeXt's
+    NCHW -> NHWC before its layer norm), and where the channels went; None when something else reads the
+    result or a value on the way."""
+    v, channel = out, 1
+    while True:
+        readers = users.get(v.id, ())
+        if v.id in graph_reads or not readers:
+            return None
+        if len(readers) != 1 or readers[0].op != PERMUTE:
+            return v, channel
+        dims = [d % len(v.meta.shape) for d in readers[0].args[1]]
+        nxt = readers[0].outputs[0]
+        if nxt is None or not isinstance(nxt.meta, TensorMeta):
+            return v, channel
+        v, channel = nxt, dims.index(channel)
+
+
+def _with_prologue(item, prologue: list[tuple[Value, Value, int]], users: dict, graph_reads: set[int],
+                   position: dict):
     """A FusionGroup of the item's nodes adding each bias to its convolution's result on load; None when
     the generator does not take it."""
     if isinstance(item, FusionGroup):

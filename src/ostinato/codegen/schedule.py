@@ -106,7 +106,8 @@ class FusionGroup:
     closed: bool = False
     merged_into: "FusionGroup | None" = None    # set when another group absorbed this one
     launch_at: int = -1     # the graph position whose place the kernel takes (nodes hoisted in later keep it)
-    # (result, bias) of convolutions run without their bias: the group adds it on load (conv.py)
+    # (value, bias, unsq) of convolutions run without their bias: the group adds it where it loads the
+    # convolution's result (or a permute of it), the bias unsqueezed to its channel dim (conv.py)
     prologues: list = field(default_factory=list)
     # Filled by build():
     spec: GroupSpec | None = None
@@ -120,10 +121,10 @@ class FusionGroup:
     def build(self, read_outside: set[int]) -> None:
         """The group's spec; its inputs and outputs (values read outside it, by id in ``read_outside``)."""
         b = Builder(self.space.rank, list(self.space.red), self.space.shape, self.space.split)
-        for v, bias in self.prologues:
+        for v, bias, unsq in self.prologues:
             code = code_of(v)
             raw = b.value(v)
-            added = b.emit("add", code, _f(b, raw, code), _f(b, b.value(bias, len(v.meta.shape) - 2), code))
+            added = b.emit("add", code, _f(b, raw, code), _f(b, b.value(bias, unsq), code))
             b.refs[v.id] = b.cast(added, code)
             b.biased.add(v.id)
         produced: list[Value] = []

@@ -19,6 +19,7 @@ from .dce import eliminate_dead_code
 from .patterns import (fuse_add_rms_norm, fuse_gated_mlp, fuse_kv_update, fuse_layer_norm, fuse_linear,
                        fuse_multi_linear, fuse_rms_norm, fuse_rope, fuse_sdpa)
 from .reinplace import reinplace_state_writes
+from .sink_permutes import sink_permutes
 
 log = logging.getLogger("ostinato")
 
@@ -29,7 +30,9 @@ Pass = Callable[[Graph], Graph]
 # take another's nodes: kv_update before sdpa (sdpa reads the updated cache), multi_linear before
 # gated_mlp and linear (sibling projections become one matmul; their activations stay), gated_mlp before
 # linear (the gate's activation belongs to the gated MLP, not to a linear epilogue); the second DCE
-# clears what patterns left unread (a mask no attention reads any more). Reinplace stays last: it
+# clears what patterns left unread (a mask no attention reads any more). Permutes sink through pointwise
+# ops after the patterns (which match the forms torch.export gives), for the code generator's groups.
+# Reinplace stays last: it
 # turns functional state writes into in-place ones, after which reads of a buffer are no longer
 # interchangeable.
 DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
@@ -45,6 +48,7 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("multi_linear", fuse_multi_linear),
     ("gated_mlp", fuse_gated_mlp),
     ("linear", fuse_linear),
+    ("sink_permutes", sink_permutes),
     ("dce_after_fusion", eliminate_dead_code),
     ("reinplace", reinplace_state_writes),
 ]

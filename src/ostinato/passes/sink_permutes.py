@@ -1,0 +1,113 @@
+"""Sink permutes through pointwise ops: ``permute(f(a, b), dims)`` read only by pointwise ops becomes
+``f(permute(a, dims), permute(b', dims))`` (``b'``: a lower-rank operand viewed with its broadcast's
+leading 1-dims first).
+
+Values are the same; what changes is where the permute stands. A pointwise chain that ends in a
+permute and feeds pointwise ops (ConvNeXt's layer scale ``gamma * x`` over NHWC, permuted back to NCHW
+for the residual add) is then one chain over one shape, which the code generator fuses into one kernel
+(codegen/schedule.py groups values of one iteration space); the permuted operands are views, read
+through their strides. The sunk op's result takes the permute's Value, so nothing downstream changes.
+
+The permute sinks only where the op's result is read by nothing else and is no graph output or state
+value, and the permute's readers are pointwise (elsewhere a permute's position does not matter for
+fusion, and a matmul or a convolution may prefer the layout it had). Chains sink one op at a time
+until an operand is no such op's result. Operands of a lower rank need static shapes (their view's
+sizes); others may be symbolic.
+"""
+from __future__ import annotations
+
+from ..ir import Graph, Node, TensorMeta, Value, get_op
+from .rewrite import pinned_values
+
+PERMUTE = "aten.permute"
+
+
+def _pointwise(node: Node) -> bool:
+    op = get_op(node.op)
+    return op is not None and op.category == "elementwise" and op.pure and len(node.outputs) == 1 \
+        and node.outputs[0] is not None and isinstance(node.outputs[0].meta, TensorMeta)
+
+
+def sink_permutes(g: Graph) -> Graph:
+    names = {n.name for n in g.nodes}
+
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in names:
+            name, k = f"{base}_{k}", k + 1
+        names.add(name)
+        return name
+
+    changed = True
+    while changed:
+        changed = False
+        users = g.users()
+        pinned = pinned_values(g)
+        for perm in g.nodes:
+            rewrite = _sink(g, perm, users, pinned, fresh)
+            if rewrite is not None:
+                old, new_nodes = rewrite
+                g.nodes = [m for n in g.nodes if n is not old for m in (new_nodes if n is perm else (n,))]
+                changed = True
+                break       # users and positions changed: look again
+    return g
+
+
+def _sink(g: Graph, perm: Node, users: dict, pinned: set[int], fresh) -> tuple[Node, list[Node]] | None:
+    """(the op to drop, the nodes replacing the permute) when ``perm`` may sink through its input's
+    producer, else None."""
+    if perm.op != PERMUTE or len(perm.args) < 2 or perm.outputs[0] is None:
+        return None
+    src, out = perm.args[0], perm.outputs[0]
+    if not isinstance(src, Value) or src.producer is None or not _pointwise(src.producer):
+        return None
+    f = src.producer
+    if src.id in pinned or len(users.get(src.id, ())) != 1:
+        return None
+    readers = users.get(out.id, ())
+    if not readers or not all(_pointwise(u) for u in readers):
+        return None
+    rank = len(src.meta.shape)
+    dims = [d % rank for d in perm.args[1]]
+    new_nodes: list[Node] = []
+
+    def operand(a):
+        if not isinstance(a, Value) or not isinstance(a.meta, TensorMeta) or a.meta.rank == 0:
+            return a
+        r = a.meta.rank
+        if r > rank:
+            raise _Keep
+        x = a
+        if r < rank:
+            if not a.meta.is_static:
+                raise _Keep
+            padded = (1,) * (rank - r) + tuple(a.meta.shape)
+            x = _node(g, "aten.view", (a, list(padded)), TensorMeta(a.meta.dtype, padded),
+                      fresh(f"{a.name}_view"), f.source)
+            new_nodes.append(x.producer)
+        shape = tuple(x.meta.shape)
+        y = _node(g, PERMUTE, (x, list(dims)), TensorMeta(a.meta.dtype, tuple(shape[d] for d in dims)),
+                  fresh(f"{a.name}_permute"), perm.source)
+        new_nodes.append(y.producer)
+        return y
+
+    try:
+        args = tuple(operand(a) for a in f.args)
+        kwargs = {k: operand(v) for k, v in f.kwargs.items()}
+    except _Keep:
+        return None
+    moved = Node(f.op, args, kwargs, f.name, f.source)
+    moved.outputs = [out]
+    out.producer = moved
+    return f, new_nodes + [moved]
+
+
+class _Keep(Exception):
+    """An operand the pass does not permute (higher rank than the result, or a symbolic lower rank)."""
+
+
+def _node(g: Graph, op: str, args: tuple, meta: TensorMeta, name: str, source: str) -> Value:
+    node = Node(op, args, {}, name, source)
+    value = g.new_value(name, meta, "temp", node)
+    node.outputs = [value]
+    return value
