@@ -106,6 +106,14 @@ def describe(path: str, verify: bool = True) -> dict:
         "ops": dict(sorted(prog.op_counts().items(), key=lambda kv: (-kv[1], kv[0]))),
         "fallback": [{"op": op, "node": node, "source": source, "reason": reason}
                      for op, node, source, reason in fallback_nodes(g)],
+        # Entry points besides the graph above (an LM's prefill): each over the same weights and state.
+        "methods": [{"name": name, "inputs": [spec(v) for v in m.graph.inputs],
+                     "input_structure": spec_structure(m.in_spec),
+                     "outputs": [spec(o) if isinstance(o, Value) else {"constant": repr(o)} for o in m.graph.outputs],
+                     "symbols": [{"name": x.name, "label": x.label, "min": x.min, "max": x.max}
+                                 for x in m.graph.symbols.values()],
+                     "nodes": len(m.graph.nodes), "fallback": len(fallback_nodes(m.graph))}
+                    for name, m in prog.methods.items()],
     }
 
 
@@ -231,6 +239,17 @@ def run(args: argparse.Namespace) -> int:
     if d["state"]:
         lines.append("  state     " + "; ".join(_shape(x) for x in d["state"]))
     lines.append(f"  weights   {d['weights']} tensors")
+    if d["methods"]:
+        root = "decode" if "llm" in e else "(root)"
+        lines.append(f"  methods   {len(d['methods']) + 1}: {root}, the graph described here; "
+                     + ", ".join(m["name"] for m in d["methods"]) + " over the same weights and state")
+        for m in d["methods"]:
+            syms = ", ".join(f"{x['name']}{' (' + x['label'] + ')' if x['label'] else ''} in [{x['min']}, "
+                             f"{'inf' if x['max'] is None else x['max']}]" for x in m["symbols"])
+            lines.append(f"    {m['name']}: " + "; ".join(_shape(x) for x in m["inputs"])
+                         + f" -> " + "; ".join(_shape(x) for x in m["outputs"])
+                         + f"  ({m['nodes']} nodes{', ' + syms if syms else ''}"
+                         + (f", {m['fallback']} through eager torch" if m["fallback"] else "") + ")")
     lines.append(f"  ops       {d['nodes']} nodes, {len(d['ops'])} distinct:")
     for op, n in d["ops"].items():
         lines.append(f"    {n:6d}  {op}")

@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "export": "ostinato.cli.export",
     "run": "ostinato.cli.run",
     "bench": "ostinato.cli.bench",
+    "generate": "ostinato.cli.generate",
 }
 
 # The hint for errors whose message carries no "Fix:" line of its own.
