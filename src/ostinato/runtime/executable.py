@@ -55,13 +55,10 @@ class Executable:
         self._checker = InputChecker(program, self.device)
         # Environment template: constants placed once, shared by every call and session.
         self._template: list[Any] = [None] * self.num_slots
-        # Weights placed on the device by name, shared with the program's methods (placed once).
-        placed = {} if placed is None else placed
+        # ``placed``: weights already on the device, by name (a method gets its root's, packed).
         for v in g.constants:
-            t = placed.get(v.name)
-            if t is None:
-                t = placed[v.name] = backend.place(program.weights[v.name])
-            self._template[v.slot] = t
+            t = None if placed is None else placed.get(v.name)
+            self._template[v.slot] = backend.place(program.weights[v.name]) if t is None else t
         pack_sibling_weights(g, self._template)
         self._state_slots = [(v.slot, v.name) for v in g.state]
         self._input_slots = [(pos, g.inputs[s.index].slot) for pos, s in enumerate(program.inputs)
@@ -93,7 +90,8 @@ class Executable:
         self._segments: list[Segment] | None = None
         # The program's other entry points (an LM's "prefill"), lowered over the same placed weights; a
         # session runs them on its own state through session.method(name).
-        self.methods: dict[str, Executable] = {name: Executable(m, backend, cache, placed)
+        shared = {v.name: self._template[v.slot] for v in g.constants} if program.methods else None
+        self.methods: dict[str, Executable] = {name: Executable(m, backend, cache, shared)
                                                 for name, m in program.methods.items()}
         self.session = self.new_session()
 

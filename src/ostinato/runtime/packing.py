@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import Graph, Value
+from ..ir.fused_ops import _packed_rows
 
 
 def pack_sibling_weights(graph: Graph, template: list) -> int:
@@ -25,6 +26,9 @@ def pack_sibling_weights(graph: Graph, template: list) -> int:
             t0 = tensors[0]
             if not all(isinstance(t, torch.Tensor) and t.dtype == t0.dtype and t.device == t0.device
                        and t.shape[1:] == t0.shape[1:] for t in tensors):
+                continue
+            if _packed_rows(tensors) is not None:   # already laid out so (another method of the program packed them)
+                packed.update(v.id for v in vals)
                 continue
             buf = torch.cat([t.contiguous() for t in tensors], dim=0)
             start = 0
