@@ -131,6 +131,8 @@ class Captured:
                     raise ReplayError(f"input {pos} ({names[pos]}): captured {describe(old)}, given {got}. "
                                       "A captured graph replays one shape; capture another graph for this "
                                       "one, or compile(..., replay=True), which captures per shape")
+                if new.untyped_storage().data_ptr() == old.untyped_storage().data_ptr():
+                    new = new.clone()   # a view of the static input itself (old.t(), old.flip(0)): copy first
                 old.copy_(new)
             elif new != old:
                 raise ReplayError(f"input {pos} ({names[pos]}): captured the value {old!r}, given {new!r}; "

@@ -43,6 +43,10 @@ class InputChecker:
                 v = self.graph.inputs[slot.index]
                 static = tuple(v.meta.shape) if v.meta.is_static else None
                 self.tensor_checks.append((pos, slot, v.meta, static))
+        # Inputs the model writes in place (x.add_(1)): the caller's tensor receives the new value.
+        pos_by_input = {slot.index: pos for pos, slot in enumerate(self.slots) if slot.kind == "tensor"}
+        self.mutated = {pos_by_input[self.graph.inputs.index(t)] for t, _ in self.graph.mutations
+                        if t.role == "input" and t in self.graph.inputs}
 
     def _fail(self, pos: int, what: str, expected: str, got: str, fix: str = "") -> InputError:
         slot = self.slots[pos]
@@ -52,11 +56,31 @@ class InputChecker:
     def flatten(self, args: tuple, kwargs: dict) -> list:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if spec != self.in_spec:
+            self._name_the_odd_argument(args, kwargs)
             n_expected = len(self.slots)
+            names = ", ".join(s.name for s in self.slots) or "none"
             raise InputError(
                 f"inputs do not match the exported call: expected {n_expected} input(s) structured as "
-                f"{spec_structure(self.in_spec)}, got {len(leaves)} structured as {spec_structure(spec)}")
+                f"{spec_structure(self.in_spec)}, got {len(leaves)} structured as {spec_structure(spec)}. "
+                f"Pass the inputs as at export ({names}), with the same positional and keyword structure")
         return leaves
+
+    def _name_the_odd_argument(self, args: tuple, kwargs: dict) -> None:
+        """When the call has the exported arguments but one of them is structured differently (a list
+        where a tensor was), raise naming that input rather than the whole call."""
+        want_args, want_kwargs = self.in_spec.children()
+        if want_args.num_children != len(args) or want_kwargs.context != list(kwargs):
+            return
+        pos = 0
+        for want, given in zip([*want_args.children(), *want_kwargs.children()], [*args, *kwargs.values()]):
+            got_spec = pytree.tree_flatten(given)[1]
+            if got_spec != want:
+                if want.num_leaves == 1 and pos < len(self.slots) and self.slots[pos].kind == "tensor":
+                    meta = self.graph.inputs[self.slots[pos].index].meta
+                    raise self._fail(pos, "not a tensor", _spec_text(meta, self.symbols), _got_text(given),
+                                     f"Pass a tensor (torch.as_tensor(x, dtype={meta.dtype}))")
+                return
+            pos += want.num_leaves
 
     def check(self, leaves: list) -> dict[str, int]:
         """Raise InputError naming the first bad input; return symbol bindings."""
@@ -65,7 +89,8 @@ class InputChecker:
         for pos, slot, meta, static in self.tensor_checks:
             x = leaves[pos]
             if not isinstance(x, torch.Tensor):
-                raise self._fail(pos, "not a tensor", _spec_text(meta, self.symbols), _got_text(x))
+                raise self._fail(pos, "not a tensor", _spec_text(meta, self.symbols), _got_text(x),
+                                 f"Pass a tensor (torch.as_tensor(x, dtype={meta.dtype}))")
             if x.dtype != meta.dtype:
                 raise self._fail(pos, "wrong dtype", _spec_text(meta, self.symbols), _got_text(x),
                                  f"Convert it with .to({meta.dtype})")
@@ -73,7 +98,12 @@ class InputChecker:
                 raise self._fail(pos, "wrong device", f"a tensor on {self.device}", _got_text(x),
                                  f"Move it with .to('{self.device}')")
             if x.dim() != meta.rank:
-                raise self._fail(pos, "wrong rank", _spec_text(meta, self.symbols), _got_text(x))
+                raise self._fail(pos, "wrong rank", _spec_text(meta, self.symbols), _got_text(x),
+                                 f"Pass a {meta.rank}-dimensional tensor (reshape, or unsqueeze a batch dim)")
+            if pos in self.mutated and torch._debug_has_internal_overlap(x) == 1:
+                raise self._fail(pos, "written in place by the model, but its elements share memory",
+                                 "a tensor whose elements are distinct", _got_text(x) + f" with strides "
+                                 f"{list(x.stride())}", "Pass x.clone() (an expanded tensor cannot be written)")
             if static is not None:
                 if tuple(x.shape) != static:
                     raise self._fail(pos, "wrong shape", _spec_text(meta, self.symbols), _got_text(x),
@@ -102,10 +132,23 @@ class InputChecker:
             x = leaves[pos]
             if slot.kind == "scalar":
                 meta: ScalarMeta = self.graph.inputs[slot.index].meta
-                if not isinstance(x, (int, float, bool)) or isinstance(x, bool) != (meta.kind is bool):
-                    raise self._fail(pos, "wrong type", meta.kind.__name__, _got_text(x))
-                if meta.expr is not None and meta.expr.is_symbol:
-                    bindings.setdefault(meta.expr.symbols[0], int(x))
+                if not isinstance(x, (int, float, bool)) or isinstance(x, bool) != (meta.kind is bool) \
+                        or (meta.kind is int and not isinstance(x, int)):
+                    raise self._fail(pos, "wrong type", f"a Python {meta.kind.__name__}", _got_text(x),
+                                     f"Pass a value of type {meta.kind.__name__}, as at export")
+                if meta.kind is int and meta.expr is not None and meta.expr.is_symbol:
+                    name = meta.expr.symbols[0]
+                    r = self.symbols.get(name)
+                    if r is not None and (x < r.min or (r.max is not None and x > r.max)):
+                        raise self._fail(pos, f"{x} is outside the range of {name}", f"an int with {r}",
+                                         _got_text(x), "Pass a value in that range, or re-export with a "
+                                                       "wider range")
+                    if name in bindings and bindings[name] != x:
+                        raise self._fail(pos, f"{x} but {name} = {bindings[name]} from {bound_by[name]}",
+                                         f"an int equal to {name}", _got_text(x),
+                                         "These sizes must be equal, as they were at export")
+                    bindings[name] = int(x)
+                    bound_by[name] = f"input {pos}"
             elif slot.kind == "constant":
                 if not _same_constant(x, slot.value):
                     raise self._fail(pos, "differs from the value baked in at export", repr(slot.value),
@@ -125,7 +168,9 @@ class InputChecker:
                     want = d.evaluate(bindings)
                     if leaves[pos].shape[i] != want:
                         raise self._fail(pos, f"dim {i} must equal {d} = {want}",
-                                         _spec_text(meta, self.symbols), _got_text(leaves[pos]))
+                                         _spec_text(meta, self.symbols), _got_text(leaves[pos]),
+                                         "Sizes derived from other inputs' sizes must keep the relation "
+                                         "they had at export")
 
 
 def _same_constant(x: Any, v: Any) -> bool:
