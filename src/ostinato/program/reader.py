@@ -342,7 +342,10 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
         raise InconsistentGraphError(f"{path}: the graph fails verification: {e}") from None
     if derive and verify_checksums:
         mark_shapes_verified(header.fb_sha256)
-    if decoded is None and not methods:   # the decoded-program cache's JSON holds one graph
+    # The decoded-program cache is keyed by the header's hash: only bytes proven to have that hash may
+    # be cached under it (verify=False skipped the check; damaged bytes cached there would be served to
+    # every later load of the good file, on this machine and through a shared tier on others).
+    if decoded is None and not methods and (verify_checksums or hashlib.sha256(fb).digest() == header.fb_sha256):
         store_decoded(header.fb_sha256, graph, extra, entries)
     graph.assign_slots()
     info = extra["info"] if isinstance(extra["info"], dict) else {}
