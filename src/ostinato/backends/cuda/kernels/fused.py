@@ -416,6 +416,8 @@ def forget_plans() -> None:
     such as OSTINATO_SPLIT_REDUCTION anew): for A/B runs in one process."""
     for f in list(_LAUNCHERS.values()):
         f._plans.clear()
+        if hasattr(f, "_libraries"):
+            f._libraries.clear()     # the kernels' source may depend on a switch (OSTINATO_CENTRED_PASS)
 
 
 def run_fused(spec_json: str, *args) -> tuple[torch.Tensor, ...]:
