@@ -213,3 +213,19 @@ def test_readme_example_runs_and_matches_transformers():
         ref = model.generate(torch.tensor([[1, 5, 9]]), max_new_tokens=16, do_sample=False,
                              cache_implementation="static")
     assert tokens.tolist() == ref.tolist() and 3 < tokens.shape[1] <= 19
+
+
+def test_all_ones_mask_path(llama, monkeypatch):
+    """The export's fallback for transformers versions that size a missing mask by the cache's fill
+    level (5.17's OPT): an all-ones mask over the cache gives the same tokens."""
+    import ostinato.llm.export as lm_export
+    model, _ = llama
+
+    class WithMask(lm_export.CausalLMStep):
+        def __init__(self, cached, max_cache_len, full_mask=False):
+            super().__init__(cached, max_cache_len, full_mask=True)
+
+    monkeypatch.setattr(lm_export, "CausalLMStep", WithMask)
+    exe = ostinato.compile(export_causal_lm(model, max_cache_len=CACHE))
+    ids = prompt(seed=4)
+    assert exe.generate(ids, NEW, stop=[]).tolist() == reference(model, ids).tolist()

@@ -42,9 +42,13 @@ class CausalLMStep(nn.Module):
     cache (made and registered as buffers there), adding the position arithmetic (positions
     ``pos .. pos+T-1``) and ``logits_to_keep=1``."""
 
-    def __init__(self, cached: nn.Module):
+    def __init__(self, cached: nn.Module, max_cache_len: int, full_mask: bool = False):
         super().__init__()
         self.lm = cached
+        self.max_cache_len = max_cache_len
+        # An all-ones padding mask over the whole cache instead of none: older transformers (5.17's OPT)
+        # size a missing mask by the cache's fill level, a data-dependent size torch.export refuses.
+        self.full_mask = full_mask
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         cache = self.lm.static_cache
@@ -53,7 +57,9 @@ class CausalLMStep(nn.Module):
             layer.cumulative_length.copy_(positions[0])
         # Positions given explicitly: some families (OPT) derive them from the cache's fill level, which
         # a static cache can only count from its data (a data-dependent size torch.export refuses).
-        out = self.lm.model(input_ids=ids, attention_mask=None, past_key_values=cache, use_cache=True,
+        mask = torch.ones(ids.shape[0], self.max_cache_len, dtype=torch.long, device=ids.device) \
+            if self.full_mask else None
+        out = self.lm.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True,
                             cache_position=positions, position_ids=positions[None].expand(ids.shape[0], -1),
                             logits_to_keep=1)
         return out.logits
@@ -156,7 +162,7 @@ def export_causal_lm(model: nn.Module, max_cache_len: int, batch: int = 1, dtype
     except Exception as e:  # noqa: BLE001 - the recipe asserts and raises several types
         raise ExportError(f"{family}: transformers' static-cache recipe refuses the model: "
                           f"{type(e).__name__}: {first_line(e)}") from e
-    step = CausalLMStep(cached).eval()
+    step = CausalLMStep(cached, max_cache_len).eval()
     pos = torch.zeros(1, dtype=torch.long, device=device)
     vocab = model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
@@ -168,7 +174,17 @@ def export_causal_lm(model: nn.Module, max_cache_len: int, batch: int = 1, dtype
         try:
             return export(step, args, dynamic_shapes=dynamic_shapes, trace_strict=True)
         except OstinatoError as e:
-            raise ExportError(f"{family}: the {what} graph cannot be exported: {blocking_site(e)}") from e
+            if step.full_mask or "data-dependent" not in str(e.__cause__ or e):
+                raise ExportError(f"{family}: the {what} graph cannot be exported: {blocking_site(e)}") from e
+            first = e
+        log.info("%s: %s export with no attention mask failed on a data-dependent size; retrying with an "
+                 "all-ones mask over the cache", family, what)
+        step.full_mask = True
+        try:
+            return export(step, args, dynamic_shapes=dynamic_shapes, trace_strict=True)
+        except OstinatoError as e:
+            raise ExportError(f"{family}: the {what} graph cannot be exported: {blocking_site(first)} (and with "
+                              f"an all-ones attention mask: {blocking_site(e)})") from e
 
     decode = run_export("decode", (ids(1), pos))
     cache_names = sorted(n for n in decode.state_init if n.startswith(("lm.key_cache", "lm.value_cache")))
