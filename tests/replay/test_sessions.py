@@ -118,3 +118,49 @@ def test_sessions_capture_separately_and_reset_in_place():
     stats = exe.stats()
     assert (stats["captures"], stats["replays"]) == (2, 4)
     assert a.state["total"].data_ptr() != b.state["total"].data_ptr()
+
+
+class Leaky(torch.nn.Module):
+    """State that every call reads and writes (a decaying sum and a counter), so a call that saw another
+    session's buffer, or ran interleaved with one on a shared temporary, changes every later output."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("h", torch.zeros(2, 8))
+        self.register_buffer("n", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        self.h.mul_(0.5).add_(torch.tanh(self.lin(x)))
+        self.n.add_(1)
+        return self.h.sum(-1) * self.n, self.h.clone()
+
+
+@pytest.mark.parametrize("replay", [True, False], ids=["replay", "step"])
+def test_eight_threads_thousand_calls_each_equal_serial_runs(replay):
+    """8 threads x 1,000 calls, each thread on its own session of one stateful executable with its own
+    random inputs: every output equals (bitwise) the same stream run serially in a fresh session."""
+    threads, calls = 8, 1000
+    torch.manual_seed(7)
+    prog = ostinato.export(Leaky(), (torch.randn(2, 8),))
+    exe = ostinato.compile(prog, device="cpu", replay=replay)
+    streams = [torch.randn(calls, 2, 8, generator=torch.Generator().manual_seed(100 + i)) for i in range(threads)]
+
+    def work(i):
+        session = exe.new_session()
+        return [snapshot(session(streams[i][c])) for c in range(calls)], session
+
+    results = run_threads(work, n=threads)
+    serial = ostinato.compile(prog, device="cpu", replay=replay)
+    for i in range(threads):
+        session = serial.new_session()
+        outs, threaded = results[i]
+        for c in range(calls):
+            ref = session(streams[i][c])
+            for got, want in zip(outs[c], ref):
+                assert torch.equal(got, want), f"thread {i} call {c}"
+        assert int(threaded.state["n"]) == calls
+        assert torch.equal(threaded.state["h"], session.state["h"])
+    assert int(exe.session.state["n"]) == 0, "the executable's own session was touched"
+    if replay:
+        assert exe.stats()["captures"] == threads and exe.stats()["replays"] == threads * (calls - 1)
