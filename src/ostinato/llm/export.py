@@ -170,9 +170,17 @@ def export_causal_lm(model: nn.Module, max_cache_len: int, batch: int = 1, dtype
     def ids(t: int) -> torch.Tensor:
         return torch.randint(0, vocab, (batch, t), generator=gen).to(device)
 
+    def traced(args: tuple, dynamic_shapes) -> Program:
+        # Traced with SDPA's math kernel: the graph torch.export records depends on the layout of the
+        # attention kernel it saw (a CUDA fp32 kernel's output lets ``.reshape`` become a bare view, which
+        # other kernels' outputs do not allow); math's is the layout every backend can reproduce.
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([SDPBackend.MATH]):
+            return export(step, args, dynamic_shapes=dynamic_shapes, trace_strict=True)
+
     def run_export(what: str, args: tuple, dynamic_shapes=None) -> Program:
         try:
-            return export(step, args, dynamic_shapes=dynamic_shapes, trace_strict=True)
+            return traced(args, dynamic_shapes)
         except OstinatoError as e:
             if step.full_mask or "data-dependent" not in str(e.__cause__ or e):
                 raise ExportError(f"{family}: the {what} graph cannot be exported: {blocking_site(e)}") from e
@@ -181,7 +189,7 @@ def export_causal_lm(model: nn.Module, max_cache_len: int, batch: int = 1, dtype
                  "all-ones mask over the cache", family, what)
         step.full_mask = True
         try:
-            return export(step, args, dynamic_shapes=dynamic_shapes, trace_strict=True)
+            return traced(args, dynamic_shapes)
         except OstinatoError as e:
             raise ExportError(f"{family}: the {what} graph cannot be exported: {blocking_site(first)} (and with "
                               f"an all-ones attention mask: {blocking_site(e)})") from e
