@@ -7,9 +7,9 @@ device in the dtype and generated from by
 - ``ostinato``: ``ostinato.llm.export_causal_lm`` then ``compile(replay=True)``; ``exe.generate`` with
   its ``stats`` (time to first token: prefill and the first sample, synced; decode: the rest, synced at
   the end, so the loop's own syncs are only its stop checks, and there are none here).
-- ``hf-compiled``: transformers' ``generate`` with a static cache, the model's forward under
-  ``torch.compile(mode="reduce-overhead")`` (CUDA graphs on the GPU).
-- ``hf-eager``: the same without torch.compile.
+- ``hf-compiled``: transformers' ``generate`` with a static cache, which compiles the model's forward
+  itself (``CompileConfig(fullgraph=True, mode="reduce-overhead")``: CUDA graphs on the GPU).
+- ``hf-eager``: the same with ``disable_compile=True`` (on a GPU, generate would compile otherwise).
 
 transformers' times come from a streamer that stamps each token as generate hands it over (the first
 ``put`` is the prompt, before prefill). Every runner generates ``--new-tokens`` greedily with no stop
@@ -74,12 +74,24 @@ class Clock:
         pass
 
 
-def run_hf(model, ids: torch.Tensor, new: int, device: torch.device) -> tuple[dict, list[int]]:
+def compile_options(compiled: bool) -> dict:
+    """generate's own switch: with a static cache on a GPU it compiles the forward by itself
+    (CompileConfig, reduce-overhead by default); ``disable_compile`` keeps it eager."""
+    if not compiled:
+        return {"disable_compile": True}
+    from transformers import CompileConfig
+    config = CompileConfig(fullgraph=True, mode="reduce-overhead")
+    config._compile_all_devices = True   # also on the CPU, where generate would not compile by itself
+    return {"compile_config": config}
+
+
+def run_hf(model, ids: torch.Tensor, new: int, device: torch.device, compiled: bool) -> tuple[dict, list[int]]:
     clock = Clock()
     sync(device)
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                             cache_implementation="static", streamer=clock, pad_token_id=0)
+                             cache_implementation="static", streamer=clock, pad_token_id=0,
+                             **compile_options(compiled))
     sync(device)
     end = time.perf_counter()
     s = clock.stamps
@@ -127,11 +139,10 @@ def bench_shape(shape: str, args, device: torch.device, dtype: torch.dtype) -> d
     results = {"ostinato": measure(lambda: run_ostinato(exe, ids, args.new_tokens), args.runs)}
     del exe
     if "hf-eager" in args.peers:
-        results["hf-eager"] = measure(lambda: run_hf(model, ids, args.new_tokens, device), args.runs)
+        results["hf-eager"] = measure(lambda: run_hf(model, ids, args.new_tokens, device, False), args.runs)
     if "hf-compiled" in args.peers:
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
         t0 = time.perf_counter()
-        results["hf-compiled"] = measure(lambda: run_hf(model, ids, args.new_tokens, device), args.runs)
+        results["hf-compiled"] = measure(lambda: run_hf(model, ids, args.new_tokens, device, True), args.runs)
         row["hf_compiled_first_and_timed_s"] = time.perf_counter() - t0
     ref = results.get("hf-eager", results.get("hf-compiled", {})).get("tokens")
     for name, r in results.items():
