@@ -101,6 +101,7 @@ def test_save_load_replay_and_batch(llama, tmp_path):
     assert {v.name for v in loaded.methods["prefill"].graph.constants} == {v.name for v in loaded.graph.constants}
     from ostinato.program.writer import to_bytes
     assert to_bytes(loaded) == path.read_bytes()   # same bytes after a round trip
+    assert to_bytes(export_causal_lm(model, max_cache_len=CACHE)) == path.read_bytes()   # and exported again
     exe = ostinato.compile(loaded, replay=True)
     ids = prompt()
     ref = reference(model, ids)
