@@ -203,8 +203,6 @@ def main(what: str, dtype_name: str) -> None:
         items.append(("channels_last_looped", lambda: (ChannelsLast(), (torch.randn(2, 16, 40, 40),), 1)))
         # a reduction-only group of few long rows, with NaN in one row: max/min keep it across split parts
         items.append(("few_long_rows_nan", lambda: (LongRowStats(), (_with_nan(torch.randn(3, 9000)),), 1)))
-        # far from zero (a sum of squares minus the squared sum would lose every digit here)
-        items.append(("few_long_rows_offset", lambda: (LongRowStats(), (torch.randn(3, 9000) * 0.01 + 100.0,), 1)))
         tol = 1e-4
     for name, make in items:
         torch.manual_seed(0)

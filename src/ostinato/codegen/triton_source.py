@@ -11,7 +11,6 @@ Only text is produced here: nothing imports Triton until a kernel must be compil
 """
 from __future__ import annotations
 
-import os
 import re
 
 from .prims import (BINARY, COMPARE, FLOATS, HALF, LOGICAL, REDUCTIONS, TRITON_TYPES, UNARY, compute_code,
@@ -212,68 +211,39 @@ class _Emitter:
 
     def looped_reductions(self, r_done: set[int]) -> None:
         """Each reduction as a loop over the row in RBLOCK chunks (recomputing the pointwise ops it
-        reads), then every row-level op: the statistics the x-level outputs need. A centred sum
-        (centred_sums) is computed in the pass of the sum it is centred on."""
+        reads), then every row-level op: the statistics the x-level outputs need."""
         spec = self.spec
-        pairs = centred_sums(spec)
-        partner = {j1: j2 for j2, (j1, _) in pairs.items()}
         for j in [i for i, op in enumerate(spec.ops) if op[0] in REDUCTIONS]:
             self._emit_r_before(j, r_done)
-            if j in pairs:
-                self.line(f"v{j} = {self._centred_total(j, pairs[j][1])}")
-            else:
-                self._accumulate(j, "0", "rnumel", partner.get(j))
+            self._accumulate(j, "0", "rnumel")
             r_done.add(j)
         self._emit_r_before(len(spec.ops), r_done)
 
     def split_reductions(self, stage: int) -> bool:
         """A split row's statistics (``chunk``: this program's part of the row). Stage k < the number of
-        stages - 1: the earlier stages' reductions combined from their partials, then stage k's over this
+        reductions: the earlier reductions combined from their partials, then reduction k over this
         part, stored as its partial (returns False: nothing else to emit). The last stage: every
-        reduction combined from its partials, then the row-level ops (returns True). A centred sum
-        (centred_sums) has no stage: the stage of the sum it is centred on stores its part's sum of
-        squares about the part's own mean, and the combine moves each part's to the row's centre."""
+        reduction combined from its partials, then the row-level ops (returns True)."""
         spec = self.spec
         reds = [i for i, op in enumerate(spec.ops) if op[0] in REDUCTIONS]
-        pairs = centred_sums(spec)
-        partner = {j1: j2 for j2, (j1, _) in pairs.items()}
-        staged = [j for j in reds if j not in pairs]
-        done = set(staged[:stage]) | {partner[j] for j in staged[:stage] if j in partner}
         r_done: set[int] = set()
         if stage:
             self.line("sidx = tl.arange(0, SBLOCK)[None, :]")
-        for j in reds:
-            if j not in done:
-                continue
+        for e, j in enumerate(reds[:stage]):
             self._emit_r_before(j, r_done)
             rname = spec.ops[j][0]
-            self.line(f"p{j} = tl.load(ws + ({reds.index(j)} * xnumel + xidx) * nsplit + sidx, "
-                      f"mask=xmask & (sidx < nsplit), other={REDUCTIONS[rname][0]})")
-            if j in pairs:
-                j1, centre = pairs[j]
-                self.line("pn = tl.maximum(tl.minimum(rnumel, sidx * rchunk + rchunk) - sidx * rchunk, 0)"
-                          ".to(tl.float32)")
-                self.line(f"pd = p{j1} / tl.maximum(pn, 1.0) - v{centre}")
-                self.line(f"v{j} = tl.sum(tl.where(xmask & (sidx < nsplit), p{j} + pn * pd * pd, 0.0), axis=1)[:, None]")
-            else:
-                self.line(f"v{j} = {self._reduced(rname, f'p{j}')}")
+            self.line(f"p{j} = tl.load(ws + ({e} * xnumel + xidx) * nsplit + sidx, mask=xmask & (sidx < nsplit), "
+                      f"other={REDUCTIONS[rname][0]})")
+            self.line(f"v{j} = {self._reduced(rname, f'p{j}')}")
             r_done.add(j)
-        if stage < len(staged):
-            j = staged[stage]
+        if stage < len(reds):
+            j = reds[stage]
             self._emit_r_before(j, r_done)
-            self._accumulate(j, "chunk * rchunk", "tl.minimum(rnumel, chunk * rchunk + rchunk)", partner.get(j))
-            self.line(f"tl.store(ws + ({reds.index(j)} * xnumel + xidx) * nsplit + chunk, v{j}, mask=xmask)")
-            if j in partner:
-                j2 = partner[j]
-                self.line(f"tl.store(ws + ({reds.index(j2)} * xnumel + xidx) * nsplit + chunk, wq{j2}, mask=xmask)")
+            self._accumulate(j, "chunk * rchunk", "tl.minimum(rnumel, chunk * rchunk + rchunk)")
+            self.line(f"tl.store(ws + ({stage} * xnumel + xidx) * nsplit + chunk, v{j}, mask=xmask)")
             return False
         self._emit_r_before(len(spec.ops), r_done)
         return True
-
-    def _centred_total(self, j2: int, centre: int) -> str:
-        """The centred sum ``j2`` of a looped row, from its pass's count, mean and sum of squares about that
-        mean (``wn``, ``wm``, ``wq``), moved to the centre the spec computes (op ``centre``)."""
-        return f"wq{j2} + wn{j2} * (wm{j2} - v{centre}) * (wm{j2} - v{centre})"
 
     def _emit_r_before(self, limit: int, r_done: set[int]) -> None:
         """The row-level ops before op ``limit`` not emitted yet (reductions aside)."""
@@ -282,18 +252,12 @@ class _Emitter:
         self.emit_ops(ids, 1)
         r_done.update(ids)
 
-    def _accumulate(self, j: int, start: str, stop: str, centred: int | None = None) -> None:
+    def _accumulate(self, j: int, start: str, stop: str) -> None:
         """Reduction ``j`` over the row elements [start, stop) in RBLOCK chunks (recomputing the
-        pointwise ops it reads), as ``v{j}`` of shape [XBLOCK, 1]. ``centred``: a centred sum of the
-        same values (centred_sums) computed in the same pass: Welford's running count, mean and sum of
-        squares about the mean in each lane of the tile, the lanes merged after the loop (Chan et al.),
-        as ``wn``, ``wm``, ``wq`` + ``centred`` of shape [XBLOCK, 1]."""
+        pointwise ops it reads), as ``v{j}`` of shape [XBLOCK, 1]."""
         rname, code, _, arg = self.spec.ops[j]
         ident = REDUCTIONS[rname][0]
         self.line(f"acc{j} = tl.full([XBLOCK, RBLOCK], {ident}, {_ct(code)})")
-        if centred is not None:
-            for w in ("wn", "wm", "wq"):
-                self.line(f"{w}{centred} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
         self.line(f"for r0 in range({start}, {stop}, RBLOCK):")
         self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.i64 else ""), 2)
         self._row_body(2)
@@ -304,19 +268,6 @@ class _Emitter:
         else:
             fn = "tl.maximum" if rname == "rmax" else "tl.minimum"
             self.line(f"acc{j} = {fn}(acc{j}, {val}, propagate_nan=tl.PropagateNan.ALL)", 2)
-        if centred is not None:     # Welford's update in each lane of the tile: no reduction in the loop
-            c = centred
-            self.line(f"nn = wn{c} + mask.to(tl.float32)", 2)
-            self.line(f"dm = tl.where(mask, {self._conv(arg, code)} - wm{c}, 0.0)", 2)
-            self.line(f"wm{c} = wm{c} + dm / tl.maximum(nn, 1.0)", 2)
-            self.line(f"wq{c} = wq{c} + tl.where(mask, dm * ({self._conv(arg, code)} - wm{c}), 0.0)", 2)
-            self.line(f"wn{c} = nn", 2)
-            # the lanes merged: the part's count, mean and sum of squares about that mean
-            self.line(f"ln = tl.sum(wn{c}, axis=1)[:, None]")
-            self.line(f"lm = tl.sum(wn{c} * wm{c}, axis=1)[:, None] / tl.maximum(ln, 1.0)")
-            self.line(f"wq{c} = tl.sum(wq{c} + wn{c} * (wm{c} - lm) * (wm{c} - lm), axis=1)[:, None]")
-            self.line(f"wm{c} = lm")
-            self.line(f"wn{c} = ln")
         self.line(f"v{j} = {self._reduced(rname, f'acc{j}')}")
 
     def _row_body(self, indent: int) -> None:
@@ -362,8 +313,6 @@ def render(spec: GroupSpec, xr: int, rr: int, loop: bool, i64: bool, interpreted
     programs): 0 .. reductions - 1 store a reduction's partials, the last combines them and writes the
     outputs (split_stages(spec) kernels run in order)."""
     kind = f"s{stage}" if stage is not None else "l" if loop else "p"
-    if stage is not None or loop:
-        kind += "" if centred_pass_enabled() else "n"
     name = f"{kernel_name(spec)}_x{xr}r{rr}{kind}{'w' if i64 else ''}{'_i' if interpreted else ''}"
     body = _Emitter(spec, xr, rr if spec.red else 0, interpreted).render(name, loop, i64, stage)
     head = ('"""Generated by ostinato.codegen from a fusion group; do not edit."""\n'
@@ -372,71 +321,8 @@ def render(spec: GroupSpec, xr: int, rr: int, loop: bool, i64: bool, interpreted
 
 
 def split_stages(spec: GroupSpec) -> int:
-    """How many kernels a split row takes: one per reduction (its partials) but the centred sums
-    (computed with the sum they are centred on), then the last."""
-    return sum(op[0] in REDUCTIONS for op in spec.ops) - len(centred_sums(spec)) + 1
-
-
-def split_slots(spec: GroupSpec) -> int:
-    """Partials a split row stores per part: one per reduction (the workspace's first dim)."""
-    return sum(op[0] in REDUCTIONS for op in spec.ops)
-
-
-_LEAVES = ("in", "scalar", "const", "rnumel")
-
-
-def centred_pass_enabled() -> bool:
-    """OSTINATO_CENTRED_PASS=0 gives a centred sum a pass over the row of its own (the A/B switch)."""
-    return os.environ.get("OSTINATO_CENTRED_PASS", "1") != "0"
-
-
-def centred_sums(spec: GroupSpec) -> dict[int, tuple[int, int]]:
-    """Centred sums of squares, ``sum((X - M)^2)`` where the row-level ``M`` depends on no reduction but
-    ``sum(X)`` (a mean, a variance, layer and group norms: M is the mean), all in float32: op index ->
-    (that sum's index, M's index). A looped or split row computes them in the pass over X that computes
-    sum(X), one pass over the row fewer: each tile's sum of squares about its own mean, merged by the
-    exact identity sum((X - M)^2) = sum((X - m)^2) + n (m - M)^2 for a part of n values of mean m."""
-    ops = spec.ops
-    out: dict[int, tuple[int, int]] = {}
-    if not centred_pass_enabled():
-        return out
-
-    def reductions_under(i: int) -> set[int]:
-        found, stack, seen = set(), [i], set()
-        while stack:
-            k = stack.pop()
-            if k in seen:
-                continue
-            seen.add(k)
-            name = ops[k][0]
-            if name in REDUCTIONS:
-                found.add(k)
-            elif name not in _LEAVES:
-                stack.extend(ops[k][3:])
-        return found
-
-    for j2, op in enumerate(ops):
-        if op[0] != "sum" or op[1] != "f32":
-            continue
-        sq = ops[op[3]]
-        if sq[0] == "mul" and sq[3] == sq[4]:
-            d = sq[3]
-        elif sq[0] == "pow" and ops[sq[4]][0] == "const" and decode_const(ops[sq[4]][3]) == 2:
-            d = sq[3]
-        else:
-            continue
-        if sq[1] != "f32" or ops[d][0] != "sub" or ops[d][1] != "f32" or ops[d][2] != "x":
-            continue
-        x, centre = ops[d][3], ops[d][4]
-        if ops[centre][2] != "r" or ops[x][2] != "x" or ops[x][1] != "f32":
-            continue
-        under = reductions_under(centre)
-        if len(under) != 1:
-            continue
-        (j1,) = under
-        if ops[j1][0] == "sum" and ops[j1][1] == "f32" and ops[j1][3] == x and j1 < j2:
-            out[j2] = (j1, centre)
-    return out
+    """How many kernels a split row takes: one per reduction (its partials), then the last."""
+    return sum(op[0] in REDUCTIONS for op in spec.ops) + 1
 
 
 # A matmul group (spec.LinearSpec): the prologue's and the epilogue's emitters write their names with

@@ -20,7 +20,7 @@ from ....codegen.prims import DTYPES, REDUCTIONS, compute_code
 from ....codegen.reference import (base_shape, epilogue_inputs, evaluate, evaluate_linear, iteration_shape, parse,
                                    split_dims, split_linear_args)
 from ....codegen.spec import GroupSpec, LinearSpec
-from ....codegen.triton_source import render, render_linear, split_slots, split_stages
+from ....codegen.triton_source import render, render_linear, split_stages
 from ....ir.fused_ops import _packed_rows
 from ...cuda.binaries import register_source
 from ..runtime import KernelLibrary
@@ -221,7 +221,7 @@ class FusedLauncher:
             kernels.append(lib.kernel(name, XBLOCK=1, RBLOCK=_SPLIT_RBLOCK, SBLOCK=_pow2(nsplit), num_warps=4))
         grid = (xnumel, nsplit)
         return _LaunchPlan(kernels[-1], tuple(ints) + (rchunk, nsplit), grid, out_shapes, False, formats,
-                           stages=tuple(kernels[:-1]), ws_shape=(split_slots(self.spec), xnumel, nsplit))
+                           stages=tuple(kernels[:-1]), ws_shape=(n_stages - 1, xnumel, nsplit))
 
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
         tensors = args[:self.n_in]
@@ -416,8 +416,6 @@ def forget_plans() -> None:
     such as OSTINATO_SPLIT_REDUCTION anew): for A/B runs in one process."""
     for f in list(_LAUNCHERS.values()):
         f._plans.clear()
-        if hasattr(f, "_libraries"):
-            f._libraries.clear()     # the kernels' source may depend on a switch (OSTINATO_CENTRED_PASS)
 
 
 def run_fused(spec_json: str, *args) -> tuple[torch.Tensor, ...]:
