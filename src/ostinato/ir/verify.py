@@ -94,6 +94,22 @@ def _check_shapes(g: Graph, hints: Mapping[str, int]) -> None:
         fake_log.setLevel(level)
 
 
+def _check_dim_args(node, schema, args, kwargs) -> None:
+    """A ``dim`` argument must index its op's first tensor: torch's shape functions leave some unchecked
+    (softmax's), so a damaged program with a dim of 2**32 would pass here and fail when run. The bound
+    allows one past the rank (unsqueeze's dims index its result)."""
+    if schema is None or not args or not isinstance(args[0], torch.Tensor):
+        return
+    rank = max(args[0].dim(), 1)
+    for i, param in enumerate(schema.arguments):
+        if param.name != "dim":
+            continue
+        value = args[i] if i < len(args) else kwargs.get("dim")
+        for d in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(d, int) and not isinstance(d, bool) and not -rank - 1 <= d <= rank:
+                raise _fail(node, f"dim {d} is out of range for the rank-{args[0].dim()} input")
+
+
 def _propagate(g: Graph, hints: Mapping[str, int], unknown: set[str]) -> None:
     env: dict[int, object] = {}
 
@@ -123,6 +139,7 @@ def _propagate(g: Graph, hints: Mapping[str, int], unknown: set[str]) -> None:
         args = map_values(node.args, lambda v: env[v.id])
         kwargs = map_values(node.kwargs, lambda v: env[v.id])
         kwargs = {k: (torch.device("cpu") if k == "device" else a) for k, a in kwargs.items()}
+        _check_dim_args(node, getattr(op.target, "_schema", None), args, kwargs)
         try:
             res = op.target(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - reported as a graph error naming the node
