@@ -88,6 +88,42 @@ def test_depthwise_conv_bias_stays_in_torchs_kernel_unless_channels_last():
     assert item.args[2] is None and sum(isinstance(i, codegen.FusionGroup) for i in items) == 1
 
 
+class BroadcastProducers(torch.nn.Module):
+    """Chains over small tensors broadcast into the groups reading them (computed inside them), one reading
+    a buffer the graph writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(2, 1, 8))
+
+    def forward(self, x, y, s):
+        t = s * 2.0 + 1.0                       # [2, 1, 8]: two lone nodes, both inlined
+        a = torch.tanh(x) * t + x
+        u = s.exp()
+        b, c = torch.sigmoid(x * 3.0) + u, torch.relu(y * 2.0) - u
+        w = self.cache.neg()
+        self.cache.copy_(s * 0.5)               # s * 0.5 only feeds the write: it stays torch's
+        return a, b, c, torch.sin(y) * w + y
+
+
+def test_broadcast_producers_computed_in_the_group():
+    model = BroadcastProducers().eval()
+    args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(2, 1, 8))
+    prog = ostinato.export(model, args, passes=GENERIC)
+    groups = [g for g in codegen.schedule(prog.graph) if isinstance(g, codegen.FusionGroup)]
+    small = {n.outputs[0].id for n in prog.graph.nodes if n.op in ("aten.mul.Tensor", "aten.add.Tensor", "aten.exp")
+             and n.outputs[0].meta.shape == (2, 1, 8)}
+    assert len(small) == 4 and all(any(v.id in small for n in g.nodes for v in n.outputs) for g in groups
+                                   if "aten.tanh" in [n.op for n in g.nodes])
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    assert unfused_compute(exe) == ["aten.mul.Tensor"], unfused_compute(exe)
+    ref = BroadcastProducers().eval()
+    for _ in range(2):      # the second call reads the cache the first wrote
+        with torch.no_grad():
+            want = ref(*args)
+        assert_same(exe(*args), want)
+
+
 def test_spec_round_trip_and_rejects_bad_json():
     model, args = CASES[0].build(torch.float32)
     prog = ostinato.export(model.eval(), args, passes=GENERIC)

@@ -215,6 +215,35 @@ def node_space(node: Node, users: dict[int, list[Node]], graph_reads: set[int]) 
     return space
 
 
+def _broadcast_producers(g: FusionGroup, lone: set[int], users: dict, graph_reads: set[int], position: dict,
+                         impure_at: list[int]) -> list[Node]:
+    """Lone pointwise nodes (groups of one) whose results only ``g`` reads, to compute inside ``g``'s
+    kernel: a value broadcast into g's space (DiT's ``1 + scale[:, None]`` before its modulation), which
+    the space rule keeps out of g. Recomputing one pointwise op per element of g costs less than its own
+    launch and the round trip of its result. Chains of them are taken too; never across an impure node
+    (the producer's inputs must hold at g's launch what they held at its own place)."""
+    taken: list[Node] = []
+    ids = {id(n) for n in g.nodes}
+    stack = list(g.nodes)
+    while stack:
+        n = stack.pop()
+        for v in n.inputs:
+            p = v.producer
+            if p is None or id(p) in ids or id(p) not in lone or len(p.outputs) != 1 or v.id in graph_reads:
+                continue
+            kind = HANDLERS[p.op].kind(p) if p.op in HANDLERS else None
+            if kind is None or kind.red or kind.split:
+                continue
+            if any(id(u) not in ids for u in users.get(v.id, ())):
+                continue
+            if any(position[id(p)] < i <= g.launch_at for i in impure_at):
+                continue
+            ids.add(id(p))
+            taken.append(p)
+            stack.append(p)
+    return taken
+
+
 def schedule(graph: Graph, channels_last: frozenset = frozenset()) -> list[Node | FusionGroup]:
     """The graph's nodes in order, chains of fusible nodes replaced by FusionGroups; ``channels_last``:
     the names of the convolutions the backend runs NHWC."""
@@ -332,21 +361,30 @@ def schedule(graph: Graph, channels_last: frozenset = frozenset()) -> list[Node 
 
     last_of: dict[int, FusionGroup] = {}
     fused: set[int] = set()
+    lone = {id(g.nodes[0]) for g in groups if len(g.nodes) == 1}
+    impure_at = [i for i, n in enumerate(graph.nodes) if get_op(n.op) is None or not get_op(n.op).pure]
     for g in groups:
         if len(g.nodes) < 2:
             continue
-        g.nodes.sort(key=lambda n: position[id(n)])
-        ids = {id(n) for n in g.nodes}
-        read_outside = set(graph_reads)
-        for n in g.nodes:
-            for v in n.outputs:
-                if v is not None and any(id(u) not in ids for u in users.get(v.id, ())):
-                    read_outside.add(v.id)
-        try:
-            g.build(read_outside)
-        except NotFusible as e:
-            log.debug("ostinato fusion: %s left unfused: %s", g.name, e)
+        own = list(g.nodes)
+        inlined = _broadcast_producers(g, lone, users, graph_reads, position, impure_at)
+        for attempt in ((own + inlined, own) if inlined else (own,)):
+            g.nodes = sorted(attempt, key=lambda n: position[id(n)])
+            ids = {id(n) for n in g.nodes}
+            read_outside = set(graph_reads)
+            for n in g.nodes:
+                for v in n.outputs:
+                    if v is not None and any(id(u) not in ids for u in users.get(v.id, ())):
+                        read_outside.add(v.id)
+            try:
+                g.build(read_outside)
+                break
+            except NotFusible as e:
+                log.debug("ostinato fusion: %s left unfused: %s", g.name, e)
+                g.spec, g.inputs, g.outputs = None, [], []
+        if g.spec is None:
             continue
+        lone -= ids
         last_of[id(graph.nodes[g.launch_at])] = g
         fused |= ids
     out: list[Node | FusionGroup] = []
