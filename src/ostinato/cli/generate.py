@@ -127,9 +127,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_report(r: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
-    console = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
+
+    from .progress import report_console
+    console = report_console()
     console.print(f"{r['file']}: {r['model']} on {r['device']}, {'replay' if r['replay'] else 'step by step'}, "
                   f"prompt {r['prompt_tokens']} tokens")
     console.print("tokens: " + ",".join(str(t) for t in r["tokens"]), soft_wrap=True)

@@ -177,10 +177,10 @@ def _short(op: str) -> str:
 
 
 def _print_launches(r: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
-    # Wide when not a terminal: a pipe or a log keeps each line whole (rich would wrap at 80 columns).
-    console = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
+
+    from .progress import report_console
+    console = report_console()
     s = r["summary"]
     why = ("fusion on" if s["fusion"] else
            "fusion off: OSTINATO_FUSION=0" if s["fusion_off_by_env"] else "cpu: no generated kernels")

@@ -12,6 +12,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
+def report_console() -> Console:
+    """The console a command's report goes to: stdout, wide when not a terminal (a pipe or a log keeps
+    each line whole; rich would wrap at 80 columns)."""
+    return Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
 class Stages:
     """One stage at a time: ``begin`` ends the previous one; ``advance`` moves a stage with a total."""
 

@@ -197,10 +197,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_report(r: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
-    # Wide when not a terminal: a pipe or a log keeps each line whole (rich would wrap at 80 columns).
-    console = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
+
+    from .progress import report_console
+    console = report_console()
     mode = "replay" if r["replay"] else "step by step"
     console.print(f"{r['file']}: {r['model']} on {r['device']}, {mode}, plan {r['plan_source']}, "
                   f"inputs {r['inputs']}")
