@@ -377,18 +377,19 @@ def _try_tiny_tmpfs(mount_at: str) -> bool:
 def test_full_filesystem_costs_only_the_disk_tier(how, tmp_path, monkeypatch, caplog):
     root = str(tmp_path / "cachefs")
     os.makedirs(root)
-    if how == "tiny_tmpfs":
-        if not _try_tiny_tmpfs(root):
-            pytest.skip("cannot mount a tmpfs here (needs root and mount rights)")
-        with open(os.path.join(root, "filler"), "wb", buffering=0) as f:     # fill it
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError as e:
-                assert e.errno == errno.ENOSPC
-    else:
-        _no_space_for(root, monkeypatch)
+    mounted = how == "tiny_tmpfs" and _try_tiny_tmpfs(root)
+    if how == "tiny_tmpfs" and not mounted:
+        pytest.skip("cannot mount a tmpfs here (needs root and mount rights)")
     try:
+        if mounted:
+            with open(os.path.join(root, "filler"), "wb", buffering=0) as f:     # fill it
+                try:
+                    while True:
+                        f.write(b"\0" * 4096)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC
+        else:
+            _no_space_for(root, monkeypatch)
         monkeypatch.setenv("OSTINATO_CACHE_DIR", root)
         set_cache(None)
         plan_cache.memo.clear()
@@ -408,5 +409,5 @@ def test_full_filesystem_costs_only_the_disk_tier(how, tmp_path, monkeypatch, ca
         for p in leftovers:     # whatever did get written is whole
             assert p.endswith(".json") or DiskTier(root).get(os.path.basename(p)[:-4]) is not None
     finally:
-        if how == "tiny_tmpfs":
+        if mounted:
             subprocess.run(["umount", root], capture_output=True)
