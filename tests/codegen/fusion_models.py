@@ -267,6 +267,21 @@ class ConvNeXtBlock(nn.Module):
         return x + (self.gamma * h).permute(0, 3, 1, 2)
 
 
+class SqueezeExcite(nn.Module):
+    """MobileNetV3's block end: pooled, two biased 1x1 convs, the hardsigmoid gate broadcast over pixels."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(c).eval()
+        self.fc1, self.fc2 = nn.Conv2d(c, c // 4, 1), nn.Conv2d(c // 4, c, 1)
+        nn.init.uniform_(self.fc2.bias, -1.0, 1.0)
+
+    def forward(self, x):
+        x = F.hardswish(self.bn(x))
+        s = F.hardsigmoid(self.fc2(F.relu(self.fc1(x.mean((2, 3), keepdim=True)))))
+        return x * s
+
+
 CASES = [
     Case("rms_plain", lambda dt: (RMSPlain().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
     Case("rms_upcast_div", lambda dt: (RMSUpcastDiv().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
@@ -289,6 +304,11 @@ CASES = [
          leftover=("aten.relu",)),
     # the layer scale and the residual add, either side of a permute back to NCHW (passes.sink_permutes);
     # the layer norm and the GELU between cuBLAS matmuls are lone ops
+    # the pooled statistics with the norm and activation; fc1's bias with the ReLU, fc2's with the
+    # hardsigmoid (four ops as exported); the gate's multiply over the pixels stays torch's (its producer is
+    # a group of another space, not a lone node)
+    Case("squeeze_excite", lambda dt: (SqueezeExcite().to(dt), (_r(2, 16, 5, 6, dtype=dt),)), 3,
+         leftover=("aten.mul.Tensor",)),
     Case("convnext_block", lambda dt: (ConvNeXtBlock().to(dt), (_r(2, 16, 9, 10, dtype=dt),)), 1,
          leftover=("aten.layer_norm", "aten.gelu")),
 ]

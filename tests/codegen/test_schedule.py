@@ -213,3 +213,19 @@ def test_edge_cases_reference(name):
     exe = fused_executable(prog, ReferenceFusionBackend())
     with torch.no_grad():
         assert_same(exe(*args), model(*args), tol=0.0 if exact else 1e-5)
+
+
+def test_lone_node_takes_its_broadcast_producer():
+    """A lone pointwise node reading a lone pointwise node's smaller result becomes one group of both."""
+
+    class Gate(torch.nn.Module):
+        def forward(self, x, s):
+            return x * torch.sigmoid(s)
+
+    args = (torch.randn(2, 8, 3, 4), torch.randn(2, 8, 1, 1))
+    prog = ostinato.export(Gate(), args, passes=GENERIC)
+    groups = [g for g in codegen.schedule(prog.graph) if isinstance(g, codegen.FusionGroup)]
+    assert [sorted(n.op for n in g.nodes) for g in groups] == [["aten.mul.Tensor", "aten.sigmoid"]]
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    assert not unfused_compute(exe)
+    assert_same(exe(*args), Gate()(*args))

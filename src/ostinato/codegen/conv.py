@@ -98,8 +98,9 @@ def absorb_conv_bias(graph: Graph, items: list, users: dict, graph_reads: set[in
             continue
         item = holder.get(id(readers[0]))
         if isinstance(item, FusionGroup):
-            if type(item) is not FusionGroup or item.space is None or item.space.short \
-                    or tuple(item.space.shape) != tuple(v.meta.shape):
+            # the result as a member of the group's space, or broadcast into it (an SE block's gate)
+            if type(item) is not FusionGroup or item.space is None or item.space.short or item.space.red \
+                    and tuple(item.space.shape) != tuple(v.meta.shape) or not _broadcasts(v.meta.shape, item.space.shape):
                 continue
         elif item is None or node_space(item, users, graph_reads) is None:
             continue
@@ -118,6 +119,13 @@ def absorb_conv_bias(graph: Graph, items: list, users: dict, graph_reads: set[in
                 for conv in convs_of[id(it)]:
                     taken[id(conv)] = without_bias(conv)
     return [taken.get(id(it)) or rebuilt.get(id(it), it) for it in items]
+
+
+def _broadcasts(shape, space) -> bool:
+    """Whether a value of ``shape`` is read in a pointwise space of shape ``space`` (right-aligned, 1 or
+    equal in each dim)."""
+    shape, space = tuple(shape), tuple(space)
+    return len(shape) <= len(space) and all(d == 1 or d == e for d, e in zip(shape[::-1], space[::-1]))
 
 
 def _reader(out: Value, users: dict, graph_reads: set[int]) -> tuple[Value, int] | None:

@@ -364,10 +364,12 @@ def schedule(graph: Graph, channels_last: frozenset = frozenset()) -> list[Node 
     lone = {id(g.nodes[0]) for g in groups if len(g.nodes) == 1}
     impure_at = [i for i, n in enumerate(graph.nodes) if get_op(n.op) is None or not get_op(n.op).pure]
     for g in groups:
-        if len(g.nodes) < 2:
-            continue
+        if len(g.nodes) < 2 and id(g.nodes[0]) not in lone:
+            continue        # a lone node another group took in
         own = list(g.nodes)
         inlined = _broadcast_producers(g, lone, users, graph_reads, position, impure_at)
+        if len(own) < 2 and not inlined:
+            continue        # a group of one stays an ATen node
         for attempt in ((own + inlined, own) if inlined else (own,)):
             g.nodes = sorted(attempt, key=lambda n: position[id(n)])
             ids = {id(n) for n in g.nodes}
