@@ -304,11 +304,10 @@ CASES = [
          leftover=("aten.relu",)),
     # the layer scale and the residual add, either side of a permute back to NCHW (passes.sink_permutes);
     # the layer norm and the GELU between cuBLAS matmuls are lone ops
-    # the pooled statistics with the norm and activation; fc1's bias with the ReLU, fc2's with the
-    # hardsigmoid (four ops as exported); the gate's multiply over the pixels stays torch's (its producer is
-    # a group of another space, not a lone node)
-    Case("squeeze_excite", lambda dt: (SqueezeExcite().to(dt), (_r(2, 16, 5, 6, dtype=dt),)), 3,
-         leftover=("aten.mul.Tensor",)),
+    # the pooled statistics with the norm and activation; fc1's bias with the ReLU; fc2's bias, the
+    # hardsigmoid (four ops as exported) and the gate's multiply over the pixels in one kernel (the gate
+    # computed again per pixel: schedule._broadcast_producers)
+    Case("squeeze_excite", lambda dt: (SqueezeExcite().to(dt), (_r(2, 16, 5, 6, dtype=dt),)), 3),
     Case("convnext_block", lambda dt: (ConvNeXtBlock().to(dt), (_r(2, 16, 9, 10, dtype=dt),)), 1,
          leftover=("aten.layer_norm", "aten.gelu")),
 ]

@@ -215,32 +215,38 @@ def node_space(node: Node, users: dict[int, list[Node]], graph_reads: set[int]) 
     return space
 
 
-def _broadcast_producers(g: FusionGroup, lone: set[int], users: dict, graph_reads: set[int], position: dict,
-                         impure_at: list[int]) -> list[Node]:
-    """Lone pointwise nodes (groups of one) whose results only ``g`` reads, to compute inside ``g``'s
-    kernel: a value broadcast into g's space (DiT's ``1 + scale[:, None]`` before its modulation), which
-    the space rule keeps out of g. Recomputing one pointwise op per element of g costs less than its own
-    launch and the round trip of its result. Chains of them are taken too; never across an impure node
-    (the producer's inputs must hold at g's launch what they held at its own place)."""
-    taken: list[Node] = []
+_MAX_RECOMPUTED = 8     # nodes of a broadcast producer group computed again per element of its reader
+
+
+def _broadcast_producers(g: FusionGroup, group_of_node: dict, free: set[int], users: dict, graph_reads: set[int],
+                         position: dict, impure_at: list[int]) -> list[FusionGroup]:
+    """Pointwise groups (lone nodes included) of another space whose values only ``g`` reads, to compute
+    inside ``g``'s kernel: values broadcast into g's space (DiT's ``1 + scale[:, None]`` before its
+    modulation, a squeeze-excite gate), which the space rule keeps out of g. Recomputing a few pointwise
+    ops per element of g costs less than their own launch and the round trip of their result. Chains are
+    taken too; never across an impure node (the producers' inputs must hold at g's launch what they held
+    at their own place). ``free``: ids of the groups not built nor taken yet."""
+    taken: list[FusionGroup] = []
     ids = {id(n) for n in g.nodes}
     stack = list(g.nodes)
     while stack:
         n = stack.pop()
         for v in n.inputs:
-            p = v.producer
-            if p is None or id(p) in ids or id(p) not in lone or len(p.outputs) != 1 or v.id in graph_reads:
+            h = group_of_node.get(id(v.producer)) if v.producer is not None else None
+            if h is None or h is g or id(h) not in free or h.space.red or h.space.split \
+                    or len(h.nodes) > _MAX_RECOMPUTED:
                 continue
-            kind = HANDLERS[p.op].kind(p) if p.op in HANDLERS else None
-            if kind is None or kind.red or kind.split:
+            inside = ids | {id(m) for m in h.nodes}
+            made = [o for m in h.nodes for o in m.outputs if o is not None]
+            if any(o.id in graph_reads or any(id(u) not in inside for u in users.get(o.id, ())) for o in made):
                 continue
-            if any(id(u) not in ids for u in users.get(v.id, ())):
+            first = min(position[id(m)] for m in h.nodes)
+            if any(first < i <= g.launch_at for i in impure_at):
                 continue
-            if any(position[id(p)] < i <= g.launch_at for i in impure_at):
-                continue
-            ids.add(id(p))
-            taken.append(p)
-            stack.append(p)
+            free.discard(id(h))
+            ids = inside
+            taken.append(h)
+            stack.extend(h.nodes)
     return taken
 
 
@@ -361,34 +367,43 @@ def schedule(graph: Graph, channels_last: frozenset = frozenset()) -> list[Node 
 
     last_of: dict[int, FusionGroup] = {}
     fused: set[int] = set()
-    lone = {id(g.nodes[0]) for g in groups if len(g.nodes) == 1}
     impure_at = [i for i, n in enumerate(graph.nodes) if get_op(n.op) is None or not get_op(n.op).pure]
-    for g in groups:
-        if len(g.nodes) < 2 and id(g.nodes[0]) not in lone:
-            continue        # a lone node another group took in
-        own = list(g.nodes)
-        inlined = _broadcast_producers(g, lone, users, graph_reads, position, impure_at)
-        if len(own) < 2 and not inlined:
-            continue        # a group of one stays an ATen node
-        for attempt in ((own + inlined, own) if inlined else (own,)):
-            g.nodes = sorted(attempt, key=lambda n: position[id(n)])
-            ids = {id(n) for n in g.nodes}
-            read_outside = set(graph_reads)
-            for n in g.nodes:
-                for v in n.outputs:
-                    if v is not None and any(id(u) not in ids for u in users.get(v.id, ())):
-                        read_outside.add(v.id)
-            try:
-                g.build(read_outside)
-                break
-            except NotFusible as e:
-                log.debug("ostinato fusion: %s left unfused: %s", g.name, e)
-                g.spec, g.inputs, g.outputs = None, [], []
-        if g.spec is None:
-            continue
-        lone -= ids
+    group_of_node = {id(n): g for g in groups for n in g.nodes}
+    free = {id(g) for g in groups}
+    absorbed: dict[int, list[FusionGroup]] = {}
+    for g in reversed(groups):      # readers first: a chain of producers ends in its last reader
+        if id(g) in free:
+            absorbed[id(g)] = _broadcast_producers(g, group_of_node, free, users, graph_reads, position, impure_at)
+
+    def build(g: FusionGroup, nodes: list[Node]) -> bool:
+        g.nodes = sorted(nodes, key=lambda n: position[id(n)])
+        ids = {id(n) for n in g.nodes}
+        read_outside = set(graph_reads)
+        for n in g.nodes:
+            for v in n.outputs:
+                if v is not None and any(id(u) not in ids for u in users.get(v.id, ())):
+                    read_outside.add(v.id)
+        try:
+            g.build(read_outside)
+        except NotFusible as e:
+            log.debug("ostinato fusion: %s left unfused: %s", g.name, e)
+            g.spec, g.inputs, g.outputs = None, [], []
+            return False
         last_of[id(graph.nodes[g.launch_at])] = g
-        fused |= ids
+        fused.update(ids)
+        return True
+
+    for g in groups:
+        if id(g) not in absorbed:
+            continue        # taken into a reader's kernel
+        own, extra = list(g.nodes), absorbed[id(g)]
+        if extra and build(g, own + [n for h in extra for n in h.nodes]):
+            continue
+        if len(own) > 1:    # a group of one stays an ATen node
+            build(g, own)
+        for h in extra:     # refused together: each as it was
+            if len(h.nodes) > 1:
+                build(h, list(h.nodes))
     out: list[Node | FusionGroup] = []
     for n in graph.nodes:
         if id(n) in last_of:
