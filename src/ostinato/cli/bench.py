@@ -23,8 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--part", metavar="K/N", help="run the K-th of N parts of the selection (1-based), balanced "
                                                   "by estimated (or --costs measured) time")
     p.add_argument("--configs", metavar="PATTERN", help="comma-separated globs or substrings of configuration names")
-    p.add_argument("--runners", metavar="LIST", help="comma-separated runners (default: all that apply): eager, "
-                   "cuda_graph_eager, torch_compile, torch_compile_ro, ostinato, ostinato_replay")
+    p.add_argument("--runners", metavar="LIST", help="comma-separated runners (default: all that apply, the "
+                   "A/B ones aside): eager, cuda_graph_eager, torch_compile, torch_compile_ro, ostinato, "
+                   "ostinato_replay, aoti, aoti_cuda_graph, executorch_xnnpack; A/B: ostinato_replay_unfused, "
+                   "ostinato_replay_nolinear, ostinato_replay_noattention, ostinato_replay_nchw")
     p.add_argument("--no-startup", action="store_true", help="skip the fresh-process time-to-first-output figures")
     p.add_argument("--startup-configs", metavar="PATTERN", help="measure the fresh-process figures only for the "
                                                                 "configurations these globs or substrings match")
