@@ -13,6 +13,10 @@ outside it reads one of its values (its kernel must have run by then) and when a
 (a state write must not move across a group's reads). Groups of one node stay ordinary ATen nodes:
 torch's kernel for one op is as good as a generated one. A group's kernel runs where its last
 member stood; its outputs are the members' values read outside it or returned by the graph.
+
+One exception to the space rule: a small pointwise group (or lone node) whose values only one group
+reads, broadcast into that group's space, is computed inside it again per element
+(_broadcast_producers): a few ops per element cost less than a launch and a round trip.
 """
 from __future__ import annotations
 
