@@ -26,7 +26,7 @@ class InterpretedFusionBackend(CPUBackend):
 
     def lower_graph(self, graph):
         from ostinato.backends.cuda.kernels.fused import run_fused
-        return fused_launches(self, graph, run_fused, getattr(self, "channels_last", frozenset()))
+        return fused_launches(self, graph, run_fused)
 
     def kernel(self, op: str):
         if op == "ost.decode_attention_":

@@ -66,13 +66,12 @@ class Launch:
         return f"Launch({self.name}: {self.op})"
 
 
-def fused_launches(backend: "Backend", graph, fused_fn: Callable, channels_last: frozenset = frozenset()) -> list[Launch]:
+def fused_launches(backend: "Backend", graph, fused_fn: Callable) -> list[Launch]:
     """The graph's Launches with each fusion group of ostinato.codegen's scheduler as one ``ost.fused``
-    launch of ``fused_fn`` (the group's spec, then its inputs); other nodes through ``backend.lower``.
-    ``channels_last``: the names of the convolutions running NHWC."""
+    launch of ``fused_fn`` (the group's spec, then its inputs); other nodes through ``backend.lower``."""
     from .. import codegen
     launches = []
-    for item in codegen.schedule(graph, channels_last):
+    for item in codegen.schedule(graph, backend.channels_last):
         if isinstance(item, codegen.FusionGroup):
             args = (item.spec.to_json(), *(_bind(v) for v in item.inputs))
             launches.append(Launch.of(fused_fn, "ost.fused", item.name, args, {},
@@ -86,6 +85,8 @@ class Backend(ABC):
     """What a device needs to provide to run ostinato programs."""
 
     name: str = ""
+    # Names of the convolutions the lowering in progress runs channels-last (backends/cuda/layout.py).
+    channels_last: frozenset = frozenset()
 
     def __init__(self, device: torch.device):
         self.device = device

@@ -18,7 +18,7 @@ import os
 from ..ir import Graph, Node, Value
 from ..ir.types import TensorMeta
 from .expand import NotFusible, code_of
-from .schedule import FusionGroup, node_space
+from .schedule import FusionGroup, node_space, read_outside
 
 log = logging.getLogger("ostinato")
 
@@ -85,11 +85,11 @@ def absorb_conv_bias(graph: Graph, items: list, users: dict, graph_reads: set[in
     for it in items:
         for n in (it.nodes if isinstance(it, FusionGroup) else [it]):
             holder[id(n)] = it
-    plain_convs = [it for it in items if isinstance(it, Node) and conv_bias(it, channels_last) is not None]
     prologues: dict[int, list[tuple[Value, Value, int]]] = {}     # item id -> [(value, bias, unsq)]
     convs_of: dict[int, list[Node]] = {}                            # item id -> the convolutions it takes
-    for conv in plain_convs:
-        found = _reader(conv.outputs[0], users, graph_reads)
+    for conv in items:
+        bias = conv_bias(conv, channels_last) if isinstance(conv, Node) else None
+        found = None if bias is None else _reader(conv.outputs[0], users, graph_reads)
         if found is None:
             continue
         v, channel = found
@@ -98,13 +98,11 @@ def absorb_conv_bias(graph: Graph, items: list, users: dict, graph_reads: set[in
             continue
         item = holder.get(id(readers[0]))
         if isinstance(item, FusionGroup):
-            # the result as a member of the group's space, or broadcast into it (an SE block's gate)
-            if type(item) is not FusionGroup or item.space is None or item.space.short or item.space.red \
-                    and tuple(item.space.shape) != tuple(v.meta.shape) or not _broadcasts(v.meta.shape, item.space.shape):
+            if not _takes(item, tuple(v.meta.shape)):
                 continue
         elif item is None or node_space(item, users, graph_reads) is None:
             continue
-        prologues.setdefault(id(item), []).append((v, conv_bias(conv, channels_last), len(v.meta.shape) - 1 - channel))
+        prologues.setdefault(id(item), []).append((v, bias, len(v.meta.shape) - 1 - channel))
         convs_of.setdefault(id(item), []).append(conv)
     if not prologues:
         return items
@@ -121,11 +119,15 @@ def absorb_conv_bias(graph: Graph, items: list, users: dict, graph_reads: set[in
     return [taken.get(id(it)) or rebuilt.get(id(it), it) for it in items]
 
 
-def _broadcasts(shape, space) -> bool:
-    """Whether a value of ``shape`` is read in a pointwise space of shape ``space`` (right-aligned, 1 or
-    equal in each dim)."""
-    shape, space = tuple(shape), tuple(space)
-    return len(shape) <= len(space) and all(d == 1 or d == e for d, e in zip(shape[::-1], space[::-1]))
+def _takes(group: FusionGroup, shape: tuple) -> bool:
+    """Whether a plain fusion group can add a bias to a value of ``shape`` where it loads it: a member of
+    its space, or (a pointwise space) a value broadcast into it (an SE block's gate)."""
+    space = group.space
+    if type(group) is not FusionGroup or space is None or space.short:
+        return False
+    if space.red:
+        return tuple(space.shape) == shape
+    return len(shape) <= len(space.shape) and all(d == 1 or d == e for d, e in zip(shape[::-1], space.shape[::-1]))
 
 
 def _reader(out: Value, users: dict, graph_reads: set[int]) -> tuple[Value, int] | None:
@@ -156,15 +158,9 @@ def _with_prologue(item, prologue: list[tuple[Value, Value, int]], users: dict, 
         nodes, space, launch_at = [item], node_space(item, users, graph_reads), position[id(item)]
         if space is None or tuple(space.shape) != tuple(prologue[0][0].meta.shape):
             return None
-    ids = {id(n) for n in nodes}
-    read_outside = set(graph_reads)
-    for n in nodes:
-        for v in n.outputs:
-            if v is not None and any(id(u) not in ids for u in users.get(v.id, ())):
-                read_outside.add(v.id)
     group = FusionGroup(nodes, space, closed=True, launch_at=launch_at, prologues=list(prologue))
     try:
-        group.build(read_outside)
+        group.build(read_outside(nodes, users, graph_reads))
     except NotFusible as e:
         log.debug("ostinato fusion: %s keeps its convolutions' biases: %s", group.name, e)
         return None

@@ -219,6 +219,17 @@ def node_space(node: Node, users: dict[int, list[Node]], graph_reads: set[int]) 
     return space
 
 
+def read_outside(nodes: list[Node], users: dict, graph_reads: set[int]) -> set[int]:
+    """Ids of the values ``nodes`` make that a node outside them or the graph reads (a group's outputs)."""
+    ids = {id(n) for n in nodes}
+    out = set(graph_reads)
+    for n in nodes:
+        for v in n.outputs:
+            if v is not None and any(id(u) not in ids for u in users.get(v.id, ())):
+                out.add(v.id)
+    return out
+
+
 _MAX_RECOMPUTED = 8     # nodes of a broadcast producer group computed again per element of its reader
 
 
@@ -381,20 +392,14 @@ def schedule(graph: Graph, channels_last: frozenset = frozenset()) -> list[Node 
 
     def build(g: FusionGroup, nodes: list[Node]) -> bool:
         g.nodes = sorted(nodes, key=lambda n: position[id(n)])
-        ids = {id(n) for n in g.nodes}
-        read_outside = set(graph_reads)
-        for n in g.nodes:
-            for v in n.outputs:
-                if v is not None and any(id(u) not in ids for u in users.get(v.id, ())):
-                    read_outside.add(v.id)
         try:
-            g.build(read_outside)
+            g.build(read_outside(g.nodes, users, graph_reads))
         except NotFusible as e:
             log.debug("ostinato fusion: %s left unfused: %s", g.name, e)
             g.spec, g.inputs, g.outputs = None, [], []
             return False
         last_of[id(graph.nodes[g.launch_at])] = g
-        fused.update(ids)
+        fused.update(id(n) for n in g.nodes)
         return True
 
     for g in groups:

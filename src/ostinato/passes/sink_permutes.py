@@ -68,20 +68,18 @@ def _sink(g: Graph, perm: Node, users: dict, pinned: set[int], fresh) -> tuple[N
     if not readers or not all(_pointwise(u) for u in readers):
         return None
     rank = len(src.meta.shape)
+    operands = [a for a in (*f.args, *f.kwargs.values()) if isinstance(a, Value) and isinstance(a.meta, TensorMeta)]
+    if any(a.meta.rank > rank or 0 < a.meta.rank < rank and not a.meta.is_static for a in operands):
+        return None     # a higher rank than the result, or a lower rank whose view would need symbolic sizes
     dims = [d % rank for d in perm.args[1]]
     new_nodes: list[Node] = []
 
     def operand(a):
         if not isinstance(a, Value) or not isinstance(a.meta, TensorMeta) or a.meta.rank == 0:
             return a
-        r = a.meta.rank
-        if r > rank:
-            raise _Keep
         x = a
-        if r < rank:
-            if not a.meta.is_static:
-                raise _Keep
-            padded = (1,) * (rank - r) + tuple(a.meta.shape)
+        if a.meta.rank < rank:     # with its broadcast's leading 1-dims first
+            padded = (1,) * (rank - a.meta.rank) + tuple(a.meta.shape)
             x = _node(g, "aten.view", (a, list(padded)), TensorMeta(a.meta.dtype, padded),
                       fresh(f"{a.name}_view"), f.source)
             new_nodes.append(x.producer)
@@ -91,19 +89,11 @@ def _sink(g: Graph, perm: Node, users: dict, pinned: set[int], fresh) -> tuple[N
         new_nodes.append(y.producer)
         return y
 
-    try:
-        args = tuple(operand(a) for a in f.args)
-        kwargs = {k: operand(v) for k, v in f.kwargs.items()}
-    except _Keep:
-        return None
-    moved = Node(f.op, args, kwargs, f.name, f.source)
+    moved = Node(f.op, tuple(operand(a) for a in f.args), {k: operand(v) for k, v in f.kwargs.items()},
+                 f.name, f.source)
     moved.outputs = [out]
     out.producer = moved
     return f, new_nodes + [moved]
-
-
-class _Keep(Exception):
-    """An operand the pass does not permute (higher rank than the result, or a symbolic lower rank)."""
 
 
 def _node(g: Graph, op: str, args: tuple, meta: TensorMeta, name: str, source: str) -> Value:

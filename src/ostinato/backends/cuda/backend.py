@@ -34,7 +34,7 @@ class CUDABackend(ConvLayouts, CPUBackend):
         (layout.py)."""
         if not self._fuses():
             return self.with_layouts(graph, lambda: super(CUDABackend, self).lower_graph(graph))
-        return self.with_layouts(graph, lambda: fused_launches(self, graph, self.kernel("ost.fused"), self.channels_last))
+        return self.with_layouts(graph, lambda: fused_launches(self, graph, self.kernel("ost.fused")))
 
     def plan_key_parts(self) -> dict[str, str]:
         conv = {"conv": conv_layout_mode()}

@@ -172,22 +172,19 @@ class ConvLayouts:
     module picks running channels-last (their Launch gets ``memory_format=torch.channels_last``, which
     library_ops.convolution takes) and the outputs restored after."""
 
-    _nhwc: frozenset = frozenset()
-
-    @property
-    def channels_last(self) -> frozenset:
-        """The names of the convolutions running NHWC in the graph being lowered (empty outside it)."""
-        return self._nhwc
+    # The names of the convolutions running NHWC in the graph being lowered (empty outside it): the
+    # scheduler reads them (backends/base.fused_launches).
+    channels_last: frozenset = frozenset()
 
     def with_layouts(self, graph: Graph, lower_all) -> list[Launch]:
-        self._nhwc = frozenset(channels_last_convs(graph))
+        self.channels_last = frozenset(channels_last_convs(graph))
         try:
-            return lower_all() + restore_layouts(graph, self._nhwc, self.kernel("aten.clone"))
+            return lower_all() + restore_layouts(graph, self.channels_last, self.kernel("aten.clone"))
         finally:
-            self._nhwc = frozenset()
+            self.channels_last = frozenset()
 
     def lower(self, node: Node) -> Launch:
         launch = super().lower(node)
-        if node.name in self._nhwc:
+        if node.name in self.channels_last:
             launch.kwargs["memory_format"] = torch.channels_last
         return launch
