@@ -62,10 +62,10 @@ class UserDecoder(nn.Module):
     """Token ids [1, 1] and position [1] → logits [1, 1, vocab]; KV caches are buffers."""
 
     def __init__(self, dim: int, layers: int, style: str = "rms", vocab: int = 1024, cache_len: int = 256,
-                 heads: int | None = None):
+                 heads: int | None = None, ffn: int | None = None):
         super().__init__()
         heads = heads or max(1, dim // 64)
-        ffn = 4 * dim if style != "rms" else (8 * dim) // 3 // 64 * 64 or 4 * dim
+        ffn = ffn or (4 * dim if style != "rms" else (8 * dim) // 3 // 64 * 64 or 4 * dim)
         self.embed = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList(UserDecoderLayer(dim, heads, ffn, cache_len, style) for _ in range(layers))
         self.norm = PlainRMSNorm(dim) if style == "rms" else nn.LayerNorm(dim)

@@ -1,5 +1,11 @@
 """The table of Triton kernel cases: each fused op's launcher against its reference (ir/fused_ops.py).
 
+Sizes are off the kernels' block sizes (rows of 33, 100, 8195 elements, caches of 9, 70, 4099 keys) and
+reach the largest each kernel takes (a row of MAX_BLOCK - 3, a 4099-key cache). Every tensor the kernel
+gets lies inside a larger buffer between two guard bands of a sentinel (NaN, or a huge index): a kernel
+that writes outside its tensor changes a guard, one that reads outside gets the sentinel into its result
+(issue #17's bounds tests; compute-sanitizer cannot see either inside one allocation).
+
 Used on the GPU (test_triton_kernels.py, `cuda` marker) and on the CPU through Triton's interpreter
 (run in a subprocess with TRITON_INTERPRET=1: ``python tests/backends/kernel_cases.py float32``).
 """
@@ -40,6 +46,7 @@ def _r(g, shape, dtype, device, scale=1.0):
 
 
 _ROPE_TOL = {torch.float16: 2.5e-3}
+_LONGEST = (1 << 16) - 3     # backends/cuda/kernels/common.MAX_BLOCK - 3: the longest row, off a power of two
 
 CASES = [
     KernelCase("ost.rms_norm", "w", lambda g, dt, dev: ((_r(g, (3, 5, 64), dt, dev), _r(g, (64,), dt, dev), 1e-6), {}),
@@ -129,6 +136,23 @@ CASES = [
     KernelCase("ost.sdpa", "positions-per-head-fallback", lambda g, dt, dev: (
         (_r(g, (2, 2, 1, 16), dt, dev), _r(g, (2, 2, 9, 16), dt, dev), _r(g, (2, 2, 9, 16), dt, dev), None,
          torch.tensor([3, 7], device=dev).view(2, 1, 1)), {})),
+    # the largest sizes: the longest row the norm kernels take, a cache past 4096 keys, a long gated row
+    KernelCase("ost.rms_norm", "longest-row", lambda g, dt, dev: ((_r(g, (2, _LONGEST), dt, dev), _r(g, (_LONGEST,), dt, dev),
+                                                                  1e-6), {}), cpu_tol={torch.float16: 2e-3}),
+    KernelCase("ost.add_rms_norm", "longest-row-upcast", lambda g, dt, dev: (
+        (_r(g, (2, _LONGEST), dt, dev), _r(g, (2, _LONGEST), dt, dev), _r(g, (_LONGEST,), dt, dev), 1e-6, torch.float32), {})),
+    KernelCase("ost.layer_norm", "longest-row", lambda g, dt, dev: ((_r(g, (2, _LONGEST), dt, dev), _r(g, (_LONGEST,), dt, dev),
+                                                                    _r(g, (_LONGEST,), dt, dev), 1e-5), {})),
+    KernelCase("ost.swiglu", "long-odd", lambda g, dt, dev: ((_r(g, (3, 8195), dt, dev), _r(g, (3, 8195), dt, dev)), {})),
+    KernelCase("ost.kv_update_", "long-cache", lambda g, dt, dev: ((_r(g, (1, 2, 4099, 8), dt, dev), _r(g, (1, 2, 3, 8), dt, dev),
+                                                                    torch.tensor([0, 2048, 4098], device=dev), 2), {}), True),
+    KernelCase("ost.sdpa", "decode-long-cache", lambda g, dt, dev: ((_r(g, (1, 4, 1, 64), dt, dev), _r(g, (1, 2, 4099, 64), dt, dev),
+                                                                     _r(g, (1, 2, 4099, 64), dt, dev), None,
+                                                                     torch.tensor([[4098]], device=dev), None, 2), {})),
+    KernelCase("ost.decode_attention_", "long-cache-last-slot", lambda g, dt, dev: (
+        (_r(g, (1, 2, 4099, 64), dt, dev), _r(g, (1, 2, 4099, 64), dt, dev), _r(g, (1, 4, 1, 64), dt, dev),
+         _r(g, (1, 2, 1, 64), dt, dev), _r(g, (1, 2, 1, 64), dt, dev), torch.tensor([4098], device=dev), 2, None,
+         None, None, False, torch.tensor([[4098]], device=dev), None, 2), {})),
     KernelCase("ost.decode_attention_", "two-rows-fallback", lambda g, dt, dev: (
         (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev),
          _r(g, (1, 2, 2, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev), torch.tensor([3, 4], device=dev), 2), {})),
@@ -139,6 +163,42 @@ def _clone(args):
     return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
 
+GUARD = 64    # elements each side: 128 bytes or more, so a guarded tensor keeps 16-byte alignment
+
+
+def _sentinel(dtype: torch.dtype):
+    return float("nan") if dtype.is_floating_point else (1 << 40 if dtype == torch.int64 else -(1 << 30))
+
+
+def guarded(args) -> tuple[tuple, list]:
+    """``args`` with each tensor copied into the middle of a buffer whose ``GUARD`` elements on each side
+    (and any gap the strides leave) hold a sentinel, same shape, strides and dtype; with the buffers and
+    their guard bytes as they were, for ``guards_intact``."""
+    out, bands = [], []
+    for a in args:
+        if not isinstance(a, torch.Tensor) or a.numel() == 0:
+            out.append(a)
+            continue
+        span = 1 + sum((n - 1) * st for n, st in zip(a.shape, a.stride()))
+        buf = torch.full((span + 2 * GUARD,), _sentinel(a.dtype), dtype=a.dtype, device=a.device)
+        view = buf.as_strided(a.shape, a.stride(), GUARD)
+        view.copy_(a)
+        raw = buf.view(torch.uint8)
+        size = a.element_size()
+        bands.append((a.shape, raw, raw[:GUARD * size].clone(), raw[(GUARD + span) * size:].clone(), span * size))
+        out.append(view)
+    return tuple(out), bands
+
+
+def guards_intact(bands) -> str | None:
+    """None when every guard band is as it was, else which argument's band changed."""
+    for k, (shape, raw, before, after, nbytes) in enumerate(bands):
+        head, tail = raw[:before.numel()], raw[before.numel() + nbytes:]
+        if not torch.equal(head, before) or not torch.equal(tail, after):
+            return f"tensor argument {k} (shape {list(shape)}): the kernel wrote outside it"
+    return None
+
+
 def check(case: KernelCase, dtype: torch.dtype, device: str, seed: int = 0) -> tuple[bool, str]:
     """Run the case's launcher and the reference on the same random inputs; (ok, what differed)."""
     from ostinato.backends.cuda.ops import triton_kernels
@@ -146,9 +206,12 @@ def check(case: KernelCase, dtype: torch.dtype, device: str, seed: int = 0) -> t
     g = torch.Generator().manual_seed(seed)
     args, kwargs = case.make(g, dtype, device)
     kernel = triton_kernels()[case.op]
-    ref_args, got_args = _clone(args), _clone(args)
+    ref_args, (got_args, bands) = _clone(args), guarded(args)
     ref = get_op(case.op).target(*ref_args, **kwargs)
     got = kernel(*got_args, **kwargs)
+    broken = guards_intact(bands)
+    if broken:
+        return False, broken
     if case.in_place and got is not got_args[0]:
         return False, "in-place op did not return its first argument"
     refs, gots = (ref, got) if isinstance(ref, tuple) else ((ref,), (got,))

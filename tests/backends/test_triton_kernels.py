@@ -109,3 +109,19 @@ def test_kernels_in_the_interpreter_match_their_references(dtype):
 def test_kernel_on_gpu_matches_reference(case, dtype):
     ok, detail = check(case, dtype, "cuda")
     assert ok, f"{case.op} {case.name} {dtype}: {detail}"
+
+
+def test_guard_bands_catch_a_write_and_a_read_outside_the_tensor():
+    """The bounds check of the kernel table can fail: a write one element past a guarded tensor changes
+    its band, a read past it brings the sentinel (NaN) into the result; an in-bounds write does neither."""
+    from kernel_cases import guarded, guards_intact
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 7, generator=g)
+    (gx, idx), bands = guarded((x.t(), torch.tensor([1, 2])))
+    assert torch.equal(gx, x.t()) and gx.stride() == x.t().stride() and torch.equal(idx, torch.tensor([1, 2]))
+    gx.mul_(2.0)
+    assert guards_intact(bands) is None
+    span = gx.as_strided((36,), (1,), gx.storage_offset())      # 35 elements, and the one past them
+    assert torch.isnan(span[35]), "a read past the tensor does not see the sentinel"
+    span[35] = 0.0
+    assert "argument 0" in guards_intact(bands)

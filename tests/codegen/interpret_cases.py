@@ -145,15 +145,17 @@ def main(what: str, dtype_name: str) -> None:
     if what == "dynamic":    # symbolic sizes stay symbolic: one program, kernels run at several sizes
         from torch.export import Dim
         from fusion_models import GroupNormSiLU, RMSPlain
-        cases = [("rms_seq", RMSPlain(), lambda n: (torch.randn(2, n, 64),), ({1: Dim("seq", min=1, max=64)},)),
+        # sizes off the block sizes, and both ends of each symbol's range (bounds: issue #17)
+        cases = [("rms_seq", RMSPlain(), lambda n: (torch.randn(2, n, 64),), ({1: Dim("seq", min=1, max=300)},),
+                  (1, 3, 7, 33, 300)),
                  ("gn_width", GroupNormSiLU(), lambda n: (torch.randn(2, 16, 5, n),),
-                  ({3: Dim("w", min=2, max=64)},))]
-        for name, model, make, dyn in cases:
+                  ({3: Dim("w", min=2, max=130)},), (2, 3, 7, 33, 130))]
+        for name, model, make, dyn, sizes in cases:
             try:
                 model.eval()
                 prog = ostinato.export(model, make(7), dynamic_shapes=dyn, passes=GENERIC_PIPELINE)
                 exe = fused_executable(prog, InterpretedFusionBackend())
-                for n in (3, 7, 33):
+                for n in sizes:
                     args = make(n)
                     with torch.no_grad():
                         assert_same(exe(*args), model(*args), tol=1e-4, msg=f"size {n}:")

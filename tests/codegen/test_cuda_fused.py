@@ -132,3 +132,26 @@ def test_matmul_groups_on_cuda(rows, dtype):
     for s in specs:
         f = launcher(s)
         assert isinstance(f, LinearLauncher) and f._plans and all(p is not None for p in f._plans.values())
+
+
+@pytest.mark.parametrize("replay", [False, True], ids=["step", "replay"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_symbolic_sizes_off_blocks_and_at_their_largest(dtype, replay):
+    """Generated kernels of programs with symbolic sizes, run at sizes off every block size and at both
+    ends of each symbol's range (bounds tests of issue #17; the GPU check also runs this under
+    compute-sanitizer, where an access past a tensor is an error)."""
+    from torch.export import Dim
+    from fusion_models import GroupNormSiLU, RMSPlain
+    torch.manual_seed(0)
+    cases = [(RMSPlain(), lambda n: (torch.randn(2, n, 64),), {1: Dim("seq", min=1, max=4096)}, (1, 127, 1025, 4096)),
+             (GroupNormSiLU(), lambda n: (torch.randn(2, 16, 5, n),), {3: Dim("w", min=2, max=512)}, (2, 33, 511, 512))]
+    for model, make, dyn, sizes in cases:
+        model = model.eval().to(dtype).cuda()
+        prog = ostinato.export(model, _cuda(a.to(dtype) for a in make(7)), dynamic_shapes=(dyn,),
+                               passes=GENERIC_PIPELINE)
+        exe = ostinato.compile(prog, device="cuda", replay=replay)
+        assert exe.stats()["fused_kernels"] >= 1
+        for n in sizes:
+            args = _cuda(a.to(dtype) for a in make(n))
+            with torch.no_grad():
+                assert_same(exe(*args), model(*args), tol=TOL[dtype], msg=f"{type(model).__name__} size {n}:")

@@ -9,6 +9,17 @@ A plan with ops run through eager torch (``fallback.*``: they may do host work a
 captured region by region (``regions.py``): one graph per region, all in the same pool, replayed in
 capture order with those ops run eagerly between them. Without such ops it is one region, one graph.
 Each graph is replayed once right after its capture, which makes this call's result.
+
+cuBLAS keeps one workspace per (handle, stream), made on first use and reused by every later matmul on
+that stream, captured ones included: a graph captured on a stream whose workspace was made outside its
+pool (by the warm-up, or by anyone who used a stream of torch's pool before) holds a pointer into memory
+it does not own. torch.compile(mode="reduce-overhead") clears every workspace when it warms up or
+records (``torch._C._cuda_clearCublasWorkspaces``), the block goes back to the caching allocator, and
+the next replay of such a graph writes into another tensor or, once the block is returned to the driver,
+faults (issue #17). So a capture clears the workspaces before it begins, as torch.compile does: the
+workspace its matmuls use is then allocated inside the capture, from the session's pool, which no one
+else allocates from and which lives as long as the graphs. It clears them again at the end, so that no
+eager matmul on that stream uses the pool's block afterwards.
 """
 from __future__ import annotations
 
@@ -16,6 +27,17 @@ import torch
 
 from .regions import capture_steps, chain, write_back
 from .tape import check_capturable
+
+# The capture clears cuBLAS's workspaces around itself (see the module's note). A switch only for the
+# test that shows what goes wrong without it (tests/replay/mixed_case.py).
+OWN_CUBLAS_WORKSPACE = True
+
+
+def clear_cublas_workspaces() -> None:
+    """Drop cuBLAS's per-stream workspaces (the next matmul on a stream allocates a new one)."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if OWN_CUBLAS_WORKSPACE and clear is not None:
+        clear()
 
 
 def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutations: list, pool):
@@ -38,8 +60,8 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
 
     def capture_region(segment, env: list, writes: list):
         graph = torch.cuda.CUDAGraph()
-        # Captured on the warm-up's stream: what the warm-up created per stream (cuBLAS's workspace)
-        # is reused, not allocated again inside the pool. capture_begin/end directly, not the
+        # Captured on the warm-up's stream (its lazy loads are done; cuBLAS's workspace was cleared
+        # above, so the first matmul allocates it inside the pool). capture_begin/end directly, not the
         # torch.cuda.graph context: its gc.collect() and empty_cache() cost ~0.1 s per capture in a
         # process that imported torch, and empty_cache() would hand the warm-up's blocks back to the
         # driver only for the capture to allocate them again.
@@ -58,9 +80,14 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
     env = list(env0)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
+    clear_cublas_workspaces()
     side.wait_stream(current)
-    with torch.cuda.stream(side), torch.no_grad():
-        steps = capture_steps(exe.segments, env, capture_region, mutations)
-    current.wait_stream(side)
+    try:
+        with torch.cuda.stream(side), torch.no_grad():
+            steps = capture_steps(exe.segments, env, capture_region, mutations)
+    finally:
+        current.wait_stream(side)
+        torch.cuda.synchronize(device)
+        clear_cublas_workspaces()
     peak = torch.cuda.max_memory_allocated(device) - before
     return (chain(steps) if steps else (lambda: None)), env, peak

@@ -1,0 +1,156 @@
+"""Issue #17's GPU checks, run on the lent GPU (device tool); one JSON report per stage under $OUT.
+
+Stages (each fits one device call of 10 minutes; jobs of a stage run in parallel, each in its own
+process with its own log under $OUT/logs/):
+  mixed      issue #17's case (tests/replay/mixed_case.py) in several set-up orders, with and without
+             the capture's cuBLAS-workspace clearing, and without ostinato; the 1,000-step mixed test;
+             the `cuda` tests of the kernel table (guard bands, largest sizes) and of symbolic sizes
+  memcheck   compute-sanitizer --tool memcheck over the kernel table's and the generated kernels'
+             `cuda` tests, and one run per suite model family (scripts/replay_families.py): replayed
+             (CUDA graphs, caching allocator) and step by step with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so
+             that each tensor is its own allocation and an access past it is an error
+  racecheck  compute-sanitizer --tool racecheck (shared-memory hazards) over the Triton kernels' tests
+
+    PYTHONPATH=src python3 scripts/gpu_reliability.py --stage mixed --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+SANITIZER_ERRORS = re.compile(r"ERROR SUMMARY: (\d+) error")
+PYTEST_SUMMARY = re.compile(r"=+ (.*(passed|failed|error|skipped).*) in [\d.]+s")
+
+
+def _families() -> list[str]:
+    sys.path.insert(0, ROOT)
+    from scripts.replay_families import family_configs
+    return list(family_configs("cuda"))
+
+
+def sanitizer() -> str:
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for root in ("/usr/local/cuda/bin", "/usr/local/cuda/compute-sanitizer", "/opt/nvidia/compute-sanitizer"):
+        path = os.path.join(root, "compute-sanitizer")
+        if os.path.exists(path):
+            return path
+    raise SystemExit("compute-sanitizer not found (PATH, /usr/local/cuda)")
+
+
+def run_job(name: str, cmd: list[str], out: str, timeout: int, env: dict | None = None) -> dict:
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    log = os.path.join(out, "logs", name + ".log")
+    full_env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src") + os.pathsep + ROOT, PYTHONUNBUFFERED="1",
+                    **(env or {}))
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, env=full_env, stdout=f, stderr=subprocess.STDOUT,
+                                timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    text = open(log, errors="replace").read()
+    res: dict = {"rc": rc, "seconds": round(time.perf_counter() - t0, 1), "cmd": " ".join(cmd[-12:])}
+    errs = SANITIZER_ERRORS.findall(text)
+    if errs:
+        res["sanitizer_errors"] = sum(int(e) for e in errs)
+    m = PYTEST_SUMMARY.findall(text)
+    if m:
+        res["pytest"] = m[-1][0]
+    lines = [line for line in text.splitlines() if line.startswith(("FAMILY", "SUMMARY", "{"))]
+    if lines:
+        res["lines"] = lines[-40:]
+    if rc != 0:
+        res["tail"] = text[-2500:]
+    print(f"[{name}] rc {rc} {res['seconds']}s {res.get('pytest', '')} "
+          f"{'sanitizer errors ' + str(res['sanitizer_errors']) if errs else ''}", flush=True)
+    return res
+
+
+def jobs_for(stage: str) -> list[tuple]:
+    """(name, command, timeout seconds, extra env) of each job of ``stage``."""
+    mixed = os.path.join("tests", "replay", "mixed_case.py")
+    pytest = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-rfE"]
+    if stage == "mixed":
+        jobs = []
+        for order, extra, runs in (("ost,graph,ro", [], 2), ("ost,graph,ro", ["--no-own-workspace"], 2),
+                                   ("graph,ro", [], 2), ("graph,ost,ro", [], 1), ("ro,graph,ost", [], 1),
+                                   ("ost,ro", ["--no-own-workspace"], 1), ("ost,ro", [], 1)):
+            for k in range(runs):
+                name = f"case-{order.replace(',', '-')}{'-noown' if extra else ''}-{k}"
+                jobs.append((name, [PY, mixed, order, *extra], 480, None))
+        jobs.append(("mixed-1000-steps", pytest + ["tests/replay/test_mixed_cuda.py", "-k", "interleaved"], 480, None))
+        jobs.append(("kernel-table", pytest + ["tests/backends/test_triton_kernels.py"], 480, None))
+        jobs.append(("symbolic-sizes", pytest + ["tests/codegen/test_cuda_fused.py", "-k", "symbolic"], 480, None))
+        return jobs
+    cs = sanitizer()
+    if stage == "memcheck":
+        tool = [cs, "--tool", "memcheck", "--print-limit", "30"]
+        fams = _families()
+        groups = [fams[i::4] for i in range(4)]
+        jobs = [("memcheck-kernel-table", tool + pytest + ["tests/backends/test_triton_kernels.py"], 560,
+                 {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}),
+                ("memcheck-generated", tool + pytest + ["tests/codegen/test_cuda_fused.py", "-k",
+                                                        "symbolic and step or zoo and step"], 560,
+                 {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})]
+        for i, g in enumerate(groups):
+            fam = [os.path.join("scripts", "replay_families.py"), "--families", ",".join(g)]
+            jobs.append((f"memcheck-families-replay-{i}", tool + [PY] + fam + ["--replay"], 560, None))
+            jobs.append((f"memcheck-families-step-{i}", tool + [PY] + fam, 560,
+                         {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}))
+        return jobs
+    if stage == "racecheck":
+        tool = [cs, "--tool", "racecheck", "--print-limit", "30"]
+        return [("racecheck-kernel-table", tool + pytest + ["tests/backends/test_triton_kernels.py"], 560, None),
+                ("racecheck-generated", tool + pytest + ["tests/codegen/test_cuda_fused.py", "-k", "zoo and step"], 560,
+                 None)]
+    raise SystemExit(f"unknown stage {stage!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stage", required=True, choices=["mixed", "memcheck", "racecheck"])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--only", default="", help="run only the jobs whose name contains this")
+    args = ap.parse_args()
+    import torch
+    report: dict = {"stage": args.stage, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
+                    "cuda": torch.version.cuda, "python": sys.version.split()[0],
+                    "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    try:
+        import triton
+        report["triton"] = triton.__version__
+    except ImportError:
+        report["triton"] = None
+    if args.stage != "mixed":
+        v = subprocess.run([sanitizer(), "--version"], capture_output=True, text=True)
+        report["compute_sanitizer"] = v.stdout.strip().splitlines()[-1] if v.stdout.strip() else v.stderr[-200:]
+    jobs = [j for j in jobs_for(args.stage) if args.only in j[0]]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(args.parallel) as pool:
+        futures = {name: pool.submit(run_job, name, cmd, args.out, timeout, env) for name, cmd, timeout, env in jobs}
+        report["jobs"] = {name: f.result() for name, f in futures.items()}
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"gpu_reliability_{args.stage}.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+    print(json.dumps({k: v for k, v in report.items() if k != "jobs"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
