@@ -114,3 +114,42 @@ class Backend(ABC):
 
     def synchronize(self) -> None:
         """Wait for every launch issued so far."""
+
+    # -- the plan's edges. A backend whose values are not torch tensors (MLX arrays) converts here;
+    # the defaults are torch's, identities where a plan's values are the caller's tensors.
+    label: str = ""     # how the device is named to users when torch.device cannot say it ("mlx:cpu")
+    own_capture = False  # whether ``capture`` below replaces the generic capture
+
+    def from_host(self, x: Any) -> Any:
+        """A call's input tensor as the plan reads it (already checked against the program's spec)."""
+        return x
+
+    def to_host(self, x: Any) -> Any:
+        """A plan's value (an output, a mutated input's new value) as the caller receives it."""
+        return x
+
+    def new_state(self, init: torch.Tensor) -> Any:
+        """A session's own buffer for a state value, starting at ``init``. It answers ``copy_(value)``
+        (a run's write, ``reset``) and ``clone()``."""
+        return self.place(init).clone()
+
+    def adopt_state(self, tensor: torch.Tensor) -> Any:
+        """A session buffer that *is* ``tensor`` for the code around the program (torch.compile's
+        state: the model's own buffer), or one whose every write reaches it."""
+        return tensor
+
+    def state_value(self, buf: Any) -> Any:
+        """What the plan reads for a session's state buffer."""
+        return buf
+
+    def materialize(self, values: list) -> None:
+        """After a run: compute ``values`` (outputs and new state) where the backend is lazy (MLX)."""
+
+    def run_scope(self):
+        """A context manager every run enters (MLX: the device's stream), or None."""
+        return None
+
+    def capture(self, exe, session, leaves: list, env: list, signature: str):
+        """A capture of its own (MLX: mx.compile of the plan): ``(replay, static_env, source)``; None
+        takes the generic one (the CPU tape, a CUDA graph)."""
+        return None

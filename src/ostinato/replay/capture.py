@@ -53,6 +53,12 @@ def _layout(t: torch.Tensor) -> tuple:
     return t.data_ptr(), t.dtype, t.shape, t.stride()
 
 
+def _address(buf) -> int:
+    """Where a state buffer lives: a tensor's data pointer; a backend's own buffer (MLX's cell, whose
+    array changes every call) is itself the place."""
+    return buf.data_ptr() if isinstance(buf, torch.Tensor) else id(buf)
+
+
 class Captured:
     """A captured call. ``replay()`` recomputes ``outputs`` from the static inputs in place."""
 
@@ -70,14 +76,24 @@ class Captured:
                                    "x.contiguous() and update that tensor in place between replays")
         self.leaves = list(leaves)
         env0 = exe.bind(session, leaves)
-        mutations = exe.mutation_targets(session, leaves)
-        if exe.device.type == "cuda":
+        own = None
+        if exe.backend.own_capture:
+            from .tape import check_capturable
+            check_capturable(exe, exe.launches)
+            own = exe.backend.capture(exe, session, leaves, env0, signature)
+        if own is not None:
+            self._run, senv, self.source = own
+            naive, count = naive_bytes(exe, bindings)
+            self.report = MemoryReport(signature, naive, naive, count)
+        elif exe.device.type == "cuda":
+            mutations = exe.mutation_targets(session, leaves)
             from .cuda_graph import capture_cuda_graph
             self._run, senv, peak = capture_cuda_graph(exe, env0, session.state, mutations, pool)
             naive, count = naive_bytes(exe, bindings)
             self.report, self.source = MemoryReport(signature, peak, naive, count), ""
         else:
             from .tape import capture_tape
+            mutations = exe.mutation_targets(session, leaves)
             tape, senv = capture_tape(exe, exe.launches, env0, session.state, exe.kept_slots, mutations,
                                       arena_allocator(holder if holder is not None else {}, exe.device),
                                       signature)
@@ -92,7 +108,7 @@ class Captured:
         # State buffers belong to the session and only change in place (reset, copy_): checking that
         # each is still the captured tensor at the captured address is enough, and cheap (a decoder has
         # two per layer, checked on every replay).
-        self._state = [(name, t, t.data_ptr()) for name, t in session.state.items()]
+        self._state = [(name, t, _address(t)) for name, t in session.state.items()]
         self.seconds = time.perf_counter() - t0
 
     def check(self) -> None:
@@ -108,7 +124,7 @@ class Captured:
                     "new buffer")
         state = self.session.state
         for name, t, ptr in self._state:
-            if state.get(name) is not t or t.data_ptr() != ptr:
+            if state.get(name) is not t or _address(t) != ptr:
                 raise ReplayError(f"state buffer {name!r} was replaced or reallocated since capture; a "
                                   "replay writes the captured one. Update state in place (session.reset(), "
                                   "copy_) instead of assigning a new tensor")

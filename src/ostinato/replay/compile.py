@@ -13,7 +13,7 @@ from .runner import ReplayRunner
 
 
 def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool = True, replay: bool = False,
-            buckets: dict[str, Any] | None = None) -> Executable:
+            buckets: dict[str, Any] | None = None, strict: bool = False) -> Executable:
     """Lower ``program`` for ``device`` and return an Executable.
 
     With ``cache`` (the default) the lowered plan is looked up by content in the compile cache
@@ -25,10 +25,14 @@ def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool
     copy for ``exe.static_inputs()``). Outputs are the captured buffers: valid until the session's
     next call. ``buckets={"batch": "pow2" | [sizes]}`` pads those dynamic dims (batch-like ones only)
     up to a ladder rung, so one capture serves many sizes.
+
+    ``device``: "cpu", "cuda[:N]", or "mlx" (Apple GPUs through MLX; "mlx:cpu" / "mlx:gpu" pick MLX's
+    device; on MLX, replay compiles the plan with ``mx.compile``). ``strict=True`` refuses ops the
+    backend would run through torch instead of its own kernels (on MLX: ops without a handler).
     """
     if buckets and not replay:
         raise OstinatoError("buckets only apply with replay=True")
-    exe = lower_program(program, device, cache=cache)
+    exe = lower_program(program, device, cache=cache, strict=strict)
     if replay:
         exe.runner = ReplayRunner(exe, buckets)
         for method in exe.methods.values():

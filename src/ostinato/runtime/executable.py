@@ -93,6 +93,8 @@ class Executable:
         shared = {v.name: self._template[v.slot] for v in g.constants} if program.methods else None
         self.methods: dict[str, Executable] = {name: Executable(m, backend, cache, shared)
                                                 for name, m in program.methods.items()}
+        # Backends whose plan values are not the caller's tensors (MLX) convert at the edges.
+        self._converts = type(backend).to_host is not Backend.to_host
         self.session = self.new_session()
 
     @property
@@ -109,7 +111,7 @@ class Executable:
 
     def new_session(self) -> Session:
         """A fresh session: state buffers copied from the program's initial values onto the device."""
-        return Session(self, {name: self.backend.place(t).clone() for name, t in self.program.state_init.items()})
+        return Session(self, {name: self.backend.new_state(t) for name, t in self.program.state_init.items()})
 
     def __call__(self, *args, **kwargs):
         return self.run(self.session, args, kwargs)
@@ -140,6 +142,12 @@ class Executable:
         state = session.state
         for slot, name in self._state_slots:
             env[slot] = state[name]
+        if self._converts:
+            backend = self.backend
+            for _, slot in self._input_slots:
+                env[slot] = backend.from_host(env[slot])
+            for slot, _ in self._state_slots:
+                env[slot] = backend.state_value(env[slot])
         return env
 
     def mutation_targets(self, session: Session, leaves: list) -> list[tuple[torch.Tensor, int]]:
@@ -150,6 +158,8 @@ class Executable:
     def outputs(self, env: list):
         """The user's outputs, structured like the eager module's, from a finished run's environment."""
         outs = [env[x] if is_slot else x for is_slot, x in self._outputs]
+        if self._converts:
+            outs = [self.backend.to_host(x) for x in outs]
         return pytree.tree_unflatten(outs, self.program.out_spec)
 
     @torch.no_grad()
@@ -162,6 +172,8 @@ class Executable:
             return target.capture(self, session, leaves, bindings)
         env = self.bind(session, leaves)
         state = session.state
+        if self._converts:
+            return self._run_converting(session, leaves, env)
         self._plan(env)
         for role, target_slot, name, new_slot in self._mutations:
             new = env[new_slot]
@@ -173,11 +185,33 @@ class Executable:
                 leaves[self._input_pos_by_slot[target_slot]].copy_(new)
         return self.outputs(env)
 
+    def _run_converting(self, session: Session, leaves: list, env: list):
+        """``run`` on a backend whose values are its own (MLX): the plan in the backend's scope, then one
+        materialization of the outputs and the new state, then the outputs converted."""
+        backend = self.backend
+        scope = backend.run_scope()
+        if scope is None:
+            self._plan(env)
+        else:
+            with scope:
+                self._plan(env)
+        news = [env[m[3]] for m in self._mutations]
+        backend.materialize([env[x] for is_slot, x in self._outputs if is_slot] + news)
+        state = session.state
+        for (role, target_slot, name, _), new in zip(self._mutations, news):
+            if role == "state":
+                state[name].copy_(new)
+            else:
+                leaves[self._input_pos_by_slot[target_slot]].copy_(backend.to_host(new))
+        return self.outputs(env)
+
     def stats(self) -> dict[str, float]:
         """Plan source and, with replay, captures, replays, bucket hits and plan hits/misses."""
         counts = {"launches": len(self.launches), "compile_seconds": self.compile_seconds,
                   "kernels": sum(1 for l in self.launches if launch_is_kernel(l)),
-                  "fused_kernels": sum(1 for l in self.launches if l.op == "ost.fused")}
+                  "fused_kernels": sum(1 for l in self.launches if l.op == "ost.fused"),
+                  # launches a backend runs through torch instead of its own kernels (MLX's bridge)
+                  "torch_bridged": sum(1 for l in self.launches if getattr(l.fn, "bridged", False))}
         if self.runner is not None:
             counts.update(self.runner.stats())
         return counts
@@ -195,15 +229,17 @@ class Executable:
         return self.runner.static_inputs(session or self.session)
 
     def __repr__(self) -> str:
-        return (f"<ostinato.Executable {self.program.info.get('model', '')} on {self.device}: "
+        return (f"<ostinato.Executable {self.program.info.get('model', '')} on {self.backend.label or self.device}: "
                 f"{len(self.launches)} launches>")
 
 
-def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool = True) -> Executable:
+def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool = True,
+            strict: bool = False) -> Executable:
     """Lower ``program`` for ``device`` and return an Executable.
 
     With ``cache`` (the default) the lowered plan is looked up by content in the compile cache
     (``ostinato.cache``: memory, disk, Redis) and stored there on a miss; ``exe.plan_source`` says
     whether it was "compiled", read from the "cache", or reused from this process's "memory".
+    ``strict``: refuse ops the backend would run through torch rather than its own kernels (MLX).
     """
-    return Executable(program, get_backend(device), cache=cache)
+    return Executable(program, get_backend(device, strict=strict), cache=cache)

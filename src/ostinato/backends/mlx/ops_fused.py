@@ -1,0 +1,170 @@
+"""MLX handlers of ostinato's fused ops (``ost.*``): norms and attention through ``mx.fast``; KV
+updates as slice updates of the state arrays.
+
+RoPE stays elementwise (``x * cos + rotate(x) * sin``, fused by ``mx.compile`` under replay):
+``ost.rope`` takes the cos/sin tables the model computed (any scaling, any position ids), while
+``mx.fast.rope`` computes its own angles from a base or frequencies and one offset per batch row, so
+it cannot take a program's tables without changing what the model computes.
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .ops import handles, mxd
+from .ops_elementwise import gelu_of, silu_of
+from .ops_nn import attention, linear_of
+
+
+def rms_norm_of(x, weight, eps, compute_dtype=None, weight_offset=0.0, weight_first=False):
+    """The reference's arithmetic (ir/fused_ops.rms_norm) with the statistics and scaling done by
+    mx.fast.rms_norm in the compute dtype."""
+    cd = mxd(compute_dtype) if compute_dtype is not None else x.dtype
+    h = x.astype(cd) if cd != x.dtype else x
+    if weight_first:
+        w = None
+        if weight is not None:
+            w = weight.astype(cd) + weight_offset if weight_offset else weight.astype(cd)
+        return mx.fast.rms_norm(h, w, eps).astype(x.dtype)
+    if weight is not None and weight_offset:
+        weight = weight + weight_offset
+    if cd != x.dtype:
+        y = mx.fast.rms_norm(h, None, eps).astype(x.dtype)
+        return y if weight is None else y * weight
+    if weight is not None and weight.dtype == x.dtype:
+        return mx.fast.rms_norm(x, weight, eps)
+    y = mx.fast.rms_norm(x, None, eps)
+    return y if weight is None else y * weight
+
+
+@handles("ost.rms_norm")
+def rms_norm(x, weight, eps, compute_dtype=None, weight_offset=0.0, weight_first=False):
+    return rms_norm_of(x, weight, eps, compute_dtype, weight_offset, weight_first)
+
+
+@handles("ost.add_rms_norm", multi=True)
+def add_rms_norm(x, residual, weight, eps, compute_dtype=None, weight_offset=0.0, weight_first=False):
+    s = x + residual
+    return s, rms_norm_of(s, weight, eps, compute_dtype, weight_offset, weight_first)
+
+
+@handles("ost.layer_norm")
+def layer_norm(x, weight, bias, eps, compute_dtype=None):
+    cd = mxd(compute_dtype) if compute_dtype is not None else x.dtype
+    if cd == x.dtype:
+        return mx.fast.layer_norm(x, weight, bias, eps)
+    w = None if weight is None else weight.astype(cd)
+    b = None if bias is None else bias.astype(cd)
+    return mx.fast.layer_norm(x.astype(cd), w, b, eps).astype(x.dtype)
+
+
+@handles("ost.swiglu")
+def swiglu(gate, up):
+    return silu_of(gate) * up
+
+
+@handles("ost.geglu")
+def geglu(gate, up, approximate="none"):
+    return gelu_of(gate, approximate) * up
+
+
+def _halves(x):
+    return mx.split(x, 2, axis=-1)
+
+
+@handles("ost.swiglu_packed")
+def swiglu_packed(x):
+    gate, up = _halves(x)
+    return silu_of(gate) * up
+
+
+@handles("ost.geglu_packed")
+def geglu_packed(x, approximate="none"):
+    gate, up = _halves(x)
+    return gelu_of(gate, approximate) * up
+
+
+_ACT = {"relu": lambda h: mx.maximum(h, 0), "silu": silu_of, "gelu": gelu_of,
+        "gelu_tanh": lambda h: gelu_of(h, "tanh")}
+
+
+@handles("ost.linear")
+def linear(x, weight, bias, activation=None, weight_t=False):
+    if weight_t:
+        h = mx.matmul(x, weight)
+        h = h if bias is None else h + bias
+    else:
+        h = linear_of(x, weight, bias)
+    return h if activation is None else _ACT[activation](h)
+
+
+@handles("ost.multi_linear", multi=True)
+def multi_linear(x, weights, biases=None):
+    # One matmul over the weights concatenated would copy them on every call (MLX has no view of
+    # several arrays as one); the projections run one by one and mx.compile schedules them.
+    return tuple(linear_of(x, w, None if biases is None else biases[i]) for i, w in enumerate(weights))
+
+
+def rope_of(x, cos, sin, interleaved=False):
+    if interleaved:
+        even, odd = x[..., 0::2], x[..., 1::2]
+        rotated = mx.reshape(mx.stack([-odd, even], axis=-1), x.shape)
+        return x * cos + rotated * sin
+    half = x.shape[-1] // 2
+    rotated = mx.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+@handles("ost.rope")
+def rope(x, cos, sin, interleaved=False):
+    return rope_of(x, cos, sin, interleaved)
+
+
+def kv_update_of(cache, new, index, dim, ring=None):
+    """``cache`` with ``new`` written at rows ``index`` of ``dim``: a slice update when the rows are
+    one run (a decode step's position), a scatter otherwise."""
+    d = dim % cache.ndim
+    slots = index if ring is None else mx.remainder(index, ring)
+    slots = mx.where(slots < 0, slots + cache.shape[d], slots)
+    new = new.astype(cache.dtype)
+    if slots.size == 1 and ring is None:
+        start = mx.reshape(slots, (1,)).astype(mx.int32)
+        return mx.slice_update(cache, new, start, (d,))
+    out = mx.array(cache)
+    out[(slice(None),) * d + (slots,)] = new
+    return out
+
+
+@handles("ost.kv_update", "ost.kv_update_")
+def kv_update(cache, new, index, dim, ring=None):
+    return kv_update_of(cache, new, index, dim, ring)
+
+
+def positional_mask(s, q_pos):
+    return mx.arange(s) <= q_pos
+
+
+def sdpa_of(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False):
+    if q_pos is not None:
+        visible = positional_mask(k.shape[-2], q_pos)
+        if mask is None:
+            mask = visible
+        elif mask.dtype == mx.bool_:
+            mask = mask & visible
+        else:
+            mask = mx.where(visible, mask, -float("inf"))
+    return attention(q, k, v, mask, scale, is_causal)
+
+
+@handles("ost.sdpa")
+def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False):
+    return sdpa_of(q, k, v, mask, q_pos, scale, n_rep, is_causal)
+
+
+@handles("ost.decode_attention_", multi=True)
+def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
+                     q_pos=None, scale=None, n_rep=1):
+    if cos is not None:
+        q, k = rope_of(q, cos, sin, interleaved), rope_of(k, cos, sin, interleaved)
+    k_cache = kv_update_of(k_cache, k, index, dim, ring)
+    v_cache = kv_update_of(v_cache, v, index, dim, ring)
+    return sdpa_of(q, k_cache, v_cache, None, q_pos, scale, n_rep), k_cache, v_cache

@@ -1,0 +1,413 @@
+"""MLX handlers of matmuls, convolutions, pooling, resampling, softmax and norms."""
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from .ops import handles, mxd
+
+
+# -- matmul -----------------------------------------------------------------------------------------
+@handles("aten.mm", "aten.bmm", "aten.matmul", "aten.mv", "aten.dot")
+def matmul(a, b):
+    return mx.matmul(a, b)
+
+
+@handles("aten.addmm", "aten.baddbmm", "aten.addmv")
+def addmm(bias, a, b, beta=1, alpha=1):
+    p = mx.matmul(a, b)
+    if alpha != 1:
+        p = p * alpha
+    return p + (bias if beta == 1 else bias * beta) if beta != 0 else p
+
+
+@handles("aten.addbmm")
+def addbmm(bias, a, b, beta=1, alpha=1):
+    p = mx.sum(mx.matmul(a, b), axis=0)
+    return p * alpha + (bias * beta if beta != 0 else 0)
+
+
+def linear_of(x, w, b=None):
+    y = mx.matmul(x, mx.swapaxes(w, -1, -2))
+    return y if b is None else y + b
+
+
+@handles("aten.linear")
+def linear(x, w, b=None):
+    return linear_of(x, w, b)
+
+
+@handles("aten.outer")
+def outer(a, b):
+    return mx.outer(a, b)
+
+
+# -- convolution ------------------------------------------------------------------------------------
+def _channels_last(x):
+    return mx.moveaxis(x, 1, -1)
+
+
+def _channels_first(x):
+    return mx.moveaxis(x, -1, 1)
+
+
+def conv_supported(node) -> bool:
+    """Transposed convolutions run through torch (MLX's transposed forms take another weight layout
+    and padding convention; not mapped yet)."""
+    transposed = node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)
+    return not transposed
+
+
+@handles("aten.convolution")
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    nd = x.ndim - 2
+    y = mx.conv_general(_channels_last(x), mx.moveaxis(w, 1, -1), stride=list(stride),
+                        padding=list(padding) if len(padding) == nd else list(padding) * nd,
+                        kernel_dilation=list(dilation), groups=groups)
+    y = _channels_first(y)
+    if bias is not None:
+        y = y + mx.reshape(bias, (1, -1) + (1,) * nd)
+    return y
+
+
+# -- pooling ----------------------------------------------------------------------------------------
+def _tuple(v, n):
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return v * n if len(v) == 1 else v
+
+
+def _windows(x, kernel, stride, dilation):
+    """[..., o1.., k1..] windows of the last len(kernel) dims of a contiguous x (no padding)."""
+    n = len(kernel)
+    shape, strides = list(x.shape), [1] * x.ndim
+    for i in range(x.ndim - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    lead = x.ndim - n
+    out = [(shape[lead + i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1 for i in range(n)]
+    view_shape = shape[:lead] + out + list(kernel)
+    view_strides = strides[:lead] + [strides[lead + i] * stride[i] for i in range(n)] + \
+        [strides[lead + i] * dilation[i] for i in range(n)]
+    return mx.as_strided(x, view_shape, view_strides), out
+
+
+def _pad_last(x, padding, value):
+    n = len(padding)
+    if not any(padding):
+        return x
+    return mx.pad(x, [(0, 0)] * (x.ndim - n) + [(p, p) for p in padding], constant_values=value)
+
+
+def pool_supported(node) -> bool:
+    """ceil_mode pooling (windows past the end) runs through torch."""
+    name = node.op
+    args = node.args
+    pos = {"aten.max_pool2d_with_indices": 5, "aten.max_pool3d_with_indices": 5, "aten.avg_pool1d": 4,
+           "aten.avg_pool2d": 4, "aten.avg_pool3d": 4}.get(name)
+    if pos is None:
+        return True
+    ceil = args[pos] if len(args) > pos else node.kwargs.get("ceil_mode", False)
+    return not ceil
+
+
+def _max_pool(x, kernel_size, stride, padding, dilation, n):
+    k = _tuple(kernel_size, n)
+    s = _tuple(stride, n) if stride else k
+    p, d = _tuple(padding, n), _tuple(dilation, n)
+    low = -math.inf if mx.issubdtype(x.dtype, mx.floating) else int(mx.iinfo(x.dtype).min)
+    xp = _pad_last(x, p, low)
+    win, out = _windows(xp, k, s, d)
+    flat = mx.reshape(win, win.shape[:x.ndim] + (-1,))
+    values = mx.max(flat, axis=-1)
+    arg = mx.argmax(flat, axis=-1)
+    # The flat index into the unpadded input, as torch returns it.
+    lead = x.ndim - n
+    index = mx.zeros(values.shape, mx.int64)
+    rem = arg
+    for i in range(n - 1, -1, -1):
+        ki = rem % k[i]
+        rem = rem // k[i]
+        shape = [1] * values.ndim
+        shape[lead + i] = out[i]
+        pos = mx.reshape(mx.arange(out[i]) * s[i], shape) - p[i] + ki * d[i]
+        size = 1
+        for j in range(i + 1, n):
+            size *= x.shape[lead + j]
+        index = index + pos.astype(mx.int64) * size
+    return values, index
+
+
+@handles("aten.max_pool2d_with_indices", multi=True)
+def max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(x, kernel_size, stride, padding, dilation, 2)
+
+
+@handles("aten.max_pool3d_with_indices", multi=True)
+def max_pool3d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(x, kernel_size, stride, padding, dilation, 3)
+
+
+def _avg_pool(x, kernel_size, stride, padding, count_include_pad, divisor_override, n):
+    k = _tuple(kernel_size, n)
+    s = _tuple(stride, n) if stride else k
+    p = _tuple(padding, n)
+    one = [1] * n
+    win, _ = _windows(_pad_last(x, p, 0), k, s, one)
+    total = mx.sum(win, axis=tuple(range(-n, 0)))
+    if divisor_override:
+        return total / divisor_override
+    if count_include_pad or not any(p):
+        return total / math.prod(k)
+    ones = mx.ones(x.shape[-n:], x.dtype)
+    cwin, _ = _windows(_pad_last(ones, p, 0), k, s, one)
+    return total / mx.sum(cwin, axis=tuple(range(-n, 0)))
+
+
+@handles("aten.avg_pool1d")
+def avg_pool1d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True):
+    return _avg_pool(x, kernel_size, stride, padding, count_include_pad, None, 1)
+
+
+@handles("aten.avg_pool2d")
+def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, padding, count_include_pad, divisor_override, 2)
+
+
+@handles("aten.avg_pool3d")
+def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, padding, count_include_pad, divisor_override, 3)
+
+
+def _adaptive_bins(n_in, n_out):
+    return [((i * n_in) // n_out, -(-((i + 1) * n_in) // n_out)) for i in range(n_out)]
+
+
+def _adaptive(x, output_size, reduce, n):
+    for i, size in enumerate(output_size[-n:]):
+        d = x.ndim - n + i
+        n_in = x.shape[d]
+        if n_in % size == 0:
+            shape = list(x.shape)
+            shape[d:d + 1] = [size, n_in // size]
+            x = reduce(mx.reshape(x, shape), d + 1)
+        else:
+            idx = [slice(None)] * x.ndim
+            parts = []
+            for lo, hi in _adaptive_bins(n_in, size):
+                idx[d] = slice(lo, hi)
+                parts.append(mx.expand_dims(reduce(x[tuple(idx)], d), d))
+            x = mx.concatenate(parts, axis=d)
+    return x
+
+
+@handles("aten._adaptive_avg_pool2d")
+def adaptive_avg_pool2d(x, output_size):
+    return _adaptive(x, output_size, lambda t, d: mx.mean(t, axis=d), 2)
+
+
+@handles("aten._adaptive_avg_pool3d")
+def adaptive_avg_pool3d(x, output_size):
+    return _adaptive(x, output_size, lambda t, d: mx.mean(t, axis=d), 3)
+
+
+# -- resampling -------------------------------------------------------------------------------------
+def _scales(x, output_size, scale_factors, n):
+    ins = x.shape[-n:]
+    outs = list(output_size) if output_size else [int(math.floor(i * s)) for i, s in zip(ins, scale_factors)]
+    return ins, outs
+
+
+def _nearest(x, output_size, scale_factors, n):
+    ins, outs = _scales(x, output_size, scale_factors, n)
+    for i in range(n):
+        d = x.ndim - n + i
+        scale = (1.0 / scale_factors[i]) if scale_factors else ins[i] / outs[i]
+        src = mx.minimum(mx.floor(mx.arange(outs[i], dtype=mx.float32) * scale).astype(mx.int32), ins[i] - 1)
+        x = mx.take(x, src, axis=d)
+    return x
+
+
+@handles("aten.upsample_nearest1d.vec")
+def upsample_nearest1d(x, output_size, scale_factors):
+    return _nearest(x, output_size, scale_factors, 1)
+
+
+@handles("aten.upsample_nearest2d.vec")
+def upsample_nearest2d(x, output_size, scale_factors):
+    return _nearest(x, output_size, scale_factors, 2)
+
+
+@handles("aten.upsample_nearest2d")
+def upsample_nearest2d_sizes(x, output_size, scales_h=None, scales_w=None):
+    return _nearest(x, output_size, [scales_h, scales_w] if scales_h and scales_w else None, 2)
+
+
+def _linear_resample(x, output_size, align_corners, scale_factors, n):
+    ins, outs = _scales(x, output_size, scale_factors, n)
+    for i in range(n):
+        d = x.ndim - n + i
+        n_in, n_out = ins[i], outs[i]
+        pos = mx.arange(n_out, dtype=mx.float32)
+        if align_corners:
+            src = pos * ((n_in - 1) / (n_out - 1)) if n_out > 1 else pos * 0
+        else:
+            scale = (1.0 / scale_factors[i]) if scale_factors else n_in / n_out
+            src = mx.maximum((pos + 0.5) * scale - 0.5, 0.0)
+        i0 = mx.minimum(mx.floor(src).astype(mx.int32), n_in - 1)
+        i1 = mx.minimum(i0 + 1, n_in - 1)
+        lam = (src - i0.astype(mx.float32)).astype(x.dtype)
+        shape = [1] * x.ndim
+        shape[d] = n_out
+        lam = mx.reshape(lam, shape)
+        x = mx.take(x, i0, axis=d) * (1 - lam) + mx.take(x, i1, axis=d) * lam
+    return x
+
+
+@handles("aten.upsample_bilinear2d.vec")
+def upsample_bilinear2d(x, output_size, align_corners, scale_factors):
+    return _linear_resample(x, output_size, align_corners, scale_factors, 2)
+
+
+@handles("aten.upsample_linear1d.vec")
+def upsample_linear1d(x, output_size, align_corners, scale_factors):
+    return _linear_resample(x, output_size, align_corners, scale_factors, 1)
+
+
+@handles("aten.upsample_bilinear2d")
+def upsample_bilinear2d_sizes(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _linear_resample(x, output_size, align_corners, [scales_h, scales_w] if scales_h and scales_w else None, 2)
+
+
+# -- softmax and norms ------------------------------------------------------------------------------
+@handles("aten._softmax")
+def softmax(x, dim, half_to_float=False):
+    return mx.softmax(x, axis=dim, precise=True)
+
+
+@handles("aten.softmax.int")
+def softmax_int(x, dim, dtype=None):
+    return mx.softmax(x if dtype is None else x.astype(mxd(dtype)), axis=dim, precise=True)
+
+
+@handles("aten._log_softmax")
+def log_softmax(x, dim, half_to_float=False):
+    h = x.astype(mx.float32) if x.dtype in (mx.float16, mx.bfloat16) else x
+    return (h - mx.logsumexp(h, axis=dim, keepdims=True)).astype(x.dtype)
+
+
+@handles("aten.log_softmax.int")
+def log_softmax_int(x, dim, dtype=None):
+    return log_softmax(x if dtype is None else x.astype(mxd(dtype)), dim)
+
+
+def _norm_axes(x, normalized_shape):
+    return tuple(range(x.ndim - len(normalized_shape), x.ndim))
+
+
+def layer_norm_of(x, normalized_shape, weight, bias, eps):
+    if len(normalized_shape) == 1:
+        return mx.fast.layer_norm(x, weight, bias, eps)
+    ax = _norm_axes(x, normalized_shape)
+    h = x.astype(mx.float32)
+    m = mx.mean(h, axis=ax, keepdims=True)
+    v = mx.mean(mx.square(h - m), axis=ax, keepdims=True)
+    y = ((h - m) * mx.rsqrt(v + eps)).astype(x.dtype)
+    if weight is not None:
+        y = y * weight
+    return y if bias is None else y + bias
+
+
+@handles("aten.layer_norm")
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    return layer_norm_of(x, normalized_shape, weight, bias, eps)
+
+
+@handles("aten.native_layer_norm", multi=True)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    ax = _norm_axes(x, normalized_shape)
+    h = x.astype(mx.float32)
+    m = mx.mean(h, axis=ax, keepdims=True)
+    rstd = mx.rsqrt(mx.mean(mx.square(h - m), axis=ax, keepdims=True) + eps)
+    out = layer_norm_of(x, normalized_shape, weight, bias, eps)
+    return out, m, rstd
+
+
+@handles("aten.rms_norm")
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    if eps is None:
+        eps = float(mx.finfo(x.dtype).eps)
+    if len(normalized_shape) == 1:
+        return mx.fast.rms_norm(x, weight, eps)
+    ax = _norm_axes(x, normalized_shape)
+    y = x * mx.rsqrt(mx.mean(mx.square(x), axis=ax, keepdims=True) + eps)
+    return y if weight is None else y * weight
+
+
+@handles("aten.native_group_norm", multi=True)
+def native_group_norm(x, weight, bias, n, c, hw, group, eps):
+    h = mx.reshape(x.astype(mx.float32), (n, group, -1))
+    m = mx.mean(h, axis=-1, keepdims=True)
+    rstd = mx.rsqrt(mx.mean(mx.square(h - m), axis=-1, keepdims=True) + eps)
+    y = mx.reshape(((h - m) * rstd), x.shape)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        y = y * mx.reshape(weight, shape)
+    if bias is not None:
+        y = y + mx.reshape(bias, shape)
+    return y.astype(x.dtype), mx.reshape(m, (n, group)).astype(x.dtype), mx.reshape(rstd, (n, group)).astype(x.dtype)
+
+
+def _batch_norm(x, weight, bias, mean, var, eps):
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    scale = mx.rsqrt(var + eps)
+    if weight is not None:
+        scale = scale * weight
+    y = (x - mx.reshape(mean, shape)) * mx.reshape(scale, shape)
+    if bias is not None:
+        y = y + mx.reshape(bias, shape)
+    empty = mx.zeros((0,), x.dtype)
+    return y.astype(x.dtype), empty, empty
+
+
+@handles("aten._native_batch_norm_legit_no_training", multi=True)
+def batch_norm_eval(x, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm(x, weight, bias, running_mean, running_var, eps)
+
+
+def batch_norm_supported(node) -> bool:
+    """Training-mode batch norm (batch statistics, running stats updated) runs through torch."""
+    training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training", False)
+    return node.op != "aten._native_batch_norm_legit.no_stats" and not training
+
+
+@handles("aten.native_batch_norm", multi=True)
+def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _batch_norm(x, weight, bias, running_mean, running_var, eps)
+
+
+# -- attention --------------------------------------------------------------------------------------
+def attention(q, k, v, mask=None, scale=None, is_causal=False):
+    """Attention through mx.fast.scaled_dot_product_attention ([B, H, T, D]; KV heads may be fewer)."""
+    squeeze = q.ndim == 3
+    if squeeze:
+        q, k, v = q[None], k[None], v[None]
+        if mask is not None and mask.ndim == 3:
+            mask = mask[None]
+    t, s = q.shape[-2], k.shape[-2]
+    if is_causal:
+        causal = mx.tril(mx.ones((t, s), mx.bool_))     # torch aligns the causal mask top-left
+        mask = causal if mask is None else (mask & causal if mask.dtype == mx.bool_ else
+                                            mx.where(causal, mask, -math.inf))
+    if mask is not None and mask.dtype != mx.bool_ and mask.dtype != q.dtype:
+        mask = mask.astype(q.dtype)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    o = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    return o[0] if squeeze else o
+
+
+@handles("aten.scaled_dot_product_attention")
+def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    return attention(q, k, v, attn_mask, scale, is_causal)
+

@@ -1,0 +1,725 @@
+"""MLX handlers of reductions, views and copies, indexing, creation and size arithmetic."""
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ...ir.ops import registered_ops
+from .ops import as_float, axes, handles, is_float, mxd
+
+
+# -- reductions ------------------------------------------------------------------------------------
+def _sum_input(x, dtype):
+    if dtype is not None:
+        return x.astype(mxd(dtype))
+    return x.astype(mx.int64) if not mx.issubdtype(x.dtype, mx.inexact) else x
+
+
+@handles("aten.sum", "aten.sum.dim_IntList")
+def sum_(x, dim=None, keepdim=False, dtype=None):
+    return mx.sum(_sum_input(x, dtype), axis=axes(dim, x.ndim), keepdims=keepdim)
+
+
+@handles("aten.mean", "aten.mean.dim")
+def mean(x, dim=None, keepdim=False, dtype=None):
+    if dtype is not None:
+        x = x.astype(mxd(dtype))
+    return mx.mean(x, axis=axes(dim, x.ndim), keepdims=keepdim)
+
+
+@handles("aten.prod", "aten.prod.dim_int")
+def prod(x, dim=None, keepdim=False, dtype=None):
+    return mx.prod(_sum_input(x, dtype), axis=axes(dim, x.ndim), keepdims=keepdim)
+
+
+@handles("aten.amax", "aten.max")
+def amax(x, dim=None, keepdim=False):
+    return mx.max(x, axis=axes(dim, x.ndim), keepdims=keepdim)
+
+
+@handles("aten.amin", "aten.min")
+def amin(x, dim=None, keepdim=False):
+    return mx.min(x, axis=axes(dim, x.ndim), keepdims=keepdim)
+
+
+def _nan_first(x, dim, keepdim, pick):
+    """(value, index) along ``dim``; a NaN wins, as in torch."""
+    idx = pick(x, axis=dim, keepdims=True)
+    if is_float(x):
+        nan = mx.isnan(x)
+        idx = mx.where(mx.any(nan, axis=dim, keepdims=True), mx.argmax(nan, axis=dim, keepdims=True), idx)
+    val = mx.take_along_axis(x, idx, axis=dim)
+    if not keepdim:
+        val, idx = mx.squeeze(val, dim), mx.squeeze(idx, dim)
+    return val, idx.astype(mx.int64)
+
+
+@handles("aten.max.dim", multi=True)
+def max_dim(x, dim, keepdim=False):
+    return _nan_first(x, dim % max(x.ndim, 1), keepdim, mx.argmax)
+
+
+@handles("aten.min.dim", multi=True)
+def min_dim(x, dim, keepdim=False):
+    return _nan_first(x, dim % max(x.ndim, 1), keepdim, mx.argmin)
+
+
+def _arg(pick):
+    def arg(x, dim=None, keepdim=False):
+        if dim is None:
+            r = pick(mx.reshape(x, (-1,)))
+            return mx.reshape(r, (1,) * x.ndim) if keepdim else r
+        return _nan_first(x, dim % max(x.ndim, 1), keepdim, pick)[1]
+    return arg
+
+
+handles("aten.argmax")(_arg(mx.argmax))
+handles("aten.argmin")(_arg(mx.argmin))
+
+
+@handles("aten.any", "aten.any.dim", "aten.any.dims")
+def any_(x, dim=None, keepdim=False):
+    return mx.any(x, axis=axes(dim, x.ndim), keepdims=keepdim)
+
+
+@handles("aten.all", "aten.all.dim", "aten.all.dims")
+def all_(x, dim=None, keepdim=False):
+    return mx.all(x, axis=axes(dim, x.ndim), keepdims=keepdim)
+
+
+def _var(x, dim, correction, keepdim):
+    ax = axes(dim, x.ndim)
+    n = 1
+    for a in (ax if ax is not None else range(x.ndim)):
+        n *= x.shape[a]
+    c = 1 if correction is None else correction
+    m = mx.mean(x, axis=ax, keepdims=True)
+    return mx.sum(mx.square(x - m), axis=ax, keepdims=keepdim) / max(n - c, 0), m if keepdim else \
+        (mx.squeeze(m, ax) if ax is not None else mx.reshape(m, ()))
+
+
+@handles("aten.var.correction")
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return _var(as_float(x), dim, correction, keepdim)[0]
+
+
+@handles("aten.std.correction")
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return mx.sqrt(_var(as_float(x), dim, correction, keepdim)[0])
+
+
+@handles("aten.var_mean.correction", multi=True)
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return _var(as_float(x), dim, correction, keepdim)
+
+
+@handles("aten.logsumexp")
+def logsumexp(x, dim, keepdim=False):
+    return mx.logsumexp(as_float(x), axis=axes(dim, x.ndim), keepdims=keepdim)
+
+
+@handles("aten.linalg_vector_norm")
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = x.astype(mxd(dtype))
+    ax = axes(dim, x.ndim)
+    a = mx.abs(x)
+    if ord == 2:
+        return mx.sqrt(mx.sum(a * a, axis=ax, keepdims=keepdim))
+    if ord == 1:
+        return mx.sum(a, axis=ax, keepdims=keepdim)
+    if ord == float("inf"):
+        return mx.max(a, axis=ax, keepdims=keepdim)
+    if ord == float("-inf"):
+        return mx.min(a, axis=ax, keepdims=keepdim)
+    if ord == 0:
+        return mx.sum((a != 0).astype(x.dtype), axis=ax, keepdims=keepdim)
+    return mx.power(mx.sum(mx.power(a, ord), axis=ax, keepdims=keepdim), 1.0 / ord)
+
+
+@handles("aten.cumsum")
+def cumsum(x, dim, dtype=None):
+    return mx.cumsum(_sum_input(x, dtype), axis=dim % max(x.ndim, 1)) if x.ndim else _sum_input(x, dtype)
+
+
+@handles("aten.cumprod")
+def cumprod(x, dim, dtype=None):
+    return mx.cumprod(_sum_input(x, dtype), axis=dim % max(x.ndim, 1)) if x.ndim else _sum_input(x, dtype)
+
+
+@handles("aten.logcumsumexp")
+def logcumsumexp(x, dim):
+    return mx.logcumsumexp(x, axis=dim % max(x.ndim, 1)) if x.ndim else x
+
+
+# -- views and copies ------------------------------------------------------------------------------
+@handles("aten.view", "aten.reshape", "aten._unsafe_view")
+def view(x, shape):
+    return mx.reshape(x, tuple(shape))
+
+
+@handles("aten.permute")
+def permute(x, dims):
+    return mx.transpose(x, [d % x.ndim for d in dims]) if x.ndim else x
+
+
+@handles("aten.transpose.int")
+def transpose(x, a, b):
+    return mx.swapaxes(x, a, b) if x.ndim else x
+
+
+@handles("aten.t")
+def t(x):
+    return mx.transpose(x) if x.ndim == 2 else x
+
+
+@handles("aten.expand")
+def expand(x, size, implicit=False):
+    lead = len(size) - x.ndim
+    shape = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size))
+    return mx.broadcast_to(x, shape)
+
+
+@handles("aten.squeeze", "aten.squeeze.dim", "aten.squeeze.dims")
+def squeeze(x, dim=None):
+    if x.ndim == 0:
+        return x
+    dims = range(x.ndim) if dim is None else [dim] if isinstance(dim, int) else dim
+    keep = [d % x.ndim for d in dims if x.shape[d % x.ndim] == 1]
+    return mx.squeeze(x, keep) if keep else x
+
+
+@handles("aten.unsqueeze")
+def unsqueeze(x, dim):
+    return mx.expand_dims(x, dim % (x.ndim + 1))
+
+
+@handles("aten.flatten.using_ints")
+def flatten(x, start_dim=0, end_dim=-1):
+    return mx.flatten(x, start_dim, end_dim) if x.ndim else mx.reshape(x, (1,))
+
+
+@handles("aten.unflatten.int")
+def unflatten(x, dim, sizes):
+    return mx.unflatten(x, dim, tuple(sizes))
+
+
+@handles("aten.clone", "aten.contiguous", "aten.alias", "aten.lift_fresh_copy", "aten.detach")
+def identity(x, memory_format=None):
+    return x
+
+
+def _index(ndim: int, dim: int, item) -> tuple:
+    return (slice(None),) * (dim % ndim) + (item,)
+
+
+def _bounds(start, end, n):
+    start = 0 if start is None else start
+    end = n if end is None else end
+    start = max(start + n, 0) if start < 0 else min(start, n)
+    end = max(end + n, 0) if end < 0 else min(end, n)
+    return start, max(end, start)
+
+
+@handles("aten.slice.Tensor")
+def slice_(x, dim=0, start=None, end=None, step=1):
+    d = dim % x.ndim
+    s, e = _bounds(start, end, x.shape[d])
+    return x[_index(x.ndim, d, slice(s, e, step))]
+
+
+@handles("aten.slice_scatter")
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    d = dim % x.ndim
+    s, e = _bounds(start, end, x.shape[d])
+    out = mx.array(x)
+    out[_index(x.ndim, d, slice(s, e, step))] = src.astype(x.dtype)
+    return out
+
+
+@handles("aten.select.int")
+def select(x, dim, index):
+    return x[_index(x.ndim, dim, index)]
+
+
+@handles("aten.select_scatter")
+def select_scatter(x, src, dim, index):
+    out = mx.array(x)
+    out[_index(x.ndim, dim, index)] = src.astype(x.dtype)
+    return out
+
+
+@handles("aten.narrow")
+def narrow(x, dim, start, length):
+    d = dim % x.ndim
+    start = start % x.shape[d] if start < 0 else start
+    return x[_index(x.ndim, d, slice(start, start + length))]
+
+
+@handles("aten.cat")
+def cat(tensors, dim=0):
+    ts = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or list(tensors[:1])
+    return mx.concatenate(ts, axis=dim % ts[0].ndim) if len(ts) > 1 else ts[0]
+
+
+@handles("aten.stack")
+def stack(tensors, dim=0):
+    return mx.stack(tensors, axis=dim % (tensors[0].ndim + 1))
+
+
+def _split_points(sizes):
+    points, acc = [], 0
+    for s in sizes[:-1]:
+        acc += s
+        points.append(acc)
+    return points
+
+
+@handles("aten.split.Tensor", multi=True)
+def split(x, split_size, dim=0):
+    n = x.shape[dim % x.ndim]
+    sizes = [min(split_size, n - i) for i in range(0, n, split_size)] if n else [0]
+    return tuple(mx.split(x, _split_points(sizes), axis=dim % x.ndim))
+
+
+@handles("aten.split_with_sizes", multi=True)
+def split_with_sizes(x, split_sizes, dim=0):
+    return tuple(mx.split(x, _split_points(list(split_sizes)), axis=dim % x.ndim))
+
+
+@handles("aten.unbind.int", multi=True)
+def unbind(x, dim=0):
+    d = dim % x.ndim
+    return tuple(x[_index(x.ndim, d, i)] for i in range(x.shape[d]))
+
+
+@handles("aten.chunk", multi=True)
+def chunk(x, chunks, dim=0):
+    n = x.shape[dim % x.ndim]
+    size = -(-n // chunks)
+    return split(x, size, dim)
+
+
+@handles("aten.repeat")
+def repeat(x, repeats):
+    lead = len(repeats) - x.ndim
+    x = mx.reshape(x, (1,) * lead + tuple(x.shape))
+    return mx.tile(x, tuple(repeats))
+
+
+@handles("aten.repeat_interleave.self_int")
+def repeat_interleave(x, repeats, dim=None, output_size=None):
+    if dim is None:
+        return mx.repeat(mx.reshape(x, (-1,)), repeats, axis=0)
+    return mx.repeat(x, repeats, axis=dim % x.ndim)
+
+
+@handles("aten.flip")
+def flip(x, dims):
+    idx = [slice(None)] * x.ndim
+    for d in dims:
+        idx[d % x.ndim] = slice(None, None, -1)
+    return x[tuple(idx)]
+
+
+@handles("aten.roll")
+def roll(x, shifts, dims=()):
+    if not dims:
+        return mx.reshape(mx.roll(mx.reshape(x, (-1,)), shifts[0]), x.shape)
+    return mx.roll(x, tuple(shifts), axis=tuple(dims))
+
+
+@handles("aten.diagonal")
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    return mx.diagonal(x, offset, dim1 % x.ndim, dim2 % x.ndim)
+
+
+@handles("aten.constant_pad_nd")
+def constant_pad_nd(x, pad, value=0):
+    widths = [(0, 0)] * x.ndim
+    crop = [slice(None)] * x.ndim
+    for i in range(len(pad) // 2):
+        d = x.ndim - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        widths[d] = (max(lo, 0), max(hi, 0))
+        crop[d] = slice(-lo if lo < 0 else None, hi if hi < 0 else None)
+    x = x[tuple(crop)]
+    return mx.pad(x, widths, constant_values=value) if any(w != (0, 0) for w in widths) else x
+
+
+def _edge_pad(x, pad):
+    widths = [(0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    return mx.pad(x, widths, mode="edge")
+
+
+handles("aten.replication_pad1d", "aten.replication_pad2d")(_edge_pad)
+
+
+@handles("aten.reflection_pad1d", "aten.reflection_pad2d")
+def reflection_pad(x, pad):
+    for i in range(len(pad) // 2):
+        d = x.ndim - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        n = x.shape[d]
+        parts = []
+        if lo:
+            parts.append(x[_index(x.ndim, d, slice(lo, 0, -1))])
+        parts.append(x)
+        if hi:
+            parts.append(x[_index(x.ndim, d, slice(n - 2, n - 2 - hi, -1))])
+        x = mx.concatenate(parts, axis=d) if len(parts) > 1 else x
+    return x
+
+
+@handles("aten.as_strided")
+def as_strided(x, size, stride, storage_offset=0):
+    return mx.as_strided(x, tuple(size), tuple(stride), storage_offset or 0)
+
+
+@handles("aten.unfold")
+def unfold(x, dim, size, step):
+    if x.ndim == 0:
+        return mx.reshape(x, (1,))
+    d = dim % x.ndim
+    strides = [1] * x.ndim
+    for i in range(x.ndim - 2, -1, -1):
+        strides[i] = strides[i + 1] * x.shape[i + 1]
+    n = (x.shape[d] - size) // step + 1
+    shape = list(x.shape)
+    shape[d] = n
+    st = list(strides)
+    st[d] = strides[d] * step
+    return mx.as_strided(x, tuple(shape) + (size,), tuple(st) + (strides[d],))
+
+
+@handles("aten.tril")
+def tril(x, diagonal=0):
+    return mx.tril(x, diagonal)
+
+
+@handles("aten.triu")
+def triu(x, diagonal=0):
+    return mx.triu(x, diagonal)
+
+
+@handles("aten.pixel_shuffle")
+def pixel_shuffle(x, r):
+    *lead, c, h, w = x.shape
+    oc = c // (r * r)
+    y = mx.reshape(x, (*lead, oc, r, r, h, w))
+    n = len(lead)
+    y = mx.transpose(y, (*range(n), n, n + 3, n + 1, n + 4, n + 2))
+    return mx.reshape(y, (*lead, oc, h * r, w * r))
+
+
+@handles("aten.pixel_unshuffle")
+def pixel_unshuffle(x, r):
+    *lead, c, h, w = x.shape
+    n = len(lead)
+    y = mx.reshape(x, (*lead, c, h // r, r, w // r, r))
+    y = mx.transpose(y, (*range(n), n, n + 2, n + 4, n + 1, n + 3))
+    return mx.reshape(y, (*lead, c * r * r, h // r, w // r))
+
+
+@handles("aten.movedim.int")
+def movedim(x, src, dst):
+    return mx.moveaxis(x, src, dst)
+
+
+@handles("aten.empty_like", "aten.zeros_like")
+def zeros_like(x, **_):
+    return mx.zeros(x.shape, x.dtype)
+
+
+@handles("aten.copy")
+def copy(x, src, non_blocking=False):
+    return mx.broadcast_to(src.astype(x.dtype), x.shape)
+
+
+@handles("aten.copy_", multi=False)
+def copy_(x, src, non_blocking=False):
+    return copy(x, src)
+
+
+# -- indexing ----------------------------------------------------------------------------------------
+def _index_tuple(indices):
+    return tuple(slice(None) if i is None else i for i in indices)
+
+
+@handles("aten.index.Tensor")
+def index(x, indices):
+    return x[_index_tuple(indices)]
+
+
+@handles("aten.index_put", "aten.index_put_")
+def index_put(x, indices, values, accumulate=False):
+    idx = _index_tuple(indices)
+    values = values.astype(x.dtype)
+    if accumulate:
+        return x.at[idx].add(values)
+    out = mx.array(x)
+    out[idx] = values
+    return out
+
+
+@handles("aten.index_select")
+def index_select(x, dim, index):
+    if x.ndim == 0:
+        return x
+    return mx.take(x, mx.reshape(index, (-1,)), axis=dim % x.ndim)
+
+
+@handles("aten.index_copy", "aten.index_copy_")
+def index_copy(x, dim, index, src):
+    out = mx.array(x)
+    out[_index(x.ndim, dim, index)] = src.astype(x.dtype)
+    return out
+
+
+@handles("aten.index_add")
+def index_add(x, dim, index, src, alpha=1):
+    return x.at[_index(x.ndim, dim, index)].add((src if alpha == 1 else src * alpha).astype(x.dtype))
+
+
+@handles("aten.index_fill.int_Scalar")
+def index_fill(x, dim, index, value):
+    out = mx.array(x)
+    out[_index(x.ndim, dim, index)] = value
+    return out
+
+
+@handles("aten.gather")
+def gather(x, dim, index, sparse_grad=False):
+    if x.ndim == 0:
+        return x
+    return mx.take_along_axis(x, index, axis=dim % x.ndim)
+
+
+@handles("aten.take_along_dim")
+def take_along_dim(x, index, dim=None):
+    if dim is None:
+        return mx.take(mx.reshape(x, (-1,)), mx.reshape(index, (-1,)))
+    return mx.take_along_axis(x, mx.broadcast_to(index, index.shape), axis=dim % x.ndim)
+
+
+def _along(index, dim):
+    """The full index tuple addressing ``x[i0, .., index[i], ..]`` along ``dim`` (scatter's addressing)."""
+    grids = []
+    for d in range(index.ndim):
+        if d == dim:
+            grids.append(index)
+        else:
+            shape = [1] * index.ndim
+            shape[d] = index.shape[d]
+            grids.append(mx.reshape(mx.arange(index.shape[d]), shape))
+    return tuple(grids)
+
+
+def _src_cut(src, index):
+    return src[tuple(slice(0, n) for n in index.shape)]
+
+
+@handles("aten.scatter.src", "aten.scatter.value")
+def scatter(x, dim, index, src):
+    out = mx.array(x)
+    value = _src_cut(src, index).astype(x.dtype) if type(src) is mx.array else src
+    out[_along(index, dim % x.ndim)] = value
+    return out
+
+
+@handles("aten.scatter_add")
+def scatter_add(x, dim, index, src):
+    return x.at[_along(index, dim % x.ndim)].add(_src_cut(src, index).astype(x.dtype))
+
+
+@handles("aten.embedding")
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return mx.take(weight, indices, axis=0)
+
+
+def _sort(x, dim, descending):
+    d = dim % max(x.ndim, 1)
+    if x.ndim == 0:
+        return x, mx.zeros((), mx.int64)
+    key = x
+    if descending:
+        key = -x.astype(mx.float32) if x.dtype == mx.bool_ else -x
+    idx = mx.argsort(key, axis=d)
+    return mx.take_along_axis(x, idx, axis=d), idx.astype(mx.int64)
+
+
+@handles("aten.sort", multi=True)
+def sort(x, dim=-1, descending=False):
+    return _sort(x, dim, descending)
+
+
+@handles("aten.sort.stable", multi=True)
+def sort_stable(x, *, stable=None, dim=-1, descending=False):
+    return _sort(x, dim, descending)
+
+
+@handles("aten.argsort")
+def argsort(x, dim=-1, descending=False):
+    return _sort(x, dim, descending)[1]
+
+
+@handles("aten.argsort.stable")
+def argsort_stable(x, *, stable=False, dim=-1, descending=False):
+    return _sort(x, dim, descending)[1]
+
+
+@handles("aten.topk", multi=True)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    v, i = _sort(x, dim, largest)
+    d = dim % max(x.ndim, 1)
+    cut = _index(max(x.ndim, 1), d, slice(0, k))
+    return v[cut], i[cut]
+
+
+@handles("aten.kthvalue", multi=True)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    v, i = _sort(x, dim, False)
+    d = dim % max(x.ndim, 1)
+    cut = _index(max(x.ndim, 1), d, slice(k - 1, k))
+    v, i = v[cut], i[cut]
+    return (v, i) if keepdim else (mx.squeeze(v, d), mx.squeeze(i, d))
+
+
+# -- creation -----------------------------------------------------------------------------------------
+def _dtype_or(dtype, default):
+    return mxd(dtype) if dtype is not None else default
+
+
+@handles("aten.arange")
+def arange(end, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return mx.arange(0, end, 1, dtype=_dtype_or(dtype, mx.float32 if isinstance(end, float) else mx.int64))
+
+
+@handles("aten.arange.start")
+def arange_start(start, end, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return arange_step(start, end, 1, dtype=dtype)
+
+
+@handles("aten.arange.start_step")
+def arange_step(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    floating = any(isinstance(v, float) for v in (start, end, step))
+    return mx.arange(start, end, step, dtype=_dtype_or(dtype, mx.float32 if floating else mx.int64))
+
+
+def _default_dtype(value):
+    return mx.bool_ if isinstance(value, bool) else mx.int64 if isinstance(value, int) else mx.float32
+
+
+@handles("aten.full")
+def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return mx.full(tuple(size), fill_value, dtype=_dtype_or(dtype, _default_dtype(fill_value)))
+
+
+@handles("aten.full_like")
+def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return mx.full(x.shape, fill_value, dtype=_dtype_or(dtype, x.dtype))
+
+
+@handles("aten.zeros", "aten.empty.memory_format")
+def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return mx.zeros(tuple(size), dtype=_dtype_or(dtype, mx.float32))
+
+
+@handles("aten.ones")
+def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return mx.ones(tuple(size), dtype=_dtype_or(dtype, mx.float32))
+
+
+@handles("aten.ones_like")
+def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return mx.ones(x.shape, dtype=_dtype_or(dtype, x.dtype))
+
+
+@handles("aten.empty_strided")
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return zeros(size, dtype=dtype)
+
+
+@handles("aten.empty_permuted")
+def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return zeros(size, dtype=dtype)
+
+
+@handles("aten.new_zeros", "aten.new_empty")
+def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return mx.zeros(tuple(size), dtype=_dtype_or(dtype, x.dtype))
+
+
+@handles("aten.new_ones")
+def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return mx.ones(tuple(size), dtype=_dtype_or(dtype, x.dtype))
+
+
+@handles("aten.new_full")
+def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return mx.full(tuple(size), fill_value, dtype=_dtype_or(dtype, x.dtype))
+
+
+@handles("aten.scalar_tensor")
+def scalar_tensor(value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return mx.array(value, dtype=_dtype_or(dtype, mx.float32))
+
+
+@handles("aten.linspace")
+def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return mx.linspace(start, end, steps, dtype=_dtype_or(dtype, mx.float32))
+
+
+@handles("aten.eye")
+def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return mx.eye(n, m, dtype=_dtype_or(dtype, mx.float32))
+
+
+@handles("aten._to_copy")
+def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    return x if dtype is None else x.astype(mxd(dtype))
+
+
+@handles("aten.to.dtype")
+def to_dtype(x, dtype, non_blocking=False, copy=False, memory_format=None):
+    return x.astype(mxd(dtype))
+
+
+@handles("prims.convert_element_type")
+def convert_element_type(x, dtype):
+    return x.astype(mxd(dtype))
+
+
+@handles("aten.fill.Scalar", "aten.fill.Tensor")
+def fill(x, value):
+    return mx.full(x.shape, value.astype(x.dtype) if type(value) is mx.array else value, dtype=x.dtype)
+
+
+# -- sizes ----------------------------------------------------------------------------------------------
+@handles("aten.sym_size.int")
+def sym_size(x, dim):
+    return x.shape[dim]
+
+
+@handles("aten.sym_numel")
+def sym_numel(x):
+    return x.size
+
+
+@handles("aten.sym_stride.int")
+def sym_stride(x, dim):
+    s = 1
+    for n in x.shape[dim % x.ndim + 1:]:
+        s *= n
+    return s
+
+
+@handles("aten.sym_storage_offset")
+def sym_storage_offset(x):
+    return 0
+
+
+for _name, _op in registered_ops().items():
+    if _op.category == "sym":
+        handles(_name, multi=True)(_op.target)
