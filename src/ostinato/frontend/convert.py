@@ -26,6 +26,7 @@ DROPPED_TARGETS = {
     "aten._print",
 }
 
+_SUFFIX = re.compile(r"_\d+$")
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 
@@ -65,13 +66,27 @@ def _finite_int(x) -> int | None:
 
 
 class _Converter:
-    def __init__(self, ep: ExportedProgram, strict: bool):
+    def __init__(self, ep: ExportedProgram, strict: bool, regions=None):
         self.ep = ep
         self.strict = strict
         self.g = Graph()
         self.env: dict[torch.fx.Node, Any] = {}
         self.unsupported: list[tuple[str, str]] = []
         self.higher_order = False
+        # Regional export (inline.py): the blocks to instantiate at each opaque call, the constants and
+        # state by name, each block-mutated buffer's newest value and the values block calls produced.
+        self.regions = regions
+        self.weights: dict[str, torch.Tensor] = {}
+        self.state_init: dict[str, torch.Tensor] = {}
+        self.named: dict[str, Value] = {}
+        self.state_now: dict[str, Value] = {}
+        self.block_values: set[int] = set()
+        self.namer = torch.fx.graph._Namespace()
+        user = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT
+                and not isinstance(s.arg, ConstantArgument)}
+        for n in ep.graph.nodes:
+            if n.op == "placeholder" and n.name in user:
+                self.namer.create_name(n.name, None)
 
     # -- metadata -------------------------------------------------------------------------------
     def _declare(self, sym: sympy.Symbol, vr=None) -> None:
@@ -117,8 +132,29 @@ class _Converter:
             return {k: self.arg(x) for k, x in a.items()}
         return a
 
+    def node_name(self, name: str) -> str:
+        """The IR name of the fx node ``name``: named again in IR order as torch.fx names nodes (``add``,
+        ``add_1``, ...), so that a regional export, whose nodes come from several fx graphs, names them
+        as a full export of the same model does."""
+        return self.namer.create_name(_SUFFIX.sub("", name), None)
+
     def convert_call(self, n: torch.fx.Node) -> None:
         t = n.target
+        if self.regions is not None:
+            if t is self.regions.op:
+                self.env[n] = self.regions.instantiate(self, n)
+                return
+            if t is operator.getitem and n.args[0].target is self.regions.op:
+                self.env[n] = self.env[n.args[0]][n.args[1]]
+                return
+            if t is torch.ops.aten.copy.default and isinstance(n.args[1], torch.fx.Node) \
+                    and id(self.env.get(n.args[1])) in self.block_values:
+                # The opaque call's stub copies a block's new buffer value into the buffer; a full export
+                # has the value itself as the mutation.
+                dst, src = self.arg(n.args[0]), self.arg(n.args[1])
+                if dst.meta == src.meta:
+                    self.env[n] = src
+                    return
         if t is operator.getitem:
             src = self.env[n.args[0]]
             self.env[n] = src[n.args[1]] if isinstance(src, list) else None
@@ -146,7 +182,7 @@ class _Converter:
         metas = [self.meta_of(v) for v in val] if multi else [self.meta_of(val)]
         args = tuple(self.arg(a) for a in n.args)
         kwargs = {k: self.arg(a) for k, a in n.kwargs.items()}
-        node = self.g.add_node(name, args, kwargs, metas, n.name, source_line(n))
+        node = self.g.add_node(name, args, kwargs, metas, self.node_name(n.name), source_line(n))
         self.env[n] = list(node.outputs) if multi else node.outputs[0]
 
     def run(self):
@@ -154,8 +190,7 @@ class _Converter:
         sig = ep.graph_signature
         mutated_buffers = set(sig.buffers_to_mutate.values())
         placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
-        weights: dict[str, torch.Tensor] = {}
-        state_init: dict[str, torch.Tensor] = {}
+        weights, state_init = self.weights, self.state_init
         user_inputs: list[Value] = []
         slots: list[InputSlot] = []
         for spec, ph in zip(sig.input_specs, placeholders):
@@ -174,6 +209,7 @@ class _Converter:
                 else:
                     self.env[ph] = g.new_value(spec.target, self.meta_of(val), "constant")
                     weights[spec.target] = tensor
+                self.named[spec.target] = self.env[ph]
             elif spec.kind == InputKind.USER_INPUT:
                 if isinstance(spec.arg, ConstantArgument):
                     slots.append(InputSlot(spec.arg.name, "constant", value=spec.arg.value))
@@ -231,13 +267,14 @@ def _unsupported_hint(strict: bool, higher_order: bool) -> str:
             "wrap the code in a torch.library.custom_op (with a fake implementation) so it runs eagerly.")
 
 
-def convert(ep: ExportedProgram, strict: bool = False):
+def convert(ep: ExportedProgram, strict: bool = False, regions=None):
     """Return (graph, weights, state_init, input_slots) for a core-ATen ExportedProgram.
 
     Ops ostinato lacks become ``fallback.*`` nodes that run through eager torch, unless ``strict``:
     then, as for ops that are not torch ops at all, UnsupportedOpError lists them with their source lines.
+    ``regions`` (regional export) instantiates a block's IR at each of its opaque calls.
     """
-    return _Converter(ep, strict).run()
+    return _Converter(ep, strict, regions).run()
 
 
 __all__ = ["convert", "source_line", "SymIntArgument"]

@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -17,7 +18,9 @@ from ..ir import SymDim, TensorMeta, verify
 from ..ir.fallback import fallback_nodes
 from ..passes import DEFAULT_PIPELINE, run_passes
 from ..program import Program
+from . import regional as regional_mod
 from .convert import convert
+from .inline import canonical_order
 
 log = logging.getLogger("ostinato")
 
@@ -49,7 +52,8 @@ def decomposition_table() -> dict:
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
            dynamic_shapes: Any = None, *, strict: bool = False,
            trace_strict: bool = False,
-           passes: Sequence[tuple[str, Callable]] | None = None) -> Program:
+           passes: Sequence[tuple[str, Callable]] | None = None,
+           regional: bool = True) -> Program:
     """Trace ``model`` with torch.export and return an ostinato Program.
 
     ``args``/``kwargs`` are example inputs; ``dynamic_shapes`` takes torch.export's ``Dim`` specs and
@@ -59,6 +63,9 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     torch.export's ``strict`` (TorchDynamo tracing).
     ``passes`` replaces the default graph pipeline (``ostinato.passes.DEFAULT_PIPELINE``); ``[]`` keeps
     the graph exactly as torch.export gave it.
+    ``regional`` traces each kind of repeated block (a decoder's layers) once and instantiates it per
+    layer (``frontend/regional.py``), so export time does not grow with depth; a kind whose instances
+    cannot be shown interchangeable is traced inline, and the program's ``export_report`` says why.
     Raises ExportError when the model cannot be traced and UnsupportedOpError listing every op that
     cannot run (with ``strict``: every op ostinato lacks), with the model's source line of each.
     """
@@ -70,11 +77,22 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     kwargs = dict(kwargs or {})
     name = type(model).__name__
     t0 = time.perf_counter()
+    ep = regions = None
+    report = regional_mod.Report(fallbacks=["regional=False"] if not regional else
+                                 ["trace_strict: TorchDynamo traces the whole model"] if trace_strict else [])
+    if regional and not trace_strict:
+        with torch.no_grad():
+            ep, regions, report = regional_mod.trace(model, args, kwargs, dynamic_shapes, decomposition_table(),
+                                                     convert, strict)
+        for why in report.fallbacks:
+            log.log(_report_level(), "%s: regional export: %s", name, why)
     try:
         with torch.no_grad():
-            ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes,
-                                    strict=trace_strict)
-            ep = ep.run_decompositions(decomposition_table())
+            if ep is None:
+                report.traces += 1
+                ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes,
+                                         strict=trace_strict)
+                ep = ep.run_decompositions(decomposition_table())
     except OstinatoError:
         raise
     except Exception as e:  # torch raises many types here; the user needs one with a hint
@@ -86,7 +104,10 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             "caches want trace_strict=True). "
             "The original error is chained below (raise ... from).") from e
     t_export = time.perf_counter() - t0
-    graph, weights, state_init, slots = convert(ep, strict=strict)
+    graph, weights, state_init, slots = convert(ep, strict=strict, regions=regions)
+    canonical_order(graph, model)
+    weights = {v.name: weights[v.name] for v in graph.constants if v.name in weights} | weights
+    state_init = {v.name: state_init[v.name] for v in graph.state if v.name in state_init} | state_init
     hints = _size_hints(graph, slots, args, kwargs)
     if dynamic_shapes is not None:
         _label_symbols(model, graph, slots, args, kwargs, dynamic_shapes)
@@ -104,8 +125,15 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
                "total": time.perf_counter() - t0,
                **{f"pass.{r.name}": r.seconds for r in pass_report}}
     log.info("exported %s: %d nodes in %.2fs", name, len(graph.nodes), timings["total"])
-    return Program(graph, weights, state_init, ep.call_spec.in_spec, ep.call_spec.out_spec, slots,
+    prog = Program(graph, weights, state_init, ep.call_spec.in_spec, ep.call_spec.out_spec, slots,
                    hints, info, timings)
+    prog.export_report = {"regional": report.as_dict()}
+    return prog
+
+
+def _report_level() -> int:
+    """Regional export's fallbacks are logged with the passes' report: visible with OSTINATO_LOG_PASSES=1."""
+    return logging.WARNING if os.environ.get("OSTINATO_LOG_PASSES") == "1" else logging.INFO
 
 
 def _warn_fallbacks(model_name: str, graph) -> None:

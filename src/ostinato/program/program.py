@@ -35,6 +35,8 @@ class Program:
     # Named entry points besides this graph (a causal LM's "prefill"; this graph is its "decode"): each a
     # Program over the same weights and state_init dicts, saved in the same file (schema: Method).
     methods: dict[str, "Program"] = field(default_factory=dict)
+    # How export made it (regional export's kinds and fallbacks, the export cache's hit or miss); not saved.
+    export_report: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_nodes(self) -> int:

@@ -1,0 +1,626 @@
+"""Regional export: trace each kind of repeated block once, not once per instance.
+
+A decoder's 64 layers are 64 instances of one class with the same parameter names, shapes and dtypes.
+``torch.export`` traces every one of them, so export time grows with depth. Here the model is traced
+with each repeated block replaced by an opaque call (``ostinato_regional::call``, a custom op whose
+fake implementation runs the block's forward on fake tensors once per kind and input signature,
+memoized); each kind is then exported once on its own, and ``convert`` instantiates that block's IR
+at every call site with the instance's weights and state (``inline.py``).
+
+Equivalence is checked, not assumed. A kind falls back to being traced inline (the whole model then
+is one ``torch.export``, as without ``regional``), with the reason logged and kept in the report, when:
+an instance has hooks; a parameter or buffer of an instance is shared with another module; the
+block's forward reads a plain attribute (``self.layer_idx``, a flag) whose value differs between
+instances; a call passes something other than tensors and plain constants (a cache object, a symbolic
+int); the block mutates its inputs or parameters; or the block cannot be exported alone (data-dependent
+control flow that only its caller's constants resolve, for example).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import itertools
+import logging
+import threading
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+log = logging.getLogger("ostinato")
+
+OP_NAME = "ostinato_regional::call"
+# A kind is only worth an opaque call when it repeats.
+MIN_INSTANCES = 2
+# nn.Module's own bookkeeping in an instance's __dict__: not state the forward branches on.
+_MODULE_INTERNALS = frozenset({
+    "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "_backward_pre_hooks",
+    "_backward_hooks", "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs",
+    "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks", "forward", "__class__"})
+_PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device, enum.Enum)
+
+
+class _TensorSlot:
+    """Where a tensor goes in a call's flattened arguments or outputs (None is a value there)."""
+
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+
+TENSOR = _TensorSlot()
+
+
+class Fallback(Exception):
+    """Internal: a kind cannot be traced once; ``kind`` is traced inline instead, for ``reason``."""
+
+    def __init__(self, kind: "Kind", reason: str):
+        super().__init__(reason)
+        self.kind, self.reason = kind, reason
+
+
+@dataclasses.dataclass
+class Kind:
+    """Instances of one block: same class, same parameter/buffer names, shapes and dtypes."""
+
+    index: int
+    cls: str
+    instances: list[tuple[str, nn.Module]]
+    reads: set[tuple[str, str]] | None = None        # (submodule path, attribute) the forward read
+    representative: str = ""                         # path of the instance that was fake-run first
+
+    @property
+    def name(self) -> str:
+        return f"{self.cls}x{len(self.instances)}"
+
+
+@dataclasses.dataclass
+class CallRecord:
+    """One call of a block during the outer trace."""
+
+    call_id: int
+    kind: Kind
+    path: str
+    module: nn.Module
+    in_spec: pytree.TreeSpec
+    leaves: list[Any]                 # the call's flattened (args, kwargs); tensors as TENSOR
+    signature: tuple                  # kind, spec, constants, tensor dtypes and ranks
+    fake_inputs: list[torch.Tensor] | None = None    # as the outer trace saw them (sizes may be symbols)
+    out: "OutInfo | None" = None
+
+
+@dataclasses.dataclass
+class OutInfo:
+    """What a block call returns: the pytree, its non-tensor leaves, and the buffers it mutates."""
+
+    out_spec: pytree.TreeSpec
+    leaves: list[Any]                 # TENSOR where a tensor goes
+    n_tensors: int
+    mutated: list[str]                # buffer names relative to the block, in the op's output order
+    metas: list[tuple]                # (shape, stride, dtype, device) of every op output
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def structure_signature(module: nn.Module) -> tuple:
+    """Class tree and parameter/buffer names, shapes, dtypes and devices of ``module``."""
+    tree = tuple((n, _qualname(type(m))) for n, m in module.named_modules(remove_duplicate=False))
+    tensors = tuple((k, tuple(t.shape), str(t.dtype), t.device.type)
+                    for k, t in itertools.chain(module.named_parameters(remove_duplicate=False),
+                                                module.named_buffers(remove_duplicate=False)))
+    return tree, tensors
+
+
+def _has_hooks(m: nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or getattr(m, "_backward_pre_hooks", None))
+
+
+def find_kinds(model: nn.Module) -> tuple[list[Kind], list[str]]:
+    """Repeated blocks (outermost first) and, for candidates refused up front, why."""
+    groups: dict[tuple, list[tuple[str, nn.Module]]] = {}
+    taken: list[str] = []
+
+    def inside(path: str) -> bool:
+        return any(path == p or path.startswith(p + ".") for p in taken)
+
+    by_sig: dict[int, tuple] = {}
+    for path, m in model.named_modules():
+        if not path or type(m).__module__.startswith("torch.nn."):
+            continue
+        by_sig[id(m)] = (type(m), structure_signature(m))
+        groups.setdefault(by_sig[id(m)], []).append((path, m))
+    # Outermost repeating modules: a group whose members lie inside an earlier (outer) group is skipped.
+    kinds, why = [], []
+    for path, m in model.named_modules():
+        sig = by_sig.get(id(m))
+        if sig is None or inside(path):
+            continue
+        members = [(p, x) for p, x in groups[sig] if not inside(p)]
+        if len(members) < MIN_INSTANCES or members[0][0] != path:
+            continue
+        taken.extend(p for p, _ in members)
+        kinds.append(Kind(len(kinds), _qualname(type(m)), members))
+    if not kinds:
+        return [], []
+    # Refused up front: hooks anywhere in an instance; tensors an instance shares with another module.
+    owners: dict[int, set[str]] = {}
+    for name, t in itertools.chain(model.named_parameters(remove_duplicate=False),
+                                   model.named_buffers(remove_duplicate=False)):
+        owners.setdefault(id(t), set()).add(name)
+    ok = []
+    for kind in kinds:
+        reason = None
+        for path, inst in kind.instances:
+            if any(_has_hooks(s) for s in inst.modules()):
+                reason = f"{path} has hooks, which run in eager only"
+                break
+            for name, t in itertools.chain(inst.named_parameters(remove_duplicate=False),
+                                           inst.named_buffers(remove_duplicate=False)):
+                names = owners.get(id(t), set())
+                if len(names) > 1:
+                    others = sorted(names - {f"{path}.{name}"})
+                    reason = f"{path}.{name} is shared with {others[0]}"
+                    break
+            if reason:
+                break
+        if reason:
+            why.append(f"{kind.cls}: {reason}")
+        else:
+            ok.append(kind)
+    return ok, why
+
+
+# -- the opaque call --------------------------------------------------------------------------------
+_lock = threading.RLock()
+_session: "Session | None" = None
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def _region_call(inputs: list[torch.Tensor], call_id: int) -> list[torch.Tensor]:
+    """Eager: run the block (only reached when a traced graph is run outside ostinato)."""
+    if _session is None:
+        raise RuntimeError("ostinato_regional::call runs only while ostinato.export traces a model")
+    return _session.run_eager(call_id, inputs)
+
+
+@_region_call.register_fake
+def _region_call_fake(inputs, call_id):
+    if _session is None:
+        raise RuntimeError("ostinato_regional::call is traced only by ostinato.export")
+    return _session.fake(call_id, inputs)
+
+
+class _Mirror(nn.Module):
+    """Holds a block's buffers at their paths while the block is out of the model's tree; reads of
+    anything else go to the real submodule."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.__dict__["_ost_inner"] = inner
+
+    def __getattr__(self, name):
+        try:
+            return nn.Module.__getattr__(self, name)
+        except AttributeError:
+            return getattr(self.__dict__["_ost_inner"], name)
+
+
+def _stub_getattr(self, name):
+    try:
+        return nn.Module.__getattr__(self, name)
+    except AttributeError:
+        return getattr(self.__dict__["_ost_inner"], name)
+
+
+def _stub_forward(self, *args, **kwargs):
+    return self.__dict__["_ost_call"](args, kwargs)
+
+
+_STUB_CLASSES: dict[type, type] = {}
+
+
+def _stub(inst: nn.Module, call) -> nn.Module:
+    """What stands in the model for a block instance during the outer trace: an instance of a subclass
+    of its class (isinstance holds; class attributes and methods are there) with no parameters, so
+    torch.export lifts none of the block's weights, and with the block's buffers at their paths, so a
+    mutated buffer is still the model's. Other attribute reads go to the instance."""
+    cls = type(inst)
+    sub = _STUB_CLASSES.get(cls)
+    if sub is None:
+        sub = _STUB_CLASSES[cls] = type(cls.__name__, (cls,), {
+            "__getattr__": _stub_getattr, "forward": _stub_forward, "__qualname__": cls.__qualname__,
+            "__module__": cls.__module__})
+    stub = sub.__new__(sub)
+    nn.Module.__init__(stub)
+    stub.__dict__["_ost_inner"] = inst
+    stub.__dict__["_ost_call"] = call
+    stub.training = inst.training
+    for name, buf in inst.named_buffers(remove_duplicate=False):
+        *parts, leaf = name.split(".")
+        holder, owner = stub, inst
+        for part in parts:
+            owner = owner.get_submodule(part)
+            child = holder._modules.get(part)
+            if child is None:
+                child = holder._modules[part] = _Mirror(owner)
+            holder = child
+        holder.register_buffer(leaf, buf, persistent=leaf not in owner._non_persistent_buffers_set)
+    return stub
+
+
+def _record_reads(modules: dict[str, nn.Module], reads: set) -> list:
+    """Swap each module's class for a subclass that records reads of its plain attributes."""
+    swapped = []
+    for rel, m in modules.items():
+        cls = type(m)
+
+        def getattribute(self, name, _rel=rel, _cls=cls):
+            d = object.__getattribute__(self, "__dict__")
+            if name in d and name not in _MODULE_INTERNALS:
+                reads.add((_rel, name))
+            return _cls.__getattribute__(self, name)
+
+        sub = type(cls.__name__, (cls,), {"__getattribute__": getattribute, "__qualname__": cls.__qualname__,
+                                          "__module__": cls.__module__})
+        m.__class__ = sub
+        swapped.append((m, cls))
+    return swapped
+
+
+def same_value(a: Any, b: Any, depth: int = 0) -> bool:
+    """Equal for the purpose of tracing: the same object, or equal plain data."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)  # weights: mapped per instance
+    if type(a) is not type(b) or depth > 4:
+        return False
+    if isinstance(a, _PLAIN):
+        return a == b
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(same_value(x, y, depth + 1) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k], depth + 1) for k in a)
+    return False
+
+
+def _meta_key(t: torch.Tensor) -> tuple:
+    return (tuple(str(d) for d in t.shape), tuple(str(s) for s in t.stride()), t.dtype, t.device.type)
+
+
+class Session:
+    """The state of one regional trace: kinds, wrapped instances and every call."""
+
+    def __init__(self, model: nn.Module, kinds: list[Kind]):
+        self.model = model
+        self.kinds = kinds
+        self.stubs: dict[str, nn.Module] = {}
+        self.calls: dict[int, CallRecord] = {}
+        self.memo: dict[tuple, OutInfo] = {}
+        self.real: dict[int, dict[str, torch.Tensor]] = {}   # id(instance) -> its tensors before tracing
+        self._saved: list[tuple[nn.Module, Any]] = []
+        self._ids = itertools.count()
+
+    # -- patching ----------------------------------------------------------------------------------
+    def __enter__(self) -> "Session":
+        global _session
+        _lock.acquire()
+        _session = self
+        try:
+            for kind in self.kinds:
+                for path, inst in kind.instances:
+                    self.real[id(inst)] = dict(itertools.chain(inst.named_parameters(remove_duplicate=False),
+                                                               inst.named_buffers(remove_duplicate=False)))
+                    parent_path, _, leaf = path.rpartition(".")
+                    parent = self.model.get_submodule(parent_path)
+                    stub = _stub(inst, functools.partial(self.call, kind, path, inst))
+                    self.stubs[path] = stub
+                    self._saved.append((parent, leaf, inst))
+                    parent._modules[leaf] = stub
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _session
+        try:
+            for parent, leaf, inst in reversed(self._saved):
+                parent._modules[leaf] = inst
+            self._saved.clear()
+        finally:
+            _session = None
+            _lock.release()
+
+    # -- tracing -----------------------------------------------------------------------------------
+    def call(self, kind: Kind, path: str, inst: nn.Module, args: tuple, kwargs: dict):
+        """The stub's forward: one opaque call, then the block's buffer mutations, on the stub's buffers."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        tensors, consts = [], []
+        for x in leaves:
+            if isinstance(x, torch.Tensor):
+                tensors.append(x)
+                consts.append(TENSOR)
+            elif isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                raise Fallback(kind, f"{path} is called with a symbolic {type(x).__name__} argument")
+            elif isinstance(x, _PLAIN):
+                consts.append(x)
+            else:
+                raise Fallback(kind, f"{path} is called with a {type(x).__name__} argument, which cannot "
+                                     "cross an opaque call")
+        sig = (kind.index, str(spec), tuple(repr(c) for c in consts),
+               tuple((t.dtype, t.dim()) for t in tensors))
+        rec = CallRecord(next(self._ids), kind, path, inst, spec, consts, sig)
+        self.calls[rec.call_id] = rec
+        outs = torch.ops.ostinato_regional.call(tensors, rec.call_id)
+        info = rec.out
+        it = iter(outs[:info.n_tensors])
+        user = [next(it) if leaf is TENSOR else leaf for leaf in info.leaves]
+        for j, name in enumerate(info.mutated):
+            self.stubs[path].get_buffer(name).copy_(outs[info.n_tensors + j])
+        return pytree.tree_unflatten(user, info.out_spec)
+
+    def fake(self, call_id: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        rec = self.calls[call_id]
+        from torch._guards import detect_fake_mode
+        mode = detect_fake_mode(inputs) or detect_fake_mode()
+        if rec.fake_inputs is None:
+            rec.fake_inputs = list(inputs)
+        key = (id(mode), rec.signature, tuple(_meta_key(t) for t in inputs))
+        info = self.memo.get(key)
+        if info is None:
+            info = self.memo[key] = self._fake_run(rec, inputs, mode)
+        rec.out = info
+        return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                for shape, stride, dtype, device in info.metas]
+
+    def _fake_run(self, rec: CallRecord, inputs: list[torch.Tensor], mode) -> OutInfo:
+        """Run the block's own forward on fake tensors (not traced): its outputs and mutated buffers."""
+        kind, inst = rec.kind, rec.module
+        real = self.real[id(inst)]
+        params = dict(inst.named_parameters(remove_duplicate=False))
+        tensors = {n: mode.from_tensor(t, static_shapes=True) if n in params
+                   else mode.from_tensor(t, static_shapes=True).clone()
+                   for n, t in real.items()}
+        versions = {n: t._version for n, t in tensors.items()}
+        ins = [t.clone() for t in inputs]
+        in_versions = [t._version for t in ins]
+        it = iter(ins)
+        args, kwargs = pytree.tree_unflatten([next(it) if c is TENSOR else c for c in rec.leaves], rec.in_spec)
+        record = kind.reads is None
+        reads: set = set()
+        swapped = _record_reads(dict(inst.named_modules()), reads) if record else []
+        try:
+            with torch.nn.utils.stateless._reparametrize_module(inst, tensors):
+                out = type(inst).forward(inst, *args, **kwargs)
+        finally:
+            for m, cls in swapped:
+                m.__class__ = cls
+        if record:
+            kind.reads, kind.representative = reads, rec.path
+        if any(t._version != v for t, v in zip(ins, in_versions)):
+            raise Fallback(kind, f"{rec.path} mutates its inputs in place")
+        mutated = sorted(n for n, t in tensors.items() if t._version != versions[n])
+        if any(n in params for n in mutated):
+            raise Fallback(kind, f"{rec.path} mutates its parameters")
+        leaves, out_spec = pytree.tree_flatten(out)
+        outs, consts = [], []
+        for x in leaves:
+            if isinstance(x, torch.Tensor):
+                outs.append(x)
+                consts.append(TENSOR)
+            elif isinstance(x, _PLAIN):
+                consts.append(x)
+            else:
+                raise Fallback(kind, f"{rec.path} returns a {type(x).__name__}, which cannot cross an opaque call")
+        outs += [tensors[n] for n in mutated]
+        metas = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in outs]
+        return OutInfo(out_spec, consts, len(outs) - len(mutated), mutated, metas)
+
+    def run_eager(self, call_id: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        rec = self.calls[call_id]
+        it = iter(inputs)
+        args, kwargs = pytree.tree_unflatten([next(it) if c is TENSOR else c for c in rec.leaves], rec.in_spec)
+        out = type(rec.module).forward(rec.module, *args, **kwargs)
+        return [x.clone() for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+
+    # -- checks after the outer trace ----------------------------------------------------------------
+    def differing_state(self, kind: Kind) -> str | None:
+        """Why instances of ``kind`` are not interchangeable, from the attributes its forward read."""
+        if kind.reads is None:
+            return None
+        rep = dict(kind.instances)[kind.representative]
+        for rel, name in sorted(kind.reads):
+            want = getattr(rep.get_submodule(rel), name)
+            for path, inst in kind.instances:
+                got = getattr(inst.get_submodule(rel), name)
+                if not same_value(want, got):
+                    where = f"{rel}.{name}" if rel else name
+                    return (f"forward reads self.{where}, which differs between instances "
+                            f"({kind.representative}: {want!r}, {path}: {got!r})")
+        return None
+
+
+# -- exporting the blocks -----------------------------------------------------------------------------
+class _Flat(nn.Module):
+    """A block called with its tensors as positional arguments and its constants baked in; returns the
+    tensor leaves of its output (what the opaque call returns, less the mutated buffers)."""
+
+    def __init__(self, block: nn.Module, rec: CallRecord):
+        super().__init__()
+        self.block = block
+        self._spec, self._leaves = rec.in_spec, rec.leaves
+
+    def forward(self, *tensors):
+        it = iter(tensors)
+        args, kwargs = pytree.tree_unflatten([next(it) if c is TENSOR else c for c in self._leaves], self._spec)
+        out = self.block(*args, **kwargs)
+        return tuple(x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor))
+
+
+def _hint(x) -> int:
+    if isinstance(x, int):
+        return x
+    node = x.node
+    hint = node.hint if node.hint is not None else node.shape_env.size_hint(node.expr)
+    return int(hint)
+
+
+def example_inputs(rec: CallRecord) -> tuple[list[torch.Tensor], tuple, list[list[str | None]]]:
+    """Real example tensors for a block from the fake ones its call saw, their torch.export dynamic
+    shapes, and, per input, the outer trace's symbol at each dim (None where static)."""
+    tensors, specs, syms = [], [], []
+    dims: dict[str, Any] = {}
+    for t in rec.fake_inputs:
+        shape = [_hint(d) for d in t.shape]
+        stride = [_hint(s) for s in t.stride()]
+        x = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+        if x.dtype.is_floating_point or x.dtype.is_complex:
+            x.normal_()
+        else:
+            x.zero_()   # indices: zero is valid for any size; the values are not traced
+        tensors.append(x)
+        spec, names = {}, []
+        for i, d in enumerate(t.shape):
+            if isinstance(d, int) or d.node.expr.is_number:
+                names.append(None)
+                continue
+            expr = d.node.expr
+            if not expr.is_Symbol:
+                raise ValueError(f"input size {expr} is an expression of the model's dynamic sizes")
+            name = str(expr)
+            if name not in dims:
+                vr = d.node.shape_env.var_to_range.get(expr)
+                lo = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
+                hi = int(vr.upper) if vr is not None and vr.upper.is_finite and vr.upper < 2**62 else None
+                dims[name] = torch.export.Dim(f"d_{name}", min=max(lo, 0), max=hi) if hi is not None \
+                    else torch.export.Dim(f"d_{name}", min=max(lo, 0))
+            spec[i] = dims[name]
+            names.append(name)
+        specs.append(spec or None)
+        syms.append(names)
+    return tensors, tuple(specs), syms
+
+
+@dataclasses.dataclass
+class BlockExport:
+    """One kind's block exported on its own, for the calls whose signature it was traced with."""
+
+    ep: Any                           # core-ATen ExportedProgram of _Flat(block)
+    rec: CallRecord                   # the call it was traced from
+    outer_syms: list[list[str | None]]
+
+
+def export_blocks(session: Session, decompose) -> dict[tuple, BlockExport]:
+    """Export each (kind, call signature) once. Raises Fallback for a kind that cannot be."""
+    blocks: dict[tuple, BlockExport] = {}
+    for rec in session.calls.values():
+        key = rec.signature
+        if key in blocks:
+            continue
+        try:
+            tensors, dyn, syms = example_inputs(rec)
+        except ValueError as e:
+            raise Fallback(rec.kind, f"{rec.path}: {e}") from None
+        flat = _Flat(rec.module, rec).eval()
+        try:
+            with torch.no_grad():
+                ep = torch.export.export(flat, tuple(tensors), dynamic_shapes=dyn if any(dyn) else None,
+                                         strict=False)
+                ep = ep.run_decompositions(decompose)
+        except Exception as e:  # noqa: BLE001 - any failure means: trace this kind inline
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise Fallback(rec.kind, f"{rec.path} cannot be exported alone ({type(e).__name__}: "
+                                     f"{first[:200]})") from None
+        blocks[key] = BlockExport(ep, rec, syms)
+    return blocks
+
+
+# -- the whole regional trace -------------------------------------------------------------------------
+def _fallback_in(e: BaseException) -> "Fallback | None":
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, Fallback):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+@dataclasses.dataclass
+class Report:
+    """What regional export did: the kinds traced once, and each fallback with its reason."""
+
+    kinds: list[dict] = dataclasses.field(default_factory=list)
+    fallbacks: list[str] = dataclasses.field(default_factory=list)
+    traces: int = 0            # torch.export runs of the whole model (1, or more after a fallback)
+    blocks: int = 0            # block exports
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Regions:
+    """Hands ``convert`` each block's IR at its opaque calls."""
+
+    op = torch.ops.ostinato_regional.call.default
+
+    def __init__(self, session: Session, blocks: dict[tuple, BlockExport], convert, strict: bool):
+        self.session, self.blocks = session, blocks
+        self._convert, self._strict = convert, strict
+        self._irs: dict[tuple, Any] = {}
+
+    def instantiate(self, conv, n):
+        from .inline import Block, instantiate
+        inputs, call_id = n.args
+        rec = self.session.calls[call_id]
+        block = self._irs.get(rec.signature)
+        if block is None:
+            block = self._irs[rec.signature] = Block(self.blocks[rec.signature],
+                                                     lambda ep: self._convert(ep, strict=self._strict))
+        return instantiate(conv, block, rec, [conv.arg(x) for x in inputs], self.session.real[id(rec.module)])
+
+
+def trace(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes, decompose, convert, strict: bool):
+    """torch.export of ``model`` with its repeated blocks opaque, each block exported once.
+
+    Returns (ExportedProgram, Regions, Report), or (None, None, Report) when no kind is left to trace
+    once (the caller then runs a full export)."""
+    kinds, why = find_kinds(model)
+    report = Report(fallbacks=why)
+    while kinds:
+        session = Session(model, kinds)
+        report.traces += 1
+        try:
+            with session:
+                ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+                ep = ep.run_decompositions(decompose)
+            for kind in kinds:
+                reason = session.differing_state(kind)
+                if reason:
+                    raise Fallback(kind, reason)
+            blocks = export_blocks(session, decompose)
+        except Exception as e:  # noqa: BLE001 - a Fallback, or the model is not traceable at all
+            fb = _fallback_in(e)
+            if fb is None:
+                report.fallbacks.append(f"regional trace failed ({type(e).__name__}: "
+                                        f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}); "
+                                        "full export")
+                return None, None, report
+            report.fallbacks.append(f"{fb.kind.cls}: {fb.reason}")
+            kinds = [k for k in kinds if k is not fb.kind]
+            continue
+        report.blocks = len(blocks)
+        called: dict[int, int] = {}
+        for rec in session.calls.values():
+            called[rec.kind.index] = called.get(rec.kind.index, 0) + 1
+        report.kinds = [{"class": k.cls, "instances": len(k.instances), "calls": called.get(k.index, 0),
+                         "traced": sum(1 for key in blocks if key[0] == k.index)} for k in kinds]
+        return ep, Regions(session, blocks, convert, strict), report
+    return None, None, report
