@@ -23,7 +23,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # pins. torch is left as it is.
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --upgrade --target .venv/executorch-peer \
     "executorch==1.5.1" "torchao==0.18.0" "ruamel.yaml==0.19.1" "tabulate==0.10.0"
-  .venv/bin/python -c 'import ostinato, torch, transformers, pytest' \
+  case "$(uname -s)" in Linux|Darwin) mods="ostinato, torch, transformers, pytest, mlx.core" ;; *) mods="ostinato, torch, transformers, pytest" ;; esac
+  .venv/bin/python -c "import $mods" \
     || { echo "setup: FAILED: the packages did not import after install" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

@@ -13,6 +13,13 @@ for p in (ROOT, os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")):
         sys.path.insert(0, p)
 
 HAS_CUDA = torch.cuda.is_available()
+try:
+    import mlx.core  # noqa: F401
+    HAS_MLX, _MLX_MISSING = True, ""
+except ImportError as _e:  # MLX has no wheel for this platform (or was not installed)
+    HAS_MLX, _MLX_MISSING = False, str(_e)
+# scripts/test.sh sets this where MLX installs (Linux, macOS): its tests must run there, never skip.
+REQUIRE_MLX = os.environ.get("OSTINATO_REQUIRE_MLX") == "1"
 
 # ostinato.compile reads and writes the compile cache: never the user's, and no Redis unless a test
 # starts its own. One directory per process (xdist workers included), removed at exit.
@@ -22,11 +29,20 @@ os.environ.pop("OSTINATO_REDIS_URL", None)
 atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 
+def pytest_configure(config):
+    if REQUIRE_MLX and not HAS_MLX:
+        raise pytest.UsageError(f"OSTINATO_REQUIRE_MLX=1 but MLX does not import ({_MLX_MISSING}); install it "
+                                "with pip install 'mlx[cpu]' (Linux) or pip install mlx (macOS)")
+
+
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="no CUDA device on this machine")
+    skip_mlx = pytest.mark.skip(reason=f"MLX is not installed here ({_MLX_MISSING})")
     for item in items:
         if "cuda" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
+        if "mlx" in item.keywords and not HAS_MLX:
+            item.add_marker(skip_mlx)
 
 
 @pytest.fixture(autouse=True)

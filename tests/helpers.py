@@ -6,7 +6,18 @@ import copy
 import torch
 from torch.utils import _pytree as pytree
 
+import pytest
+
 import ostinato
+
+# The backends tests run on (CUDA has its own marked tests): parametrize with ``BACKENDS``.
+BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("mlx", id="mlx", marks=pytest.mark.mlx)]
+
+
+def host(x):
+    """A state buffer or output as a CPU tensor, whichever backend made it (MLX keeps state in cells)."""
+    to_torch = getattr(x, "torch", None)
+    return to_torch() if callable(to_torch) and not isinstance(x, torch.Tensor) else x
 
 # DESIGN.md's tolerances against eager; integer and bool outputs compare exactly.
 TOL = {torch.float32: 1e-5, torch.float64: 1e-7, torch.float16: 1e-3, torch.bfloat16: 1e-2}

@@ -17,8 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ostinato  # noqa: E402
 from ostinato.passes import GENERIC_PIPELINE  # noqa: E402
-from helpers import assert_same  # noqa: E402
+from helpers import BACKENDS, assert_same  # noqa: E402
 from op_cases import CASES  # noqa: E402
+from mlx_expected import mlx_skip_reason, mlx_through_torch  # noqa: E402
 
 # Each xdist worker gets one thread: the tensors are tiny and the machine's cores are shared.
 torch.set_num_threads(1)
@@ -71,11 +72,22 @@ def _export(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_op(case):
+@pytest.mark.parametrize("device", BACKENDS)
+def test_op(case, device):
+    """On MLX the program compiles with strict=True (every op through an MLX handler), except the rows
+    mlx_expected lists (ops or forms of ops the MLX backend runs through torch), which must still match
+    eager; tests/ops/mlx_expected.py says why for each."""
+    if device == "mlx":
+        reason = mlx_skip_reason(case)
+        if reason:
+            pytest.skip(reason)
     prog, args, dyn = _export(case)
     counts = prog.op_counts()
     assert counts.get(case.op, 0) > 0, f"{case.id}: exported program lacks {case.op}; it has {dict(counts)}"
-    exe = ostinato.compile(prog, device="cpu")
+    strict = device == "mlx" and not mlx_through_torch(case)
+    exe = ostinato.compile(prog, device=device, strict=strict)
+    if device == "mlx" and not strict:
+        assert exe.stats()["torch_bridged"] > 0, f"{case.id} now runs on MLX alone: drop it from mlx_expected"
     # Static rows: the export sizes again with new values. Dynamic rows: the second sizes.
     runs = [(args, "export inputs"),
             (case.args(1 if dyn else 0, case.seed + 1), "other sizes" if dyn else "new values")]

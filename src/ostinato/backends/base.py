@@ -100,6 +100,11 @@ class Backend(ABC):
         kernels (CUDA) groups nodes first."""
         return [self.lower(n) for n in graph.nodes]
 
+    def target(self) -> dict[str, str]:
+        """What this backend compiles for, in cache keys: ``{"backend", "arch"}``."""
+        from ..cache.keys import current_target
+        return current_target(self.name, self.device.index or 0)
+
     def plan_key_parts(self) -> dict[str, str]:
         """What, besides the program and the device, decides this backend's lowering (the plan cache's key)."""
         return {}

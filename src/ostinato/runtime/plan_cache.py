@@ -23,7 +23,7 @@ import torch
 
 from ..backends.base import Backend, Launch, _Slot, _SlotList
 from ..cache import Key, get_cache, make_key
-from ..cache.keys import current_target, sha256_hex
+from ..cache.keys import sha256_hex
 from ..errors import CacheError
 from ..ir import TensorMeta, get_op
 from ..ir.bulk import paused_gc
@@ -69,7 +69,7 @@ def shape_signature(program: Program) -> str:
 
 
 def plan_key(program: Program, backend: Backend) -> Key:
-    target = dict(current_target(backend.name))
+    target = dict(backend.target())
     target["device"] = str(backend.device)
     target["shapes"] = shape_signature(program)
     target.update(backend.plan_key_parts())

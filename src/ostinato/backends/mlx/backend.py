@@ -93,17 +93,20 @@ class MLXBackend(Backend):
         kwargs = dict(node.kwargs)
         if "device" in kwargs:
             kwargs["device"] = self.device
-        if runs_through_torch(node):
+        through_torch = runs_through_torch(node)
+        if through_torch:
             if self.strict:
-                raise UnsupportedOpError(f"the mlx backend runs {node.op} (node {node.name}, {node.source}) "
-                                         f"through torch ({torch_reason(node)}), and strict=True refuses "
-                                         "that. Fix: compile without strict, or add a handler in "
-                                         "backends/mlx/ops_*.py")
+                raise UnsupportedOpError(
+                    [(node.op, node.source or node.name)],
+                    f"The mlx backend would run it through torch ({torch_reason(node)}) and strict=True "
+                    "refuses that. Fix: compile without strict=True, or add a handler in backends/mlx/ops_*.py")
             self.bridged.append(node.op)
+            kwargs.pop("_dt", None)
         elif node.op not in MULTI and len(node.outputs) == 1 and node.outputs[0] is not None \
                 and node.outputs[0].is_tensor:
             kwargs["_dt"] = node.outputs[0].meta.dtype
-        return Launch(self.kernel(node.op), node, node.args, kwargs,
+        fn = _bridged(node.op) if through_torch else self.kernel(node.op)
+        return Launch(fn, node, node.args, kwargs,
                       node.op in MULTI or (node.op not in HANDLERS and returns_sequence(node.op)))
 
     def kernel(self, op: str) -> Callable:
@@ -112,6 +115,11 @@ class MLXBackend(Backend):
             partial = _PARTIAL.get(op)
             return fn if partial is None else _dispatching(fn, op)
         return _bridged(op)
+
+    def target(self) -> dict[str, str]:
+        from ...cache.keys import cpu_arch
+        arch = cpu_arch() if self.kind == "cpu" else mx.device_info().get("architecture", "metal")
+        return {"backend": "mlx", "arch": f"{self.kind}-{arch}"}
 
     def plan_key_parts(self) -> dict[str, str]:
         return {"mlx": mx.__version__, "mlx_device": self.kind, "strict": str(self.strict)}

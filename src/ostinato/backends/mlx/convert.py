@@ -50,9 +50,12 @@ def to_mx(t: torch.Tensor) -> mx.array:
 
 def to_torch(a: mx.array) -> torch.Tensor:
     """A CPU tensor over an evaluated MLX array's memory (no copy; it keeps the array alive)."""
-    if a.dtype == mx.bfloat16:
-        return torch.from_numpy(np.array(a.view(mx.uint16), copy=False)).view(torch.bfloat16)
-    return torch.from_numpy(np.array(a, copy=False))
+    bf16 = a.dtype == mx.bfloat16
+    n = np.array(a.view(mx.uint16) if bf16 else a, copy=False)
+    if any(s < 0 for s in n.strides):     # a reversed view (flip): torch takes no negative strides
+        n = np.ascontiguousarray(n)
+    t = torch.from_numpy(n)
+    return t.view(torch.bfloat16) if bf16 else t
 
 
 def host(x: Any) -> Any:

@@ -68,7 +68,9 @@ def round_(x):
 
 @handles("aten.round.decimals")
 def round_decimals(x, decimals=0):
-    return mx.round(x, decimals)
+    # x * 10**d in half precision loses the digit being rounded: scale in float32, as torch does
+    h = x.astype(mx.float32) if x.dtype in (mx.float16, mx.bfloat16) else x
+    return mx.round(h, decimals)
 
 
 @handles("aten.trunc")
@@ -240,7 +242,7 @@ def _int_trunc_div(a, b):
     """Integer division rounding toward zero, exactly (no float round trip)."""
     q = mx.floor_divide(a, b)
     r = a - q * b
-    return mx.where((r != 0) & ((r < 0) != (b < 0)), q + 1, q)
+    return mx.where((r != 0) & ((a < 0) != (b < 0)), q + 1, q)
 
 
 @handles("aten.floor_divide")

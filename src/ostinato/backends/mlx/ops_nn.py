@@ -341,8 +341,9 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     if len(normalized_shape) == 1:
         return mx.fast.rms_norm(x, weight, eps)
     ax = _norm_axes(x, normalized_shape)
-    y = x * mx.rsqrt(mx.mean(mx.square(x), axis=ax, keepdims=True) + eps)
-    return y if weight is None else y * weight
+    h = x.astype(mx.float32)     # torch's CPU kernel: statistics, scaling and weight in float32
+    y = h * mx.rsqrt(mx.mean(mx.square(h), axis=ax, keepdims=True) + eps)
+    return (y if weight is None else y * weight.astype(mx.float32)).astype(x.dtype)
 
 
 @handles("aten.native_group_norm", multi=True)

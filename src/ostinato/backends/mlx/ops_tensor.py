@@ -722,4 +722,4 @@ def sym_storage_offset(x):
 
 for _name, _op in registered_ops().items():
     if _op.category == "sym":
-        handles(_name, multi=True)(_op.target)
+        handles(_name)(_op.target)

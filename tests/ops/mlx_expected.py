@@ -1,0 +1,55 @@
+"""What the op table expects of the MLX backend (tests/ops/test_op_table.py, device "mlx").
+
+MLX_TORCH_OPS: ops the MLX backend runs through torch (no MLX handler), each with the reason. Their
+rows compile without strict and must still match eager; every other row compiles with strict=True.
+MLX_SKIPS: rows that cannot run on MLX at all, by case id, with the reason (kept as short as we can).
+"""
+from __future__ import annotations
+
+MLX_TORCH_OPS: dict[str, str] = {
+    "aten.cummax": "MLX has no cumulative max with indices",
+    "aten.cummin": "MLX has no cumulative min with indices",
+    "aten.repeat_interleave.Tensor": "output size depends on the repeats' values",
+    "aten.scatter_reduce.two": "MLX scatters only add/mul/max/min without include_self and mean forms",
+    "aten.masked_scatter": "output depends on the mask's count of True values (host sync)",
+    "aten.bucketize.Tensor": "MLX has no searchsorted",
+    "aten.searchsorted.Tensor": "MLX has no searchsorted",
+    "aten.adaptive_max_pool2d": "not mapped yet (needs indices over uneven bins)",
+    "aten.upsample_bicubic2d.vec": "not mapped yet",
+    "aten.grid_sampler_2d": "not mapped yet (gather with bilinear weights)",
+    "aten.col2im": "not mapped yet",
+    "aten.im2col": "not mapped yet",
+    "aten.diag_embed": "not mapped yet",
+    "aten.view_as_real": "MLX complex views of real data are not supported",
+    "aten.view_as_complex": "MLX complex views of real data are not supported",
+    "aten.tril_indices": "not mapped yet",
+    "aten.triu_indices": "not mapped yet",
+    "aten.nonzero": "data-dependent output shape (host sync)",
+    "aten.masked_select": "data-dependent output shape (host sync)",
+    "aten.diagonal_scatter": "not mapped yet",
+    "aten.as_strided_scatter": "not mapped yet",
+    "aten.scatter.reduce": "not mapped yet",
+    "aten.scatter.value_reduce": "not mapped yet",
+    "aten._trilinear": "not mapped yet",
+    "aten.grid_sampler_3d": "not mapped yet",
+    "aten._native_batch_norm_legit.no_stats": "training-mode batch statistics: not mapped",
+}
+
+# Rows whose op has an MLX handler, but not for this form of it: they run through torch too.
+MLX_TORCH_CASES: dict[str, str] = {
+    "index.Tensor-f32-boolmask": "a boolean mask index has a data-dependent output shape",
+    "conv_transpose2d>convolution-f32": "transposed convolutions are not mapped to MLX yet",
+    "conv_transpose1d>convolution-f32-dyn": "transposed convolutions are not mapped to MLX yet",
+    "avg_pool2d-bf16-ceil": "ceil_mode pooling is not mapped to MLX yet",
+}
+
+MLX_SKIPS: dict[str, str] = {}
+
+
+def mlx_skip_reason(case) -> str:
+    return MLX_SKIPS.get(case.id, "")
+
+
+def mlx_through_torch(case) -> bool:
+    """Whether the row runs (partly) through torch on MLX, rather than compiling with strict=True."""
+    return case.op in MLX_TORCH_OPS or case.id in MLX_TORCH_CASES
