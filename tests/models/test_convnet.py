@@ -7,8 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.export import Dim
 
+import pytest
+
 import ostinato
-from helpers import assert_same
+from helpers import BACKENDS, assert_same
 
 
 def batch_norm(channels: int) -> nn.BatchNorm2d:
@@ -45,13 +47,14 @@ class SmallConvNet(nn.Module):
         return self.fc(self.gap(z).flatten(1)), z
 
 
-def test_convnet_dynamic_batch():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_convnet_dynamic_batch(device):
     torch.manual_seed(0)
     model = SmallConvNet().eval()
     batch = Dim("batch", min=1, max=16)
     prog = ostinato.export(model, (torch.randn(2, 3, 32, 32),), dynamic_shapes=({0: batch},))
     assert prog.graph.symbols, "batch did not become a size symbol"
-    exe = ostinato.compile(prog, device="cpu")
+    exe = ostinato.compile(prog, device=device)
     for b in (2, 5):
         x = torch.randn(b, 3, 32, 32)
         with torch.no_grad():

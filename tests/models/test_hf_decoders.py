@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
 import ostinato
-from helpers import assert_same
+from helpers import BACKENDS, assert_same, host
 
 # transformers' output capturing is a global dynamo reports as a side effect; harmless here.
 pytestmark = pytest.mark.filterwarnings("ignore:While compiling, we found certain side effects")
@@ -68,8 +68,9 @@ def decode_inputs(pos: int, gen: torch.Generator) -> dict:
             "cache_position": torch.tensor([pos])}
 
 
+@pytest.mark.parametrize("device", BACKENDS)
 @pytest.mark.parametrize("family", list(CONFIGS))
-def test_decode_with_static_cache(family):
+def test_decode_with_static_cache(family, device):
     wrapper = make_wrapper(family)
     ref = copy.deepcopy(wrapper)
     gen = torch.Generator().manual_seed(1)
@@ -77,7 +78,7 @@ def test_decode_with_static_cache(family):
     cache_names = [n for n, _ in wrapper.named_buffers() if n.startswith(("key_cache", "value_cache"))]
     assert cache_names and set(cache_names) <= set(prog.state_init), \
         f"KV caches are not program state: state={sorted(prog.state_init)}"
-    exe = ostinato.compile(prog, device="cpu")
+    exe = ostinato.compile(prog, device=device)
 
     logits = []
     for s in range(STEPS):
@@ -91,6 +92,6 @@ def test_decode_with_static_cache(family):
 
     ref_buffers = dict(ref.named_buffers())
     for name in cache_names:
-        assert_same(exe.session.state[name], ref_buffers[name], msg=f"{family} state {name}")
+        assert_same(host(exe.session.state[name]), ref_buffers[name], msg=f"{family} state {name}")
         assert ref_buffers[name][:, :, :STEPS].abs().sum() > 0, f"{name} was never written"
     assert not torch.equal(logits[0], logits[-1])

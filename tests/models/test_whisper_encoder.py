@@ -6,8 +6,10 @@ from torch.export import Dim
 from transformers import WhisperConfig
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
+import pytest
+
 import ostinato
-from helpers import assert_same
+from helpers import BACKENDS, assert_same
 
 MEL_BINS, SOURCE_POSITIONS = 80, 50
 FRAMES = 2 * SOURCE_POSITIONS  # the encoder requires exactly 2 * max_source_positions input frames
@@ -40,19 +42,21 @@ def check(exe, encoder, x, msg):
     assert out.last_hidden_state.shape == (x.shape[0], SOURCE_POSITIONS, 64)
 
 
-def test_whisper_encoder_static():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_whisper_encoder_static(device):
     encoder = make_encoder()
     torch.manual_seed(1)
     x = features(2)
-    exe = ostinato.compile(ostinato.export(encoder, (x,)), device="cpu")
+    exe = ostinato.compile(ostinato.export(encoder, (x,)), device=device)
     check(exe, encoder, x, "example input")
     check(exe, encoder, features(2), "new input")
 
 
-def test_whisper_encoder_dynamic_batch():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_whisper_encoder_dynamic_batch(device):
     encoder = make_encoder()
     torch.manual_seed(2)
     batch = Dim("batch", min=1, max=8)
-    exe = ostinato.compile(ostinato.export(encoder, (features(2),), dynamic_shapes=({0: batch},)), device="cpu")
+    exe = ostinato.compile(ostinato.export(encoder, (features(2),), dynamic_shapes=({0: batch},)), device=device)
     for b in (2, 3, 1):
         check(exe, encoder, features(b), f"batch {b}")

@@ -336,8 +336,8 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 
 @handles("aten.rms_norm")
 def rms_norm(x, normalized_shape, weight=None, eps=None):
-    if eps is None:
-        eps = float(mx.finfo(x.dtype).eps)
+    if eps is None:     # torch: the epsilon of the type it computes in (float32 for half types)
+        eps = float(mx.finfo(mx.float32 if x.dtype in (mx.float16, mx.bfloat16) else x.dtype).eps)
     if len(normalized_shape) == 1:
         return mx.fast.rms_norm(x, weight, eps)
     ax = _norm_axes(x, normalized_shape)
