@@ -10,7 +10,7 @@ from torch.export import Dim
 
 import ostinato
 from examples.tiny_decoder import TinyDecoder, decode_inputs
-from helpers import assert_same
+from helpers import BACKENDS, assert_same, host
 
 DIM, LAYERS, HEADS, KV_HEADS, VOCAB, MAX_SEQ = 64, 4, 4, 2, 128, 32
 STEPS = 8
@@ -35,7 +35,7 @@ def assert_state_matches(state: dict[str, torch.Tensor], ref: TinyDecoder, msg: 
     caches = cache_buffers(ref)
     assert set(caches) <= set(state), f"{msg} KV caches missing from program state: {sorted(set(caches) - set(state))}"
     for name, buf in caches.items():
-        assert_same(state[name], buf, msg=f"{msg} state {name}")
+        assert_same(host(state[name]), buf, msg=f"{msg} state {name}")
 
 
 def step(run, ref, args, msg):
@@ -45,15 +45,16 @@ def step(run, ref, args, msg):
     return expected
 
 
+@pytest.mark.parametrize("device", BACKENDS)
 @pytest.mark.parametrize("batch", [1, 2])
-def test_decode_steps_with_state(batch):
+def test_decode_steps_with_state(batch, device):
     model = make_model(batch)
     ref = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(1)
     prog = ostinato.export(model, decode_inputs(0, batch, VOCAB, gen))
     # Every layer's KV cache is mutated, so it must be program state, not a constant.
     assert set(cache_buffers(model)) <= set(prog.state_init)
-    exe = ostinato.compile(prog, device="cpu")
+    exe = ostinato.compile(prog, device=device)
     outs = []
     for s in range(STEPS):
         outs.append(step(exe, ref, decode_inputs(s, batch, VOCAB, gen), f"step {s}"))
@@ -63,7 +64,8 @@ def test_decode_steps_with_state(batch):
     assert cache_buffers(ref)["layers.0.k_cache"][:, :, :STEPS].abs().sum() > 0
 
 
-def test_prefill_dynamic_then_decode():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_prefill_dynamic_then_decode(device):
     """One program with the token count symbolic: a prefill of 5 tokens, then single-token decode steps;
     a second session prefills 7 tokens with the same program."""
     model = make_model(1)
@@ -74,7 +76,7 @@ def test_prefill_dynamic_then_decode():
     t = Dim("T", min=1, max=MAX_SEQ)
     prog = ostinato.export(model, (prompt, positions), dynamic_shapes=({1: t}, {0: t}))
     assert prog.graph.symbols, "token count did not become a size symbol"
-    exe = ostinato.compile(prog, device="cpu")
+    exe = ostinato.compile(prog, device=device)
 
     step(exe, ref, (prompt, positions), "prefill 5")
     gen = torch.Generator().manual_seed(3)

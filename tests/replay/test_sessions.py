@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ostinato
-from helpers import assert_same
+from helpers import BACKENDS, assert_same, host
 from replay.replay_models import TINY_BATCH, accumulator, decode_inputs, snapshot, tiny, tiny_decoder
 
 THREADS, CALLS = 4, 10
@@ -39,9 +39,10 @@ def run_threads(work, n: int = THREADS) -> dict:
 
 
 @pytest.mark.parametrize("replay", [True, False], ids=["replay", "step"])
-def test_threads_each_with_a_session_count_independently(replay):
+@pytest.mark.parametrize("device", BACKENDS)
+def test_threads_each_with_a_session_count_independently(replay, device):
     _, prog = accumulator()
-    exe = ostinato.compile(prog, device="cpu", replay=replay)
+    exe = ostinato.compile(prog, device=device, replay=replay)
 
     def work(i):
         session = exe.new_session()
@@ -51,18 +52,19 @@ def test_threads_each_with_a_session_count_independently(replay):
     expected = [6.0 * n for n in range(1, CALLS + 1)]
     for i in range(THREADS):
         assert results[i] == expected, f"thread {i}: {results[i]}"
-    assert float(exe.session.state["total"]) == 0.0, "the executable's own session was touched"
+    assert float(host(exe.session.state["total"])) == 0.0, "the executable's own session was touched"
     if replay:
         stats = exe.stats()
         assert stats["captures"] == THREADS and stats["replays"] == THREADS * (CALLS - 1)
 
 
 @pytest.mark.parametrize("replay", [True, False], ids=["replay", "step"])
-def test_threads_with_different_inputs_never_mix(replay):
+@pytest.mark.parametrize("device", BACKENDS)
+def test_threads_with_different_inputs_never_mix(replay, device):
     """Thread i adds (i + 1) * 6 per call: a buffer shared between sessions would show another
     thread's numbers."""
     _, prog = accumulator()
-    exe = ostinato.compile(prog, device="cpu", replay=replay)
+    exe = ostinato.compile(prog, device=device, replay=replay)
 
     def work(i):
         session = exe.new_session()
@@ -74,21 +76,22 @@ def test_threads_with_different_inputs_never_mix(replay):
         assert results[i] == [6.0 * (i + 1) * n for n in range(1, CALLS + 1)], f"thread {i}: {results[i]}"
 
 
-def test_tiny_decoder_sessions_on_threads_match_sequential_step_by_step():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_tiny_decoder_sessions_on_threads_match_sequential_step_by_step(device):
     """Each thread decodes its own token stream in its own session (capturing concurrently); results and
     KV caches equal those of step-by-step sessions run one after another."""
     model, prog = tiny_decoder()
     steps = 4
     gen = torch.Generator().manual_seed(21)
     streams = [[decode_inputs(s, TINY_BATCH, tiny.VOCAB, gen) for s in range(steps)] for _ in range(3)]
-    step_exe = ostinato.compile(prog, device="cpu")
+    step_exe = ostinato.compile(prog, device=device)
     expected, expected_state = [], []
     for stream in streams:
         session = step_exe.new_session()
         expected.append([snapshot(session(*args)) for args in stream])
         expected_state.append(session.state)
 
-    rep = ostinato.compile(prog, device="cpu", replay=True)
+    rep = ostinato.compile(prog, device=device, replay=True)
 
     def work(i):
         session = rep.new_session()
@@ -100,13 +103,14 @@ def test_tiny_decoder_sessions_on_threads_match_sequential_step_by_step():
         for s in range(steps):
             assert_same(outs[s], expected[i][s], msg=f"thread {i} step {s}:")
         for name, t in expected_state[i].items():
-            assert_same(session.state[name], t, msg=f"thread {i} state {name}:")
+            assert_same(host(session.state[name]), host(t), msg=f"thread {i} state {name}:")
     assert not torch.equal(expected[0][-1], expected[1][-1])
 
 
-def test_sessions_capture_separately_and_reset_in_place():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_sessions_capture_separately_and_reset_in_place(device):
     _, prog = accumulator()
-    exe = ostinato.compile(prog, device="cpu", replay=True)
+    exe = ostinato.compile(prog, device=device, replay=True)
     a, b = exe.new_session(), exe.new_session()
     ones = torch.ones(2, 3)
     assert [float(a(ones)) for _ in range(3)] == [6.0, 12.0, 18.0]
@@ -117,7 +121,7 @@ def test_sessions_capture_separately_and_reset_in_place():
     assert float(b(ones)) == 18.0
     stats = exe.stats()
     assert (stats["captures"], stats["replays"]) == (2, 4)
-    assert a.state["total"].data_ptr() != b.state["total"].data_ptr()
+    assert host(a.state["total"]).data_ptr() != host(b.state["total"]).data_ptr()
 
 
 class Leaky(torch.nn.Module):
@@ -137,13 +141,14 @@ class Leaky(torch.nn.Module):
 
 
 @pytest.mark.parametrize("replay", [True, False], ids=["replay", "step"])
-def test_eight_threads_thousand_calls_each_equal_serial_runs(replay):
+@pytest.mark.parametrize("device", BACKENDS)
+def test_eight_threads_thousand_calls_each_equal_serial_runs(replay, device):
     """8 threads x 1,000 calls, each thread on its own session of one stateful executable with its own
     random inputs: every output equals (bitwise) the same stream run serially in a fresh session."""
     threads, calls = 8, 1000
     torch.manual_seed(7)
     prog = ostinato.export(Leaky(), (torch.randn(2, 8),))
-    exe = ostinato.compile(prog, device="cpu", replay=replay)
+    exe = ostinato.compile(prog, device=device, replay=replay)
     streams = [torch.randn(calls, 2, 8, generator=torch.Generator().manual_seed(100 + i)) for i in range(threads)]
 
     def work(i):
@@ -151,7 +156,7 @@ def test_eight_threads_thousand_calls_each_equal_serial_runs(replay):
         return [snapshot(session(streams[i][c])) for c in range(calls)], session
 
     results = run_threads(work, n=threads)
-    serial = ostinato.compile(prog, device="cpu", replay=replay)
+    serial = ostinato.compile(prog, device=device, replay=replay)
     for i in range(threads):
         session = serial.new_session()
         outs, threaded = results[i]
@@ -159,8 +164,8 @@ def test_eight_threads_thousand_calls_each_equal_serial_runs(replay):
             ref = session(streams[i][c])
             for got, want in zip(outs[c], ref):
                 assert torch.equal(got, want), f"thread {i} call {c}"
-        assert int(threaded.state["n"]) == calls
-        assert torch.equal(threaded.state["h"], session.state["h"])
-    assert int(exe.session.state["n"]) == 0, "the executable's own session was touched"
+        assert int(host(threaded.state["n"])) == calls
+        assert torch.equal(host(threaded.state["h"]), host(session.state["h"]))
+    assert int(host(exe.session.state["n"])) == 0, "the executable's own session was touched"
     if replay:
         assert exe.stats()["captures"] == threads and exe.stats()["replays"] == threads * (calls - 1)
