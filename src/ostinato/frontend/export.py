@@ -18,6 +18,7 @@ from ..ir import SymDim, TensorMeta, verify
 from ..ir.fallback import fallback_nodes
 from ..passes import DEFAULT_PIPELINE, run_passes
 from ..program import Program
+from . import export_cache
 from . import regional as regional_mod
 from .convert import convert
 from .inline import canonical_order
@@ -53,7 +54,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
            dynamic_shapes: Any = None, *, strict: bool = False,
            trace_strict: bool = False,
            passes: Sequence[tuple[str, Callable]] | None = None,
-           regional: bool = True) -> Program:
+           regional: bool = True, cache: bool = True) -> Program:
     """Trace ``model`` with torch.export and return an ostinato Program.
 
     ``args``/``kwargs`` are example inputs; ``dynamic_shapes`` takes torch.export's ``Dim`` specs and
@@ -66,6 +67,9 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     ``regional`` traces each kind of repeated block (a decoder's layers) once and instantiates it per
     layer (``frontend/regional.py``), so export time does not grow with depth; a kind whose instances
     cannot be shown interchangeable is traced inline, and the program's ``export_report`` says why.
+    ``cache`` reuses the graph of an earlier export of the same code, structure, input specs, options
+    and versions (``frontend/export_cache.py``), mapping this model's weights: a new checkpoint of the
+    same architecture is not traced again. ``export_report["cache"]`` says whether it hit, and why not.
     Raises ExportError when the model cannot be traced and UnsupportedOpError listing every op that
     cannot run (with ``strict``: every op ostinato lacks), with the model's source line of each.
     """
@@ -77,6 +81,21 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     kwargs = dict(kwargs or {})
     name = type(model).__name__
     t0 = time.perf_counter()
+    key, cache_report = None, {"hit": False}
+    if cache:
+        key, cache_report = _cache_key(model, args, kwargs, dynamic_shapes, strict, trace_strict, passes)
+        if key is not None:
+            hit = export_cache.lookup(key, model)
+            if hit is not None:
+                seconds = time.perf_counter() - t0
+                hit.timings = {"torch_export": 0.0, "passes": 0.0, "cache": seconds, "total": seconds}
+                hit.export_report = {"cache": {"hit": True, "key": key.digest}}
+                _warn_fallbacks(name, hit.graph)
+                log.info("exported %s from the export cache (%s): %d nodes in %.2fs", name, key.digest[:12],
+                         hit.num_nodes, seconds)
+                return hit
+            cache_report["why"] = export_cache.explain(key)
+            log.log(_report_level(), "%s: export cache %s", name, cache_report["why"])
     ep = regions = None
     report = regional_mod.Report(fallbacks=["regional=False"] if not regional else
                                  ["trace_strict: TorchDynamo traces the whole model"] if trace_strict else [])
@@ -127,8 +146,30 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     log.info("exported %s: %d nodes in %.2fs", name, len(graph.nodes), timings["total"])
     prog = Program(graph, weights, state_init, ep.call_spec.in_spec, ep.call_spec.out_spec, slots,
                    hints, info, timings)
-    prog.export_report = {"regional": report.as_dict()}
+    if key is not None:
+        why_not = export_cache.store(key, prog, model)
+        if why_not:
+            cache_report["stored"] = False
+            cache_report["why"] = why_not
+            log.log(_report_level(), "%s: export not cached: %s", name, why_not)
+    prog.export_report = {"regional": report.as_dict(), "cache": cache_report}
     return prog
+
+
+def _cache_key(model, args, kwargs, dynamic_shapes, strict, trace_strict, passes):
+    """The export cache key, or None and why (the report the program carries)."""
+    from ..passes import GENERIC_PIPELINE
+    known = {n for n, _ in DEFAULT_PIPELINE} | {n for n, _ in GENERIC_PIPELINE}
+    names = [n for n, _ in (DEFAULT_PIPELINE if passes is None else passes)]
+    if any(n not in known for n in names):
+        return None, {"hit": False, "why": "custom passes: not cached"}
+    try:
+        key = export_cache.export_key(model, args, kwargs, dynamic_shapes,
+                                      {"strict": strict, "trace_strict": trace_strict, "passes": names})
+    except export_cache.Uncacheable as e:
+        log.log(_report_level(), "%s: export not cached: %s", type(model).__name__, e)
+        return None, {"hit": False, "why": str(e)}
+    return key, {"hit": False, "key": key.digest}
 
 
 def _report_level() -> int:
