@@ -129,7 +129,7 @@ class MLXBackend(Backend):
         return to_mx(tensor)
 
     def from_host(self, x: Any) -> Any:
-        return to_mx(x) if type(x) is torch.Tensor else x
+        return to_mx(x, borrowed=True) if type(x) is torch.Tensor else x
 
     def to_host(self, x: Any) -> Any:
         return host(x)
@@ -138,7 +138,7 @@ class MLXBackend(Backend):
         return MLXBuffer(to_mx(init))
 
     def adopt_state(self, tensor: torch.Tensor) -> MLXBuffer:
-        return MLXBuffer(to_mx(tensor), mirror=tensor)
+        return MLXBuffer(to_mx(tensor, borrowed=True), mirror=tensor)
 
     def state_value(self, buf: Any) -> Any:
         return buf.array if type(buf) is MLXBuffer else buf

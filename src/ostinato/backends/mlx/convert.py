@@ -34,11 +34,15 @@ def torch_dtype(dtype: Any) -> torch.dtype:
     return MX_TO_TORCH[dtype]
 
 
-def to_mx(t: torch.Tensor) -> mx.array:
-    """A copy of a CPU tensor as an MLX array (any strides; bf16 through its bits)."""
+def to_mx(t: torch.Tensor, borrowed: bool = False) -> mx.array:
+    """A copy of a CPU tensor as an MLX array (any strides; bf16 through its bits). ``borrowed``: the
+    tensor is the caller's (a call's input), which must stay resizable: torch locks the storage of a
+    tensor that NumPy (or DLPack) has seen, so a private copy is handed over instead."""
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.detach()
+    if borrowed:
+        t = t.clone()
     if t.dtype == torch.bfloat16:
         return mx.array(t.contiguous().view(torch.int16).numpy()).view(mx.bfloat16)
     if t.dtype not in TORCH_TO_MX:
@@ -84,7 +88,7 @@ class MLXBuffer:
     def copy_(self, src: Any) -> "MLXBuffer":
         if isinstance(src, MLXBuffer):
             src = src.array
-        new = src if type(src) is mx.array else to_mx(src)
+        new = src if type(src) is mx.array else to_mx(src, borrowed=True)
         if tuple(new.shape) != tuple(self.array.shape):
             new = mx.broadcast_to(new, self.array.shape)
         if new.dtype != self.array.dtype:

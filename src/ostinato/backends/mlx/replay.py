@@ -158,7 +158,7 @@ def capture_compiled(backend, exe, session, leaves: list, env: list, signature: 
     def replay() -> None:
         e = list(template)
         for pos, slot in input_slots:
-            e[slot] = to_mx(static_leaves[pos])
+            e[slot] = to_mx(static_leaves[pos], borrowed=True)
         for (slot, _), cell in zip(state_slots, cells):
             e[slot] = cell.array
         for part in parts:
