@@ -9,7 +9,7 @@ from torch import nn
 from torch.export import Dim
 
 import ostinato
-from helpers import assert_same
+from helpers import BACKENDS, host, assert_same
 from ostinato.errors import InputError, OstinatoError
 from ostinato.replay import bucket_ladders
 from replay.replay_models import RowMLP, counting_row_mlp, eager, fresh, row_mlp
@@ -17,9 +17,10 @@ from replay.replay_models import RowMLP, counting_row_mlp, eager, fresh, row_mlp
 SIZES = (3, 4, 5, 7, 8, 16)
 
 
-def test_pow2_buckets_give_eager_results_and_count():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_pow2_buckets_give_eager_results_and_count(device):
     model, prog = row_mlp(dynamic=True)
-    exe = ostinato.compile(prog, device="cpu", replay=True, buckets={"batch": "pow2"})
+    exe = ostinato.compile(prog, device=device, replay=True, buckets={"batch": "pow2"})
     (symbol,) = prog.graph.symbols
     assert exe.runner.ladders == {symbol: [1, 2, 4, 8, 16]}
     torch.manual_seed(1)
@@ -36,11 +37,12 @@ def test_pow2_buckets_give_eager_results_and_count():
     assert [r.signature for r in exe.memory_report()] == [f"{symbol}=4", f"{symbol}=8", f"{symbol}=16"]
 
 
-def test_padding_is_zeroed_between_calls():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_padding_is_zeroed_between_calls(device):
     """A full batch, then a smaller one on the same rung: the rows past the real size are zero again, so
     stale rows of the previous call cannot leak (into a reduction, say), and the real rows are right."""
     model, prog = row_mlp(dynamic=True)
-    exe = ostinato.compile(prog, device="cpu", replay=True, buckets={"batch": "pow2"})
+    exe = ostinato.compile(prog, device=device, replay=True, buckets={"batch": "pow2"})
     torch.manual_seed(2)
     exe(torch.randn(8, 8))
     x = torch.randn(5, 8)
@@ -51,9 +53,10 @@ def test_padding_is_zeroed_between_calls():
     assert torch.equal(static[5:], torch.zeros(3, 8))
 
 
-def test_outputs_of_a_bucketed_call_are_cut_views():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_outputs_of_a_bucketed_call_are_cut_views(device):
     model, prog = row_mlp(dynamic=True)
-    exe = ostinato.compile(prog, device="cpu", replay=True, buckets={"batch": [8]})
+    exe = ostinato.compile(prog, device=device, replay=True, buckets={"batch": [8]})
     torch.manual_seed(3)
     a = exe(torch.randn(5, 8))
     x = torch.randn(5, 8)
@@ -65,9 +68,10 @@ def test_outputs_of_a_bucketed_call_are_cut_views():
     assert exe.stats()["captures"] == 1 and exe.stats()["bucket_hits"] == 3
 
 
-def test_explicit_ladder_and_a_batch_above_it():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_explicit_ladder_and_a_batch_above_it(device):
     model, prog = row_mlp(dynamic=True)
-    exe = ostinato.compile(prog, device="cpu", replay=True, buckets={"batch": [4, 2]})
+    exe = ostinato.compile(prog, device=device, replay=True, buckets={"batch": [4, 2]})
     (symbol,) = prog.graph.symbols
     assert exe.runner.ladders == {symbol: [2, 4]}
     torch.manual_seed(4)
@@ -80,18 +84,20 @@ def test_explicit_ladder_and_a_batch_above_it():
     assert exe.stats()["captures"] == 2
 
 
-def test_buckets_by_symbol_name():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_buckets_by_symbol_name(device):
     model, prog = row_mlp(dynamic=True)
     (symbol,) = prog.graph.symbols
-    exe = ostinato.compile(prog, device="cpu", replay=True, buckets={symbol: [16]})
+    exe = ostinato.compile(prog, device=device, replay=True, buckets={symbol: [16]})
     x = torch.randn(9, 8)
     assert_same(exe(x), eager(model, x))
     assert exe.stats()["bucket_hits"] == 1
 
 
-def test_capture_buckets_largest_first_then_no_captures():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_capture_buckets_largest_first_then_no_captures(device):
     model, prog = row_mlp(dynamic=True)
-    exe = ostinato.compile(prog, device="cpu", replay=True, buckets={"batch": "pow2"})
+    exe = ostinato.compile(prog, device=device, replay=True, buckets={"batch": "pow2"})
     (symbol,) = prog.graph.symbols
     assert exe.runner.capture_buckets(exe.session) == 5
     assert [r.signature for r in exe.memory_report()] == [f"{symbol}={n}" for n in (16, 8, 4, 2, 1)]
@@ -115,13 +121,14 @@ def test_capture_buckets_largest_first_then_no_captures():
     assert exe.stats()["captures"] == 15
 
 
-def test_capture_buckets_leaves_state_as_it_was():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_capture_buckets_leaves_state_as_it_was(device):
     """Every capture is a call (here: total += sum + 1); capture_buckets restores the session's state."""
     model, prog = counting_row_mlp()
     ref = fresh(model)
-    exe = ostinato.compile(prog, device="cpu", replay=True, buckets={"batch": [4, 16]})
+    exe = ostinato.compile(prog, device=device, replay=True, buckets={"batch": [4, 16]})
     assert exe.runner.capture_buckets(exe.session) == 2
-    assert float(exe.session.state["total"]) == 0.0
+    assert float(host(exe.session.state["total"])) == 0.0
     torch.manual_seed(6)
     for b in (3, 12, 4):
         x = torch.randn(b, 8)
@@ -129,7 +136,8 @@ def test_capture_buckets_leaves_state_as_it_was():
     assert exe.stats()["captures"] == 2
 
 
-def test_capture_buckets_needs_every_dynamic_dim_bucketed():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_capture_buckets_needs_every_dynamic_dim_bucketed(device):
     class Tokens(nn.Module):
         def __init__(self):
             super().__init__()
@@ -141,7 +149,7 @@ def test_capture_buckets_needs_every_dynamic_dim_bucketed():
     model = Tokens().eval()
     prog = ostinato.export(model, (torch.randn(2, 5, 8),),
                            dynamic_shapes=({0: Dim("batch", min=1, max=8), 1: Dim("seq", min=1, max=32)},))
-    exe = ostinato.compile(prog, device="cpu", replay=True, buckets={"batch": "pow2"})
+    exe = ostinato.compile(prog, device=device, replay=True, buckets={"batch": "pow2"})
     seq_symbol = next(n for n, r in prog.graph.symbols.items() if r.label == "seq")
     with pytest.raises(OstinatoError, match=rf"capture_buckets needs a bucket ladder for every dynamic dim; "
                                             rf"missing: {seq_symbol}"):
@@ -154,25 +162,28 @@ def test_capture_buckets_needs_every_dynamic_dim_bucketed():
     assert exe.stats()["captures"] == 2 and exe.stats()["bucket_hits"] == 2
 
 
-def test_unknown_dim_name_lists_the_dims():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_unknown_dim_name_lists_the_dims(device):
     _, prog = row_mlp(dynamic=True)
     (symbol,) = prog.graph.symbols
     with pytest.raises(OstinatoError, match=rf"buckets names 'bacth', which is not a dynamic dim of this program; "
                                             rf"its dynamic dims are: batch, {symbol}"):
-        ostinato.compile(prog, device="cpu", replay=True, buckets={"bacth": "pow2"})
+        ostinato.compile(prog, device=device, replay=True, buckets={"bacth": "pow2"})
     _, static = row_mlp(dynamic=False)
     with pytest.raises(OstinatoError, match=r"dynamic dims are: none \(the program is static\)"):
-        ostinato.compile(static, device="cpu", replay=True, buckets={"batch": "pow2"})
+        ostinato.compile(static, device=device, replay=True, buckets={"batch": "pow2"})
 
 
 @pytest.mark.parametrize("sizes", [[0, 4], [4, 17], []])
-def test_ladder_sizes_outside_the_range(sizes):
+@pytest.mark.parametrize("device", BACKENDS)
+def test_ladder_sizes_outside_the_range(sizes, device):
     _, prog = row_mlp(dynamic=True)
     with pytest.raises(OstinatoError, match=r"buckets for 'batch': sizes .* are outside its range \[1, 16\]"):
-        ostinato.compile(prog, device="cpu", replay=True, buckets={"batch": sizes})
+        ostinato.compile(prog, device=device, replay=True, buckets={"batch": sizes})
 
 
-def test_pow2_ladder_ends_at_the_maximum():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_pow2_ladder_ends_at_the_maximum(device):
     _, prog = row_mlp(dynamic=True, max_batch=12)
     (symbol,) = prog.graph.symbols
     assert bucket_ladders(prog, {"batch": "pow2"}) == {symbol: [1, 2, 4, 8, 12]}

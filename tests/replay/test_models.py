@@ -9,7 +9,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import ostinato
-from helpers import assert_same
+from helpers import BACKENDS, host, assert_same
 from replay.replay_models import (TINY_BATCH, conv_net, decode_inputs, eager, fresh, hf_decoder, hf_decoders,
                                   snapshot, tiny, tiny_decoder, whisper, whisper_encoder)
 
@@ -22,14 +22,15 @@ pytestmark = pytest.mark.filterwarnings("ignore:While compiling, we found certai
 def assert_states_equal(a: dict, b: dict, msg: str) -> None:
     assert set(a) == set(b), f"{msg}: state names differ"
     for name in a:
-        assert_same(a[name], b[name], msg=f"{msg} state {name}")
+        assert_same(host(a[name]), host(b[name]), msg=f"{msg} state {name}")
 
 
-def test_tiny_decoder_replay_matches_step_and_eager():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_tiny_decoder_replay_matches_step_and_eager(device):
     model, prog = tiny_decoder()
     ref = fresh(model)
-    step = ostinato.compile(prog, device="cpu")
-    rep = ostinato.compile(prog, device="cpu", replay=True)
+    step = ostinato.compile(prog, device=device)
+    rep = ostinato.compile(prog, device=device, replay=True)
     gen = torch.Generator().manual_seed(11)
     logits = []
     for s in range(STEPS):
@@ -50,11 +51,12 @@ def test_tiny_decoder_replay_matches_step_and_eager():
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "gpt2"])
-def test_hf_decoder_replay_matches_step_and_eager(family):
+@pytest.mark.parametrize("device", BACKENDS)
+def test_hf_decoder_replay_matches_step_and_eager(family, device):
     wrapper, prog = hf_decoder(family)
     ref = fresh(wrapper)
-    step = ostinato.compile(prog, device="cpu")
-    rep = ostinato.compile(prog, device="cpu", replay=True)
+    step = ostinato.compile(prog, device=device)
+    rep = ostinato.compile(prog, device=device, replay=True)
     gen = torch.Generator().manual_seed(5)
     for s in range(STEPS):
         kwargs = hf_decoders.decode_inputs(s, gen)
@@ -66,15 +68,16 @@ def test_hf_decoder_replay_matches_step_and_eager(family):
     caches = [n for n in ref_buffers if n.startswith(("key_cache", "value_cache"))]
     assert caches and set(caches) <= set(rep.session.state)
     for name in caches:
-        assert_same(rep.session.state[name], ref_buffers[name], msg=f"{family} replay state {name}")
+        assert_same(host(rep.session.state[name]), ref_buffers[name], msg=f"{family} replay state {name}")
         assert ref_buffers[name][:, :, :STEPS].abs().sum() > 0, f"{name} was never written"
     assert rep.stats()["captures"] == 1 and rep.stats()["replays"] == STEPS - 1
 
 
-def test_whisper_encoder_replay_per_batch_size():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_whisper_encoder_replay_per_batch_size(device):
     encoder, prog = whisper_encoder()
-    step = ostinato.compile(prog, device="cpu")
-    rep = ostinato.compile(prog, device="cpu", replay=True)
+    step = ostinato.compile(prog, device=device)
+    rep = ostinato.compile(prog, device=device, replay=True)
     torch.manual_seed(3)
     for b in (2, 2, 3, 3, 2):
         x = whisper.features(b)
@@ -88,10 +91,11 @@ def test_whisper_encoder_replay_per_batch_size():
 
 
 @pytest.mark.parametrize("buckets", [None, {"batch": "pow2"}], ids=["exact", "pow2"])
-def test_conv_net_replay(buckets):
+@pytest.mark.parametrize("device", BACKENDS)
+def test_conv_net_replay(buckets, device):
     net, prog = conv_net(dynamic=True)
-    step = ostinato.compile(prog, device="cpu")
-    rep = ostinato.compile(prog, device="cpu", replay=True, buckets=buckets)
+    step = ostinato.compile(prog, device=device)
+    rep = ostinato.compile(prog, device=device, replay=True, buckets=buckets)
     torch.manual_seed(4)
     for b in (2, 3, 4, 3, 2):
         x = torch.randn(b, 3, 32, 32)
@@ -104,11 +108,12 @@ def test_conv_net_replay(buckets):
     assert rep.stats()["captures"] == (3 if buckets is None else 2)
 
 
-def test_static_conv_net_through_graph_api():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_static_conv_net_through_graph_api(device):
     """Capture once; then update the static input in place and replay: out is updated in place and
     stays the very same objects."""
     net, prog = conv_net(dynamic=False)
-    exe = ostinato.compile(prog, device="cpu")
+    exe = ostinato.compile(prog, device=device)
     torch.manual_seed(6)
     x = torch.randn(2, 3, 32, 32)
     g = ostinato.Graph()
@@ -129,12 +134,13 @@ def test_static_conv_net_through_graph_api():
     assert g.replays == 4
 
 
-def test_tiny_decoder_through_graph_api():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_tiny_decoder_through_graph_api(device):
     """The explicit API on a stateful model: the capture is the first decode step; replays (new inputs
     copied in by ``replay(*args)`` or by hand) advance the session's KV caches as eager does."""
     model, prog = tiny_decoder()
     ref = fresh(model)
-    exe = ostinato.compile(prog, device="cpu")
+    exe = ostinato.compile(prog, device=device)
     gen = torch.Generator().manual_seed(8)
     tokens, pos = decode_inputs(0, TINY_BATCH, tiny.VOCAB, gen)
     g = ostinato.Graph()
@@ -155,11 +161,12 @@ def test_tiny_decoder_through_graph_api():
     tiny.assert_state_matches(exe.session.state, ref, "after Graph replays")
 
 
-def test_replay_outputs_are_the_captured_buffers():
+@pytest.mark.parametrize("device", BACKENDS)
+def test_replay_outputs_are_the_captured_buffers(device):
     """compile(replay=True): calls of one signature return the same output tensor, rewritten per call
     (documented: valid until the session's next call)."""
     net, prog = conv_net(dynamic=False)
-    rep = ostinato.compile(prog, device="cpu", replay=True)
+    rep = ostinato.compile(prog, device=device, replay=True)
     torch.manual_seed(9)
     x1, x2 = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
     out1 = rep(x1)
