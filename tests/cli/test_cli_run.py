@@ -209,3 +209,20 @@ def test_shared_error_formatting(decoder, capsys, monkeypatch):
     raised.append(KeyboardInterrupt())
     assert main(["run", path]) == 130
     assert capsys.readouterr().err == "ostinato run: interrupted\n"
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("replay", [False, True])
+def test_run_on_mlx_matches_eager(decoder, tmp_path, capsys, replay):
+    """``ostinato run --device mlx``: the first call's outputs (saved) equal eager's."""
+    model, path = decoder
+    tokens, pos = _decode_inputs(5, gen_seed=13)
+    save_file({"tokens": tokens, "pos": pos}, tmp_path / "in.safetensors")
+    argv = ["run", path, "--device", "mlx", "--inputs", str(tmp_path / "in.safetensors"), "--save-outputs",
+            str(tmp_path / "out.safetensors"), "--steps", "3", "--json"] + (["--replay"] if replay else [])
+    assert main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["device"].startswith("mlx:") and r["replay"] == replay
+    with torch.no_grad():
+        expected = copy.deepcopy(model)(tokens, pos)
+    torch.testing.assert_close(load_file(tmp_path / "out.safetensors")["0"], expected, rtol=1e-5, atol=1e-5)

@@ -20,7 +20,8 @@ from torch.utils import _pytree as pytree
 
 from .. import __version__
 from . import write_json
-from ..errors import InputError, OstinatoError
+from ..backends import get_backend, parse_mlx
+from ..errors import BackendError, InputError, OstinatoError
 from ..ir import SymDim, TensorMeta
 from ..program import Program, load
 from ..replay import compile
@@ -31,7 +32,8 @@ HELP = "load a .ost program, run it and time it"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="a .ost program file (from `ostinato export` or Program.save)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default), cuda or cuda:N, or mlx (Apple GPUs; mlx:cpu / mlx:gpu pick MLX's device)")
     p.add_argument("--replay", action="store_true",
                    help="capture the plan on the first call and replay it after (compile(..., replay=True))")
     p.add_argument("--inputs", metavar="FILE.safetensors",
@@ -45,13 +47,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (for machines) and nothing else")
 
 
+def run_device(device: str) -> tuple[str | torch.device, torch.device]:
+    """``--device`` checked: what to compile for, and the torch device a call's tensors live on (the
+    CPU for MLX, whose executables take and return CPU tensors)."""
+    if parse_mlx(device) is not None:
+        try:
+            backend = get_backend(device)
+        except BackendError as e:
+            raise OstinatoError(f"--device {device}: {e}") from e
+        return backend.label, backend.device
+    dev = check_device(device)
+    return dev, dev
+
+
 def check_device(device: str) -> torch.device:
     try:
         dev = torch.device(device)
     except RuntimeError as e:
         raise OstinatoError(f"--device {device}: not a device ({e})\nFix: use cpu, cuda or cuda:N") from e
     if dev.type not in ("cpu", "cuda"):
-        raise OstinatoError(f"--device {device}: ostinato runs on cpu and cuda only\nFix: use cpu, cuda or cuda:N")
+        raise OstinatoError(f"--device {device}: ostinato runs on cpu, cuda and mlx only\nFix: use cpu, cuda, "
+                            "cuda:N or mlx")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise OstinatoError(f"--device {device}: torch sees no CUDA device here (torch {torch.__version__})\n"
                             "Fix: run with --device cpu, or on a machine with an NVIDIA GPU and a CUDA build "
@@ -146,14 +162,14 @@ def _output_rows(out: Any) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise OstinatoError(f"--steps {args.steps}: need at least one call\nFix: --steps 10")
-    dev = check_device(args.device)
+    target, dev = run_device(args.device)
     t0 = time.perf_counter()
     prog = load(args.file, verify=not args.no_verify)
     t_load = time.perf_counter() - t0
     leaves = file_leaves(prog, args.inputs, dev) if args.inputs else random_leaves(prog, dev, args.seed)
     call_args, call_kwargs = pytree.tree_unflatten(leaves, prog.in_spec)
     t0 = time.perf_counter()
-    exe = compile(prog, device=dev, replay=args.replay, cache=not args.no_cache)
+    exe = compile(prog, device=target, replay=args.replay, cache=not args.no_cache)
     t_compile = time.perf_counter() - t0
 
     times = []
@@ -183,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
           "median_step": statistics.median(steps) * 1e3 if steps else None,
           "min_step": min(steps) * 1e3 if steps else None}
     report = {
-        "file": args.file, "model": prog.info.get("model", "?"), "device": str(exe.device),
+        "file": args.file, "model": prog.info.get("model", "?"), "device": exe.backend.label or str(exe.device),
         "replay": args.replay, "plan_source": exe.plan_source, "steps": args.steps,
         "inputs": args.inputs or f"random (seed {args.seed})",
         "outputs": _output_rows(first), "timings_ms": ms,
