@@ -302,3 +302,26 @@ def test_custom_op_runs_through_the_fallback():
     assert_on_ostinato(graphs=1, calls=2)
     (graph,) = od.compiled_graphs()
     assert {n.op for n in graph.program.graph.nodes} >= FALLBACK_OPS
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("replay", [False, True])
+def test_device_option_mlx_decodes_like_eager(replay):
+    """options={"device": "mlx"}: the graph runs on MLX; the KV caches the graph writes are the model's
+    own buffers (written through), so eager code around the graph sees them."""
+    import copy
+
+    from examples.tiny_decoder import TinyDecoder, decode_inputs
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyDecoder(dim=64, layers=2, heads=4, kv_heads=2, vocab=128, max_seq=32, batch=1).eval()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="ostinato",
+                             options={"device": "mlx", "replay": replay, "eager_fallback": False})
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for s in range(4):
+            args = decode_inputs(s, 1, 128, gen)
+            torch.testing.assert_close(compiled(*args), ref(*args), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.layers[0].k_cache, ref.layers[0].k_cache, rtol=1e-5, atol=1e-5)
+    assert od.compiled_graphs()[-1].executable.backend.name == "mlx"

@@ -35,6 +35,7 @@ class Settings:
     clone_outputs: bool | None = None   # None: when replaying (captured outputs are overwritten next call)
     cache: bool = True                  # ostinato's compile cache (memory, disk, Redis)
     eager_fallback: bool = True         # False: raise when ostinato cannot take a graph
+    device: str | None = None           # compile for this device ("mlx", "mlx:gpu", ...) instead of the inputs'
 
 
 def _device_of(placeholders: list[Placeholder]) -> torch.device:
@@ -97,7 +98,7 @@ class CompiledGraph:
 
     def _compile(self, program: Program) -> Executable:
         s = self.settings
-        exe = compile_program(program, self.device, cache=s.cache, replay=self.replay)
+        exe = compile_program(program, s.device or self.device, cache=s.cache, replay=self.replay)
         # Buffers the graph writes (KV caches) are program state: the session uses the model's own
         # tensors, so the writes land where the model (and the code around the graph) reads them.
         held = dict(self.module.named_buffers())
@@ -108,7 +109,8 @@ class CompiledGraph:
                 log.warning("torch.compile backend: %s: state %s is not a model tensor on %s; its updates "
                             "stay inside ostinato, the model's copy is not written", self.name, name, exe.device)
                 return exe
-            state[name] = tensor
+            # A backend with buffers of its own (MLX) keeps one that writes through to the model's tensor.
+            state[name] = exe.backend.adopt_state(tensor)
         exe.session = Session(exe, state)
         return exe
 
