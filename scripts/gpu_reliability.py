@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 SANITIZER_ERRORS = re.compile(r"ERROR SUMMARY: (\d+) error")
-PYTEST_SUMMARY = re.compile(r"=+ (.*(passed|failed|error|skipped).*) in [\d.]+s")
+PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|errors?|skipped|deselected).*?) in [\d.]+s", re.M)
 
 
 def _families() -> list[str]:
@@ -69,7 +69,7 @@ def run_job(name: str, cmd: list[str], out: str, timeout: int, env: dict | None 
         res["sanitizer_errors"] = sum(int(e) for e in errs)
     m = PYTEST_SUMMARY.findall(text)
     if m:
-        res["pytest"] = m[-1][0]
+        res["pytest"] = m[-1]
     lines = [line for line in text.splitlines() if line.startswith(("FAMILY", "SUMMARY", "{"))]
     if lines:
         res["lines"] = lines[-40:]
@@ -87,8 +87,9 @@ def jobs_for(stage: str) -> list[tuple]:
     if stage == "mixed":
         jobs = []
         for order, extra, runs in (("ost,graph,ro", [], 2), ("ost,graph,ro", ["--no-own-workspace"], 2),
-                                   ("graph,ro", [], 2), ("graph,ost,ro", [], 1), ("ro,graph,ost", [], 1),
-                                   ("ost,ro", ["--no-own-workspace"], 1), ("ost,ro", [], 1)):
+                                   ("graph,ro", [], 1), ("graph,ost,ro", [], 1), ("ro,graph,ost", [], 1),
+                                   ("ost,ro", ["--no-own-workspace"], 2), ("ost,ro", [], 2),
+                                   ("ro,ost", ["--no-own-workspace"], 1), ("graph,graph2,eager", [], 1)):
             for k in range(runs):
                 name = f"case-{order.replace(',', '-')}{'-noown' if extra else ''}-{k}"
                 jobs.append((name, [PY, mixed, order, *extra], 480, None))

@@ -2,7 +2,8 @@
 context 512, bf16, fused QKV, ``index_copy_`` KV cache) run by up to three CUDA-graph users, set up in a
 given order: ``ost`` (ostinato, ``replay=True``, called once), ``graph`` (a ``torch.cuda.CUDAGraph`` of
 the eager model, warmed up on a side stream and captured with ``torch.cuda.graph``) and ``ro``
-(``torch.compile(mode="reduce-overhead")``, first call). Then every runner decodes ``--steps`` more
+(``torch.compile(mode="reduce-overhead")``, first call); ``eager`` (the model run eagerly, no graph: it
+shows whether someone else's graph writes into memory it does not own). Then every runner decodes ``--steps`` more
 positions in turn and each output is checked against an eager twin stepping in lockstep.
 
     python tests/replay/mixed_case.py ost,graph,ro [--no-own-workspace] [--steps 32]
@@ -40,9 +41,14 @@ def main() -> int:
     ap.add_argument("--no-own-workspace", action="store_true")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--no-cudnn-sdp", action="store_true", help="turn torch's cuDNN attention off")
+    ap.add_argument("--graph-warmup", choices=["side", "current"], default="side",
+                    help="the stream the CUDA graph of eager warms up on")
     args = ap.parse_args()
     order = args.order.split(",")
-    assert set(order) <= {"ost", "graph", "ro"} and order, order
+    assert set(order) <= {"ost", "graph", "graph2", "ro", "eager"} and order, order
+    if args.no_cudnn_sdp:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     res: dict = {"order": order, "own_workspace": not args.no_own_workspace, "ok": False, "max_error": {}}
     try:
         run(order, args, res)
@@ -75,9 +81,9 @@ def run(order: list[str], args, res: dict) -> None:
                 exe = ostinato.compile(ostinato.export(model, (ids[0], pos[0])), device=dev, replay=True)
                 exe(ids[0], pos[0])
                 runners["ost"] = exe
-            elif name == "graph":
+            elif name.startswith("graph"):     # graph2: a second user graph, of its own copy
                 static_ids, static_pos = ids[0].clone(), pos[0].clone()
-                side = torch.cuda.Stream()
+                side = torch.cuda.Stream() if args.graph_warmup == "side" else torch.cuda.current_stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     for _ in range(3):
@@ -87,12 +93,16 @@ def run(order: list[str], args, res: dict) -> None:
                 with torch.cuda.graph(g):
                     static_out = model(static_ids, static_pos)
 
-                def replay(i, p, g=g, si=static_ids, sp=static_pos, so=static_out):
+                # the closure keeps the model alive: the graph reads its weights and writes its caches
+                def replay(i, p, g=g, si=static_ids, sp=static_pos, so=static_out, model=model):
                     si.copy_(i)
                     sp.copy_(p)
                     g.replay()
                     return so
-                runners["graph"] = replay
+                runners[name] = replay
+            elif name == "eager":           # no graph at all: a victim, never a culprit
+                model(ids[0], pos[0])
+                runners["eager"] = model
             else:
                 fn = torch.compile(model, mode="reduce-overhead")
                 fn(ids[0], pos[0])
