@@ -26,7 +26,6 @@ DROPPED_TARGETS = {
     "aten._print",
 }
 
-_SUFFIX = re.compile(r"_\d+$")
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 
@@ -81,12 +80,6 @@ class _Converter:
         self.named: dict[str, Value] = {}
         self.state_now: dict[str, Value] = {}
         self.block_values: set[int] = set()
-        self.namer = torch.fx.graph._Namespace()
-        user = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT
-                and not isinstance(s.arg, ConstantArgument)}
-        for n in ep.graph.nodes:
-            if n.op == "placeholder" and n.name in user:
-                self.namer.create_name(n.name, None)
 
     # -- metadata -------------------------------------------------------------------------------
     def _declare(self, sym: sympy.Symbol, vr=None) -> None:
@@ -132,12 +125,6 @@ class _Converter:
             return {k: self.arg(x) for k, x in a.items()}
         return a
 
-    def node_name(self, name: str) -> str:
-        """The IR name of the fx node ``name``: named again in IR order as torch.fx names nodes (``add``,
-        ``add_1``, ...), so that a regional export, whose nodes come from several fx graphs, names them
-        as a full export of the same model does."""
-        return self.namer.create_name(_SUFFIX.sub("", name), None)
-
     def convert_call(self, n: torch.fx.Node) -> None:
         t = n.target
         if self.regions is not None:
@@ -182,7 +169,7 @@ class _Converter:
         metas = [self.meta_of(v) for v in val] if multi else [self.meta_of(val)]
         args = tuple(self.arg(a) for a in n.args)
         kwargs = {k: self.arg(a) for k, a in n.kwargs.items()}
-        node = self.g.add_node(name, args, kwargs, metas, self.node_name(n.name), source_line(n))
+        node = self.g.add_node(name, args, kwargs, metas, n.name, source_line(n))
         self.env[n] = list(node.outputs) if multi else node.outputs[0]
 
     def run(self):

@@ -21,6 +21,7 @@ from ..program import Program
 from . import export_cache
 from . import regional as regional_mod
 from .convert import convert
+from ..passes.dce import eliminate_dead_code
 from .inline import canonical_order
 
 log = logging.getLogger("ostinato")
@@ -124,6 +125,9 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             "The original error is chained below (raise ... from).") from e
     t_export = time.perf_counter() - t0
     graph, weights, state_init, slots = convert(ep, strict=strict, regions=regions)
+    if regions is not None:
+        # A block's outputs its caller ignores: the full trace never had those nodes.
+        eliminate_dead_code(graph)
     canonical_order(graph, model)
     weights = {v.name: weights[v.name] for v in graph.constants if v.name in weights} | weights
     state_init = {v.name: state_init[v.name] for v in graph.state if v.name in state_init} | state_init

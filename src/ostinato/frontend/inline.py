@@ -8,6 +8,8 @@ outputs.
 """
 from __future__ import annotations
 
+import re
+
 import sympy
 import torch
 
@@ -16,6 +18,7 @@ from ..ir.graph import map_values
 from .regional import BlockExport, CallRecord
 
 PREFIX = "block."
+_SUFFIX = re.compile(r"_\d+$")
 
 
 class Block:
@@ -113,7 +116,7 @@ def instantiate(conv, block: Block, rec: CallRecord, inputs: list[Value], real: 
         args = map_values(node.args, get)
         kwargs = map_values(node.kwargs, get)
         metas = [None if o is None else _sub_meta(o.meta, subs) for o in node.outputs]
-        new = g.add_node(node.op, args, kwargs, metas, conv.node_name(node.name), node.source)
+        new = g.add_node(node.op, args, kwargs, metas, node.name, node.source)
         for o, n in zip(node.outputs, new.outputs):
             if o is not None:
                 env[o.id] = n
@@ -130,8 +133,10 @@ def instantiate(conv, block: Block, rec: CallRecord, inputs: list[Value], real: 
 
 def canonical_order(g: Graph, model: torch.nn.Module) -> None:
     """Constants and state in the order a full export lists them (parameters, then buffers, each in
-    the model's order, then other constants), and every value's id in that order, then the inputs'
-    and the nodes' outputs: the same model gives the same graph, regional or not."""
+    the model's order, then other constants), every value's id in that order, then the inputs' and
+    the nodes' outputs, and the nodes named again in order as torch.fx names them (``add``, ``add_1``,
+    ...; a regional export's nodes come from several fx graphs): the same model gives the same graph,
+    regional or not."""
     rank = {name: i for i, (name, _) in enumerate(model.named_parameters())}
     rank.update({name: len(rank) + i for i, (name, _) in enumerate(model.named_buffers())})
     placeholders = sorted(g.constants + g.state, key=lambda v: (rank.get(v.name, len(rank)), v.id))
@@ -142,3 +147,12 @@ def canonical_order(g: Graph, model: torch.nn.Module) -> None:
         v.id = next_id
         next_id += 1
     g._next_id = next_id
+    namer = torch.fx.graph._Namespace()
+    for v in g.inputs:
+        namer.create_name(v.name, None)
+    for node in g.nodes:
+        node.name = namer.create_name(_SUFFIX.sub("", node.name), None)
+        outs = node.outputs
+        for i, o in enumerate(outs):
+            if o is not None:
+                o.name = node.name if len(outs) == 1 else f"{node.name}.{i}"

@@ -26,6 +26,7 @@ import threading
 from typing import Any
 
 import torch
+import torch.utils._python_dispatch
 from torch import nn
 from torch.utils import _pytree as pytree
 
@@ -250,8 +251,35 @@ def _stub(inst: nn.Module, call) -> nn.Module:
             if child is None:
                 child = holder._modules[part] = _Mirror(owner)
             holder = child
-        holder.register_buffer(leaf, buf, persistent=leaf not in owner._non_persistent_buffers_set)
+        # Not register_buffer: it refuses a name the stub already answers (through the instance).
+        holder._buffers[leaf] = buf
+        if leaf in owner._non_persistent_buffers_set:
+            holder._non_persistent_buffers_set.add(leaf)
     return stub
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class _WriteWatch(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the storage of every tensor an op writes in place (views write their base's storage)."""
+
+    def __init__(self):
+        super().__init__()
+        self.written: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = getattr(func, "_schema", None)
+        if schema is not None:
+            for i, a in enumerate(schema.arguments):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    x = args[i] if i < len(args) else kwargs.get(a.name)
+                    for t in (x if isinstance(x, (list, tuple)) else (x,)):
+                        if isinstance(t, torch.Tensor):
+                            self.written.add(_storage(t))
+        return func(*args, **(kwargs or {}))
 
 
 def _record_reads(modules: dict[str, nn.Module], reads: set) -> list:
@@ -287,6 +315,9 @@ def same_value(a: Any, b: Any, depth: int = 0) -> bool:
         return len(a) == len(b) and all(same_value(x, y, depth + 1) for x, y in zip(a, b))
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same_value(a[k], b[k], depth + 1) for k in a)
+    if isinstance(a, functools.partial):
+        return same_value(a.func, b.func, depth + 1) and same_value(a.args, b.args, depth + 1) \
+            and same_value(a.keywords, b.keywords, depth + 1)
     return False
 
 
@@ -388,25 +419,24 @@ class Session:
         tensors = {n: mode.from_tensor(t, static_shapes=True) if n in params
                    else mode.from_tensor(t, static_shapes=True).clone()
                    for n, t in real.items()}
-        versions = {n: t._version for n, t in tensors.items()}
         ins = [t.clone() for t in inputs]
-        in_versions = [t._version for t in ins]
         it = iter(ins)
         args, kwargs = pytree.tree_unflatten([next(it) if c is TENSOR else c for c in rec.leaves], rec.in_spec)
         record = kind.reads is None
         reads: set = set()
         swapped = _record_reads(dict(inst.named_modules()), reads) if record else []
+        watch = _WriteWatch()
         try:
-            with torch.nn.utils.stateless._reparametrize_module(inst, tensors):
+            with torch.nn.utils.stateless._reparametrize_module(inst, tensors), watch:
                 out = type(inst).forward(inst, *args, **kwargs)
         finally:
             for m, cls in swapped:
                 m.__class__ = cls
         if record:
             kind.reads, kind.representative = reads, rec.path
-        if any(t._version != v for t, v in zip(ins, in_versions)):
+        if any(_storage(t) in watch.written for t in ins):
             raise Fallback(kind, f"{rec.path} mutates its inputs in place")
-        mutated = sorted(n for n, t in tensors.items() if t._version != versions[n])
+        mutated = sorted(n for n, t in tensors.items() if _storage(t) in watch.written)
         if any(n in params for n in mutated):
             raise Fallback(kind, f"{rec.path} mutates its parameters")
         leaves, out_spec = pytree.tree_flatten(out)
@@ -531,7 +561,7 @@ def export_blocks(session: Session, decompose) -> dict[tuple, BlockExport]:
         flat = _Flat(rec.module, rec).eval()
         try:
             with torch.no_grad():
-                ep = torch.export.export(flat, tuple(tensors), dynamic_shapes=dyn if any(dyn) else None,
+                ep = torch.export.export(flat, tuple(tensors), dynamic_shapes=(dyn,) if any(dyn) else None,
                                          strict=False)
                 ep = ep.run_decompositions(decompose)
         except Exception as e:  # noqa: BLE001 - any failure means: trace this kind inline

@@ -1,0 +1,251 @@
+"""Regional export (frontend/regional.py, inline.py): each kind of repeated block is traced once.
+
+Models as their authors wrote them (transformers' decoders from ``from_config``, the tiny decoder with
+its KV cache, small modules in several styles) must give the program a full export gives: the same
+outputs always, and the same bytes where the test says so. The cases the issue names (a block that
+branches on its own index, hooks, weights shared across blocks, data-dependent control flow, Python
+state that differs between instances) must fall back, say why, and still match eager.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from torch import nn
+
+import ostinato
+from helpers import assert_same
+from ostinato.program.writer import flatbuffer_bytes
+
+pytestmark = pytest.mark.filterwarnings("ignore:While compiling, we found certain side effects")
+
+DECODER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+HF = {
+    "llama": lambda: transformers.LlamaConfig(**DECODER),
+    "qwen2": lambda: transformers.Qwen2Config(**DECODER),
+    "gemma": lambda: transformers.GemmaConfig(head_dim=16, **DECODER),
+    "gpt2": lambda: transformers.GPT2Config(n_embd=64, n_layer=3, n_head=4, n_inner=128, vocab_size=128,
+                                            n_positions=64),
+}
+
+
+def hf_model(family: str) -> nn.Module:
+    model = transformers.AutoModelForCausalLM.from_config(HF[family](), dtype=torch.float32).eval()
+    with torch.no_grad():   # from_config leaves norms at 1 (Gemma's at 0): make every weight matter
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def export_both(model, args, kwargs=None, **kw):
+    regional = ostinato.export(model, args, kwargs, cache=False, **kw)
+    full = ostinato.export(model, args, kwargs, cache=False, regional=False, **kw)
+    return regional, full
+
+
+def report(prog) -> dict:
+    return prog.export_report["regional"]
+
+
+@pytest.mark.parametrize("family", list(HF))
+def test_transformers_decoder_traced_once_same_bytes(family):
+    model = hf_model(family)
+    ids = torch.randint(0, 128, (2, 7))
+    regional, full = export_both(model, (ids,), {"use_cache": False})
+    r = report(regional)
+    assert r["fallbacks"] == [] and r["blocks"] == 1, r
+    (kind,) = r["kinds"]
+    assert kind["instances"] == kind["calls"] == 3 and kind["traced"] == 1
+    # Same nodes, names, value ids, weights and order: the same program file.
+    assert flatbuffer_bytes(regional) == flatbuffer_bytes(full)
+    ids2 = torch.randint(0, 128, (2, 7))
+    with torch.no_grad():
+        ref = model(ids2, use_cache=False).logits
+    assert_same(ostinato.compile(regional)(ids2, use_cache=False).logits, ref)
+
+
+def test_dynamic_sequence_length_matches_eager():
+    model = hf_model("llama")
+    ids = torch.randint(0, 128, (1, 9))
+    seq = torch.export.Dim("seq", min=2, max=32)
+    prog = ostinato.export(model, (ids,), {"use_cache": False}, dynamic_shapes=({1: seq}, None), cache=False)
+    assert report(prog)["blocks"] == 1 and report(prog)["fallbacks"] == []
+    exe = ostinato.compile(prog)
+    for t in (3, 16, 31):
+        x = torch.randint(0, 128, (1, t))
+        with torch.no_grad():
+            ref = model(x, use_cache=False).logits
+        assert_same(exe(x, use_cache=False).logits, ref)
+
+
+def test_tiny_decoder_kv_cache_state_per_layer():
+    """Blocks that mutate their own buffers: each layer's cache is its own program state."""
+    from examples.tiny_decoder import TinyDecoder, decode_inputs
+    model = TinyDecoder(dim=64, layers=4).eval()
+    eager = TinyDecoder(dim=64, layers=4).eval()
+    eager.load_state_dict(model.state_dict())
+    regional, full = export_both(model, decode_inputs(0))
+    assert report(regional)["blocks"] == 1
+    assert flatbuffer_bytes(regional) == flatbuffer_bytes(full)
+    assert sorted(regional.state_init) == sorted(n for n, _ in model.named_buffers() if "cache" in n)
+    exe = ostinato.compile(regional)
+    for pos in range(4):
+        args = decode_inputs(pos)
+        args = (torch.randint(0, 256, args[0].shape),) + tuple(args[1:])
+        with torch.no_grad():
+            ref = eager(*args)
+        assert_same(exe(*args), ref)
+
+
+class Mlp(nn.Module):
+    def __init__(self, d, hidden):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, hidden), nn.Linear(hidden, d)
+        self.register_buffer("scale", torch.rand(d) + 0.5)
+
+    def forward(self, x, *, gate=None, extra=None):
+        h = F.gelu(self.up(x))
+        y = self.down(h) * self.scale
+        if gate is not None:
+            y = y * torch.sigmoid(gate)
+        return {"y": x + y, "aux": (h.mean(-1), extra)}
+
+
+class Mixer(nn.Module):
+    """Two kinds of repeated blocks, keyword arguments, None and Python constants in the calls, dict and
+    tuple outputs with non-tensor leaves, a block used twice, and an unrepeated head."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.wide = nn.ModuleList([Mlp(d, 4 * d) for _ in range(3)])
+        self.narrow = nn.ModuleList([Mlp(d, d) for _ in range(2)])
+        self.head = nn.Linear(d, 5)
+
+    def forward(self, x, gate):
+        aux = []
+        for i, blk in enumerate(self.wide):
+            out = blk(x, gate=gate if i % 2 else None, extra="tag")
+            x = out["y"]
+            aux.append(out["aux"][0])
+        for blk in (*self.narrow, self.narrow[0]):
+            x = blk(x)["y"]
+        return self.head(x), torch.stack(aux, -1)
+
+
+def test_several_kinds_and_call_styles():
+    model = Mixer().eval()
+    x, gate = torch.randn(3, 16), torch.randn(3, 16)
+    regional, full = export_both(model, (x, gate))
+    r = report(regional)
+    assert r["fallbacks"] == [] and len(r["kinds"]) == 2, r
+    wide = next(k for k in r["kinds"] if k["instances"] == 3)
+    narrow = next(k for k in r["kinds"] if k["instances"] == 2)
+    # The wide blocks are called with and without a gate: two signatures, each traced once.
+    assert wide["traced"] == 2 and narrow["calls"] == 3 and narrow["traced"] == 1
+    assert flatbuffer_bytes(regional) == flatbuffer_bytes(full)
+    x, gate = torch.randn(3, 16), torch.randn(3, 16)
+    assert_same(ostinato.compile(regional)(x, gate), model(x, gate))
+
+
+# -- fallbacks -------------------------------------------------------------------------------------
+class Block(nn.Module):
+    def __init__(self, d=16, index=0, scale=1.0):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.index, self.scale = index, scale
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(x)) * self.scale
+
+
+class ByIndex(Block):
+    def forward(self, x):
+        y = torch.tanh(self.fc(x))
+        return x + (y if self.index % 2 == 0 else y * y)
+
+
+class DataDependent(Block):
+    def forward(self, x, flag):
+        y = self.fc(x)
+        return x + (y if flag.item() > 0 else -y)   # flag is a constant of the caller's trace
+
+
+class Stack(nn.Module):
+    def __init__(self, blocks, flag=False):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.flag = flag
+
+    def forward(self, x):
+        flag = torch.tensor(1)
+        for b in self.blocks:
+            x = b(x, flag) if self.flag else b(x)
+        return x
+
+
+def _index_model():
+    return Stack([ByIndex(index=i) for i in range(4)])
+
+
+def _state_model():
+    return Stack([Block(scale=1.0 + i) for i in range(4)])
+
+
+def _hook_model():
+    m = Stack([Block() for _ in range(4)])
+    m.blocks[2].register_forward_hook(lambda mod, inp, out: out * 2)
+    return m
+
+
+def _shared_model():
+    m = Stack([Block() for _ in range(4)])
+    m.blocks[3].fc.weight = m.blocks[1].fc.weight
+    return m
+
+
+def _data_dependent_model():
+    return Stack([DataDependent() for _ in range(4)], flag=True)
+
+
+FALLBACKS = {
+    "own_index": (_index_model, "reads self.index, which differs"),
+    "python_state": (_state_model, "reads self.scale, which differs"),
+    "hook": (_hook_model, "has hooks"),
+    "shared_weights": (_shared_model, "is shared with"),
+    "data_dependent": (_data_dependent_model, "cannot be exported alone"),
+}
+
+
+@pytest.mark.parametrize("case", list(FALLBACKS))
+def test_fallback_says_why_and_matches_eager(case, caplog):
+    make, why = FALLBACKS[case]
+    model = make().eval()
+    x = torch.randn(2, 16)
+    with caplog.at_level("INFO", logger="ostinato"):
+        prog = ostinato.export(model, (x,), cache=False)
+    r = report(prog)
+    assert r["kinds"] == [] and len(r["fallbacks"]) == 1 and why in r["fallbacks"][0], r
+    assert any(why in rec.getMessage() for rec in caplog.records)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        ref = model(x)
+    assert_same(ostinato.compile(prog)(x), ref)
+
+
+def test_equal_python_state_is_not_a_fallback():
+    """The same attribute read with the same value in every instance: traced once."""
+    model = Stack([Block(scale=0.5) for _ in range(4)]).eval()
+    prog = ostinato.export(model, (torch.randn(2, 16),), cache=False)
+    assert report(prog)["blocks"] == 1 and report(prog)["fallbacks"] == []
+
+
+def test_regional_false_and_trace_strict_are_full_exports():
+    model = Stack([Block() for _ in range(3)]).eval()
+    x = torch.randn(2, 16)
+    off = ostinato.export(model, (x,), cache=False, regional=False)
+    assert report(off)["kinds"] == [] and report(off)["fallbacks"] == ["regional=False"]
+    strict = ostinato.export(model, (x,), cache=False, trace_strict=True)
+    assert report(strict)["kinds"] == [] and "trace_strict" in report(strict)["fallbacks"][0]
