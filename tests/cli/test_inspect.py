@@ -273,3 +273,22 @@ def test_inspect_launches_errors_are_one_line(tmp_path, capsys):
     assert "Traceback" not in err
     assert main(["inspect", "--launches", str(tmp_path / "missing.ost")]) == 2
     assert "No such file" in capsys.readouterr().err
+
+
+class _CumMaxSin(torch.nn.Module):
+    def forward(self, x):
+        return torch.cummax(x, 1).values.sin()
+
+
+def test_inspect_launches_mlx_lists_ops_through_torch(tmp_path, capsys):
+    """On MLX an op without a handler (cummax) runs through torch: marked with the reason, counted."""
+    import pytest
+    pytest.importorskip("mlx.core")
+    path = tmp_path / "m.ost"
+    ostinato.export(_CumMaxSin(), (torch.randn(2, 5),)).save(path)
+    assert main(["inspect", "--launches", str(path), "--device", "mlx", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    marked = {r["kind"]: r["through_torch"] for r in d["launches"]}
+    assert marked["aten.cummax"] and not marked["aten.sin"] and d["summary"]["through_torch"] == 1
+    assert main(["inspect", "--launches", str(path), "--device", "mlx"]) == 0
+    assert "1 launch(es) run through torch on mlx" in capsys.readouterr().out

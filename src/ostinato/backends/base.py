@@ -100,6 +100,15 @@ class Backend(ABC):
         kernels (CUDA) groups nodes first."""
         return [self.lower(n) for n in graph.nodes]
 
+    def through_torch(self, node: Node) -> str:
+        """Why this backend runs ``node`` through eager torch instead of its own kernels ("" when it
+        does not): ops ostinato lacks (``fallback.*``) everywhere; on MLX, ops it has no handler for."""
+        if node.op.startswith("fallback."):
+            from ..ir import get_op
+            op = get_op(node.op)
+            return (op.reason if op is not None else "") or "an op ostinato has no kernel for"
+        return ""
+
     def target(self) -> dict[str, str]:
         """What this backend compiles for, in cache keys: ``{"backend", "arch"}``."""
         from ..cache.keys import current_target

@@ -32,8 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="show the node count (and, exporting MODULE:FACTORY, the time) after each pass")
     mode.add_argument("--launches", action="store_true",
                       help="list the kernels one step launches (fused groups and their ops), no GPU needed")
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                   help="with --launches: the device whose lowering to show (default cuda)")
+    p.add_argument("--device", choices=("cuda", "cpu", "mlx"), default=None,
+                   help="with --launches: the device whose lowering to show (default cuda); the launches "
+                        "a backend runs through torch (costing copies and a sync each) are marked")
     p.add_argument("--json", action="store_true", help="print one JSON object (for machines)")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks of the file's segments")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -165,10 +166,30 @@ def launch_report(path: str, device: str, verify: bool = True) -> dict:
     prog = _load(path, verify)
     rows = launch_table(prog.graph, device)
     summary = summarize(prog.graph, rows)
+    _mark_through_torch(prog.graph, device, rows, summary)
     summary["fusion"] = fuses(device)
     summary["fusion_off_by_env"] = device == "cuda" and not fusion_enabled()
     return {"file": path, "model": prog.info.get("model", "?"), "device": device,
             "launches": rows, "summary": summary}
+
+
+def _mark_through_torch(graph, device: str, rows: list[dict], summary: dict) -> None:
+    """Each row's ``through_torch`` reason (empty when the backend runs it itself), where the device's
+    backend can be built here (a CUDA backend needs a GPU: then fallback ops alone are marked)."""
+    from ..backends import Backend, get_backend
+    from ..errors import BackendError
+    try:
+        backend = get_backend(device)
+    except BackendError:
+        backend = None
+    nodes = {n.name: n for n in graph.nodes}
+    for row in rows:
+        node = nodes.get(row["name"]) if row["kind"] != "fused" else None
+        if node is None:
+            row["through_torch"] = ""
+        else:
+            row["through_torch"] = backend.through_torch(node) if backend else Backend.through_torch(None, node)
+    summary["through_torch"] = sum(1 for r in rows if r["through_torch"])
 
 
 def _short(op: str) -> str:
@@ -198,6 +219,12 @@ def _print_launches(r: dict) -> None:
     console.print(f"{s['launches']} launches per step ({s['fused_kernels']} generated fused kernels absorbing "
                   f"{s['ops_absorbed']} ops; {s['skipped']} of {s['nodes']} nodes without device work "
                   f"skipped{total})")
+    bridged = [row for row in r["launches"] if row.get("through_torch")]
+    if bridged:
+        console.print(f"{len(bridged)} launch(es) run through torch on {r['device']} (inputs copied out and "
+                      "results copied back, a sync each):")
+        for row in bridged:
+            console.print(f"  #{row['index']} {row['kind']} ({row['name']}): {row['through_torch']}")
 
 
 def run(args: argparse.Namespace) -> int:

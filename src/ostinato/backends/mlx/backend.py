@@ -116,6 +116,9 @@ class MLXBackend(Backend):
             return fn if partial is None else _dispatching(fn, op)
         return _bridged(op)
 
+    def through_torch(self, node: Node) -> str:
+        return super().through_torch(node) or (torch_reason(node) if runs_through_torch(node) else "")
+
     def target(self) -> dict[str, str]:
         from ...cache.keys import cpu_arch
         arch = cpu_arch() if self.kind == "cpu" else mx.device_info().get("architecture", "metal")
