@@ -180,16 +180,30 @@ def _plain(v: Any, where: str, depth: int = 0) -> Any:
         return ["fn", getattr(v, "__module__", ""), getattr(v, "__qualname__", repr(v))]
     if isinstance(v, nn.Module):
         return ["module", type(v).__qualname__]   # a module held outside _modules: its class only
-    to_dict = getattr(v, "to_dict", None)          # transformers' configs
+    to_dict = getattr(v, "to_dict", None)          # transformers' configs (one object shared by many modules)
     if callable(to_dict) and type(v).__module__.split(".")[0] == "transformers":
-        return ["config", type(v).__qualname__, _plain(to_dict(), where, depth + 1)]
+        hit = _CONFIGS.get(id(v))
+        if hit is None or hit[0] is not v:
+            hit = _CONFIGS[id(v)] = (v, ["config", type(v).__qualname__, _plain(to_dict(), where, depth + 1)])
+        return hit[1]
     if hasattr(v, "__dict__") and not isinstance(v, types.ModuleType):
         return ["object", f"{type(v).__module__}.{type(v).__qualname__}",
                 _plain({k: x for k, x in vars(v).items()}, where, depth + 1)]
     raise Uncacheable(f"{where} is a {type(v).__name__}, which the export cache's key cannot describe")
 
 
+_CONFIGS: dict[int, tuple[Any, Any]] = {}   # per structure_component call
+
+
 def structure_component(model: nn.Module) -> str:
+    _CONFIGS.clear()
+    try:
+        return _structure(model)
+    finally:
+        _CONFIGS.clear()
+
+
+def _structure(model: nn.Module) -> str:
     tree, attrs = [], []
     for path, m in model.named_modules(remove_duplicate=False):
         tree.append([path, f"{type(m).__module__}.{type(m).__qualname__}"])

@@ -15,7 +15,8 @@ import torch
 
 from ..ir import Graph, ScalarMeta, SymDim, TensorMeta, Value
 from ..ir.graph import map_values
-from .regional import BlockExport, CallRecord
+from ..ir import verify
+from .regional import BlockExport, CallRecord, _hint
 
 PREFIX = "block."
 _SUFFIX = re.compile(r"_\d+$")
@@ -36,13 +37,19 @@ class Block:
         user = [ph for spec, ph in zip(ep.graph_signature.input_specs, phs)
                 if spec.kind.name == "USER_INPUT"]
         self.input_syms: list[list[str | None]] = []
+        hints: dict[str, int] = {}
         for ph in user:
             val = ph.meta.get("val")
             names = []
             for d in getattr(val, "shape", ()):
                 e = d.node.expr if isinstance(d, torch.SymInt) else None
                 names.append(str(e) if e is not None and e.is_Symbol else None)
+                if names[-1] is not None:
+                    hints[names[-1]] = _hint(d)
             self.input_syms.append(names)
+        # Every shape re-derived once per block, not once per instance (export checks the whole graph's
+        # structure; its instances of this graph differ only in their weights and symbols' names).
+        verify(self.graph, check_shapes=True, hints=hints)
 
 
 def _sub_dim(d, subs):
