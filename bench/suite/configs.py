@@ -23,13 +23,15 @@ CATEGORIES = ("dispatch-heavy", "small-llm", "diffusion", "gpu-bound", "speech-v
               "vision", "state-space")
 RUNNERS = ("eager", "cuda_graph_eager", "torch_compile", "torch_compile_ro", "ostinato", "ostinato_replay",
            "ostinato_replay_unfused", "ostinato_replay_nolinear", "ostinato_replay_noattention",
-           "ostinato_replay_nchw", "aoti", "aoti_cuda_graph", "executorch_xnnpack")
+           "ostinato_replay_nchw", "aoti", "aoti_cuda_graph", "executorch_xnnpack", "ostinato_mlx",
+           "ostinato_mlx_replay")
 # Runners only run when --runners names them (diagnostics: generic fusion, matmul groups or merged decode
 # attention off, convolutions left NCHW, for an A/B in one process).
 OPTIONAL_RUNNERS = ("ostinato_replay_unfused", "ostinato_replay_nolinear", "ostinato_replay_noattention",
-                    "ostinato_replay_nchw")
+                    "ostinato_replay_nchw", "ostinato_mlx", "ostinato_mlx_replay")
 CUDA_ONLY_RUNNERS = ("cuda_graph_eager", "aoti_cuda_graph")
-CPU_ONLY_RUNNERS = ("executorch_xnnpack",)   # XNNPACK is ExecuTorch's CPU backend
+# XNNPACK is ExecuTorch's CPU backend; MLX's executables take CPU tensors (on Linux MLX runs on the CPU).
+CPU_ONLY_RUNNERS = ("executorch_xnnpack", "ostinato_mlx", "ostinato_mlx_replay")
 PART_BUDGET_S = 540.0      # a part's estimate stays under this: 10-minute runs with start-up to spare
 QUICK_BUDGET_S = 420.0     # --quick on one GPU: under 8 minutes with start-up to spare
 # --quick measures time to first output (four fresh processes) for these only: they are the costly part.

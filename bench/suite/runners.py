@@ -22,6 +22,10 @@ DESCRIPTIONS = {
                                    "rope, cache writes and attention as launches of their own",
     "ostinato_replay_nchw": "ostinato_replay with fp16/bf16 convolutions left in their input's layout "
                             "(OSTINATO_CONV_LAYOUT=nchw): the A/B of running them channels-last",
+    "ostinato_mlx": "ostinato.compile(program, device='mlx'), step by step: MLX's default device (Metal on a "
+                    "Mac; on Linux MLX's CPU build, so its figures are CPU figures, not Metal ones)",
+    "ostinato_mlx_replay": "ostinato.compile(program, device='mlx', replay=True): the plan compiled with "
+                           "mx.compile per shape (on Linux MLX's CPU build)",
     "aoti": "AOTInductor: torch.export, torch._inductor.aoti_compile_and_package (.pt2), aoti_load_package, "
             "called step by step (the cell's export_s and compile_s: what making the package took)",
     "aoti_cuda_graph": "the same AOTInductor package (loaded run_single_threaded) with one step captured as a "
@@ -98,6 +102,11 @@ def make_runner(name: str, model: nn.Module, program, device: torch.device,
         if program is None:
             raise RuntimeError("no ostinato Program: the export failed (see export_error)")
         return ostinato.compile(program, device=device, replay=name == "ostinato_replay")
+    if name in ("ostinato_mlx", "ostinato_mlx_replay"):
+        if program is None:
+            raise RuntimeError("no ostinato Program: the export failed (see export_error)")
+        # MLX takes and returns CPU tensors: the cell's inputs stay on the CPU (CPU_ONLY_RUNNERS).
+        return ostinato.compile(program, device="mlx", replay=name == "ostinato_mlx_replay")
     if name in _SWITCHED:
         import os
         var, value = _SWITCHED[name]

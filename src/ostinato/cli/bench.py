@@ -26,7 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runners", metavar="LIST", help="comma-separated runners (default: all that apply, the "
                    "A/B ones aside): eager, cuda_graph_eager, torch_compile, torch_compile_ro, ostinato, "
                    "ostinato_replay, aoti, aoti_cuda_graph, executorch_xnnpack; A/B: ostinato_replay_unfused, "
-                   "ostinato_replay_nolinear, ostinato_replay_noattention, ostinato_replay_nchw")
+                   "ostinato_replay_nolinear, ostinato_replay_noattention, ostinato_replay_nchw; "
+                   "on request where MLX is installed: ostinato_mlx, ostinato_mlx_replay (CPU configurations; "
+                   "on Linux these are MLX's CPU build, not Metal)")
     p.add_argument("--no-startup", action="store_true", help="skip the fresh-process time-to-first-output figures")
     p.add_argument("--startup-configs", metavar="PATTERN", help="measure the fresh-process figures only for the "
                                                                 "configurations these globs or substrings match")
