@@ -312,3 +312,51 @@ def test_console_script_exports(in_factory_dir, tmp_path):
     r = subprocess.run([script, "export", "cli_export_factories:mlp", "-o", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "without example inputs" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_export_reports_regional_and_the_cache(in_factory_dir, tmp_path, capsys):
+    """A stack of repeated blocks: the first export traces the block once and says so; the same model
+    with other weights hits the export cache; `cache explain --export` says why another one misses."""
+    from ostinato.cache import Cache, set_cache
+    from ostinato.cache.disk import DiskTier
+    from ostinato.cache.memory import MemoryTier
+    (in_factory_dir / "cli_stack_factories.py").write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+
+
+        class Block(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.fc = nn.Linear(d, d)
+
+            def forward(self, x):
+                return x + torch.tanh(self.fc(x))
+
+
+        def stack(d=16):
+            return nn.Sequential(*[Block(d) for _ in range(6)]), (torch.randn(2, d),)
+
+
+        def wider():
+            return stack(24)
+    '''))
+    set_cache(Cache([MemoryTier(64 << 20), DiskTier(tmp_path / "cache")]))
+    try:
+        assert main(["export", "cli_stack_factories:stack", "-o", str(tmp_path / "a.ost")]) == 0
+        out = capsys.readouterr().out
+        assert "regional: Block x6 traced 1x" in out and "trace " in out and "passes " in out, out
+        assert main(["export", "cli_stack_factories:stack", "-o", str(tmp_path / "b.ost")]) == 0
+        assert "export cache hit" in capsys.readouterr().out
+        assert main(["export", "cli_stack_factories:stack", "--no-cache", "--no-regional",
+                     "-o", str(tmp_path / "c.ost")]) == 0
+        out = capsys.readouterr().out
+        assert "export cache hit" not in out and "(regional:" not in out
+        assert (tmp_path / "a.ost").read_bytes() != (tmp_path / "c.ost").read_bytes()   # other weights
+        assert main(["cache", "explain", "--export", "cli_stack_factories:stack"]) == 0
+        assert "hit" in capsys.readouterr().out
+        assert main(["cache", "explain", "--export", "cli_stack_factories:wider"]) == 0
+        out = capsys.readouterr().out
+        assert "miss" in out and "target.structure" in out and "target.inputs" in out, out
+    finally:
+        set_cache(None)

@@ -28,6 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("content", nargs="?", help="content hash of the entry")
     s.add_argument("--backend", default="cpu", help="target backend to explain for (default cpu)")
     s.add_argument("--arch", default=None, help="target arch (default: this machine's)")
+    s.add_argument("--export", metavar="MODULE:FACTORY",
+                   help="why `ostinato export MODULE:FACTORY` would miss the export cache: the stored export "
+                        "of the same model class nearest to it and the components that differ (code, "
+                        "structure, inputs, dynamic_shapes, options, versions)")
+    s.add_argument("--example-inputs", metavar="SPEC", help="with --export: the example inputs, as for export")
+    s.add_argument("--seed", type=int, default=0, help="with --export: seed of the random --example-inputs")
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -48,7 +54,27 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain_export(args: argparse.Namespace) -> int:
+    from ..frontend.export import export_cache_key
+    from .factory import call_factory, example_inputs
+    built = call_factory(args.export)
+    ex_args = example_inputs(args.example_inputs, seed=args.seed) if args.example_inputs is not None \
+        else built.args
+    if ex_args is None:
+        raise OstinatoError(f"{args.export} returned a model without example inputs\n"
+                            "Fix: pass --example-inputs SPEC, as to ostinato export")
+    key, why = export_cache_key(built.model.eval(), ex_args if isinstance(ex_args, tuple) else (ex_args,),
+                                built.kwargs or {})
+    if key is None:
+        sys.stdout.write(f"export {args.export}: not cached: {why}\n")
+        return 0
+    sys.stdout.write(f"export {args.export}: {get_cache().explain(key).describe()}\n")
+    return 0
+
+
 def _explain(args: argparse.Namespace) -> int:
+    if args.export:
+        return _explain_export(args)
     cache = get_cache()
     if (args.kind is None) != (args.content is None):
         raise OstinatoError("cache explain takes both KIND and CONTENT, or neither\n"

@@ -51,6 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true",
                    help="refuse ops ostinato does not support instead of running them with eager torch")
     p.add_argument("--seed", type=int, default=0, help="seed of the random --example-inputs (default 0)")
+    p.add_argument("--no-regional", action="store_true",
+                   help="trace every block (regional export traces each kind of repeated block once)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="do not read or write the export cache (the graph of an earlier export of the same "
+                        "code, structure and input specs; see `ostinato cache explain --export`)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display (it shows only on a terminal)")
 
 
@@ -162,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
                               "(model, args) from the factory")
         model = built.model.eval()
         dyn = dynamic_shapes(args.dynamic, model, ex_args, built.kwargs)
-        stages.begin("torch.export")
+        stages.begin("trace (torch.export)")
         # torch.export prints a failed trace's partial graph to stderr, which would bury the one-line
         # error: held back, and passed on only if the export succeeds (or with --verbose, as it comes).
         held = io.StringIO()
@@ -170,19 +175,35 @@ def run(args: argparse.Namespace) -> int:
             with contextlib.redirect_stderr(sys.stderr if args.verbose else held):
                 prog = export(model, ex_args, built.kwargs, dynamic_shapes=dyn,
                               passes=_tracked(PIPELINES[args.passes], stages),
-                              trace_strict=args.trace_strict, strict=args.strict)
+                              trace_strict=args.trace_strict, strict=args.strict,
+                              regional=not args.no_regional, cache=not args.no_cache)
         except ExportError as e:
             better = _cli_wording(e, args)
             if better is e:
                 raise
             raise better from e
         sys.stderr.write(held.getvalue())
+        if prog.export_report.get("cache", {}).get("hit"):
+            stages.begin("passes: none, the export cache held the graph")
         stages.begin("save")
         prog.save(output)
     exported = prog.info["passes"][0]["nodes"] if prog.info.get("passes") else prog.num_nodes
     t = prog.timings
-    sys.stdout.write(
-        f"wrote {output}: {prog.info.get('model', 'model')}, {prog.num_nodes} nodes (torch.export gave "
-        f"{exported}), {_mib(os.path.getsize(output))}; torch.export {t.get('torch_export', 0):.2f} s, "
-        f"passes {t.get('passes', 0):.2f} s, save {stages.seconds.get('save', 0):.2f} s\n")
+    head = (f"wrote {output}: {prog.info.get('model', 'model')}, {prog.num_nodes} nodes (torch.export gave "
+            f"{exported}), {_mib(os.path.getsize(output))}; ")
+    save = f"save {stages.seconds.get('save', 0):.2f} s"
+    if prog.export_report.get("cache", {}).get("hit"):
+        sys.stdout.write(f"{head}export cache hit {t.get('cache', 0):.2f} s (weights mapped, no trace), {save}\n")
+        return 0
+    sys.stdout.write(f"{head}trace {t.get('torch_export', 0):.2f} s{_regional_note(prog)}, "
+                     f"passes {t.get('passes', 0):.2f} s, {save}\n")
     return 0
+
+
+def _regional_note(prog) -> str:
+    """`` (regional: LlamaDecoderLayer x16 traced once)``, and each fallback's reason."""
+    r = prog.export_report.get("regional") or {}
+    kinds = [f"{k['class'].rsplit('.', 1)[-1]} x{k['calls']} traced {k['traced']}x" for k in r.get("kinds", [])]
+    parts = ([f"regional: {', '.join(kinds)}"] if kinds else []) + \
+        [f"traced inline: {why}" for why in r.get("fallbacks", []) if why != "regional=False"]
+    return f" ({'; '.join(parts)})" if parts else ""

@@ -161,6 +161,15 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     return prog
 
 
+def export_cache_key(model: torch.nn.Module, args: tuple, kwargs: dict | None = None, dynamic_shapes: Any = None,
+                     strict: bool = False, trace_strict: bool = False,
+                     passes: Sequence[tuple[str, Callable]] | None = None):
+    """The export cache key ``export`` would use with these arguments, or (None, why it is not cached);
+    for ``ostinato cache explain --export``."""
+    key, report = _cache_key(model, args, dict(kwargs or {}), dynamic_shapes, strict, trace_strict, passes)
+    return key, report.get("why", "")
+
+
 def _cache_key(model, args, kwargs, dynamic_shapes, strict, trace_strict, passes):
     """The export cache key, or None and why (the report the program carries)."""
     from ..passes import GENERIC_PIPELINE

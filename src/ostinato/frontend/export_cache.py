@@ -12,7 +12,7 @@ components, each a sha256, are what a graph depends on; ``Cache.explain`` (``ost
 - ``target.inputs`` and ``target.dynamic_shapes``: the example inputs' pytree, shapes, strides, dtypes
   and devices (their values are not traced) and the ``Dim`` specs;
 - ``target.options``: ``strict``, ``trace_strict`` and the names of the passes;
-- versions: ostinato, torch, and the version of each package the model's code comes from.
+- versions: ostinato's, torch's, Triton's and CUDA's, and each package's the model's code comes from.
 
 The value is JSON (never pickle): the IR graph as ``program/ir_cache`` encodes it, its calling
 convention, and where each constant comes from: a tensor of the model by its path, or, for a constant
@@ -40,8 +40,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from .. import __version__
 from ..cache import Key, get_cache, make_key
+from ..cache.keys import current_versions
 from ..ir.types import DTYPES_BY_NAME, dtype_name
 from ..program import InputSlot, Program
 from ..program import ir_cache
@@ -253,7 +253,9 @@ def export_key(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any,
     target = {"backend": "any", "arch": "any", "code": code, "structure": structure_component(model),
               "inputs": inputs_component(args, kwargs), "dynamic_shapes": _sha(_dims(dynamic_shapes)),
               "options": _sha(options)}
-    versions = {"ostinato": __version__, "torch": torch.__version__, "codec": str(CODEC), **pkgs}
+    # All of current_versions (triton and CUDA too, though a graph does not depend on them): bundles load
+    # only entries made under this process's versions.
+    versions = {**current_versions(), "codec": str(CODEC), **pkgs}
     cls = type(model)
     return make_key(KIND, f"{cls.__module__}.{cls.__qualname__}", target, versions)
 
@@ -351,6 +353,8 @@ def store(key: Key, prog: Program, model: nn.Module) -> str | None:
         blob = encode_program(prog, model)
     except Uncacheable as e:
         return str(e)
+    except Exception as e:  # noqa: BLE001 - e.g. a pytree spec torch cannot serialize (an unregistered namedtuple)
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     try:
         get_cache().put(key, blob)
     except Exception as e:  # noqa: BLE001 - caching is an optimization

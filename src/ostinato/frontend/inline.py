@@ -80,6 +80,16 @@ def _lookup(module: torch.nn.Module, rel: str):
         return None
 
 
+def _symbol_source(g: Graph, name: str) -> tuple[Value, int] | None:
+    """The first model input (and dim) whose size is the bare symbol ``name``."""
+    for v in g.inputs:
+        if isinstance(v.meta, TensorMeta):
+            for i, d in enumerate(v.meta.shape):
+                if isinstance(d, SymDim) and d.is_symbol and d.symbols[0] == name:
+                    return v, i
+    return None
+
+
 def instantiate(conv, block: Block, rec: CallRecord, inputs: list[Value], real: dict) -> list[Value]:
     """Add ``block``'s nodes to ``conv.g`` for call ``rec``; return the call's outputs (the block's
     tensor outputs, then the new value of each buffer it mutates, in ``rec.out.mutated`` order)."""
@@ -123,6 +133,13 @@ def instantiate(conv, block: Block, rec: CallRecord, inputs: list[Value], real: 
         args = map_values(node.args, get)
         kwargs = map_values(node.kwargs, get)
         metas = [None if o is None else _sub_meta(o.meta, subs) for o in node.outputs]
+        if node.op == "aten.sym_size.int" and metas[0] is not None and metas[0].expr is not None \
+                and metas[0].expr.is_symbol:
+            # A size read from the block's own input (the mask, say) would keep that input alive where
+            # the model no longer needs it: read it from the model's input as a full export does.
+            src = _symbol_source(g, metas[0].expr.symbols[0])
+            if src is not None:
+                args = src
         new = g.add_node(node.op, args, kwargs, metas, node.name, node.source)
         for o, n in zip(node.outputs, new.outputs):
             if o is not None:
