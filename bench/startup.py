@@ -1,14 +1,22 @@
-"""Time to first output in fresh processes: ostinato cold (empty caches: export, passes, lowering,
-kernel compilation, capture) and warm (program file on disk, warm cache: load, compile, first output),
-next to torch.compile(mode="reduce-overhead")'s first call with empty and with warm caches.
+"""Cold start in fresh processes: a transformers decoder's first output with ostinato (export, compile,
+first call) next to torch.compile(mode="reduce-overhead")'s first call, at several depths; and the
+export cache's hit (the same architecture with new weights: the graph is reused, the weights mapped).
 
-Each measurement is its own process; clocks start after ``import torch`` and CUDA initialisation (so
-``import ostinato`` is inside them, as torch.compile's imports are), and after the model is built (both sides build the same seeded model). Cache directories are private to
-this run: ostinato's and Triton's (``OSTINATO_CACHE_DIR``, ``TRITON_CACHE_DIR``), Inductor's
-(``TORCHINDUCTOR_CACHE_DIR``). The warm ostinato process gets an *empty* Triton directory, so its
-kernels must come from ostinato's cache.
+Models are written outside this repository: transformers' LlamaForCausalLM from a config, random weights
+(hidden 128 at 16/32/64/128 layers by default, and a Llama-3.2-1B-shaped one). Each measurement is its
+own process with private, empty caches (ostinato's, Triton's, Inductor's); clocks start after
+``import torch``, CUDA initialisation and the model's construction, so ``import ostinato`` is inside
+them, as torch.compile's imports are. Per configuration, in order:
 
-    .venv/bin/python bench/startup.py --device cuda --dtype bfloat16 --json out.json
+- ``ostinato_cold``: empty caches; export (regional, export cache miss), save, compile, first output;
+- ``ostinato_export_full``: the same export with ``regional=False`` (export seconds only; --full-export);
+- ``ostinato_cache_hit``: a new process, the caches the cold one left, the model with *other* weights:
+  export (an export-cache hit), save (the weights' write), compile, first output;
+- ``torch_compile``: torch.compile(mode="reduce-overhead"), first call, empty Inductor/Triton caches.
+
+    .venv/bin/python bench/startup.py --device cpu --out docs/benchmarks/startup_cpu.json
+    .venv/bin/python bench/startup.py --device cuda --dtype bfloat16 --out startup_gpu.json
+    .venv/bin/python bench/startup.py --layers 64 --no-1b --no-torch-compile     # one quick row
 """
 from __future__ import annotations
 
@@ -22,123 +30,178 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# transformers' Llama-3.2-1B shapes (config.json of meta-llama/Llama-3.2-1B), random weights.
+LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072,
+                rope_theta=500000.0, tie_word_embeddings=True, rms_norm_eps=1e-5)
+TINY = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=1024, max_position_embeddings=512)
+
 CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, {root!r})
 import torch
-mode, device, dtype, layers, dim, path = sys.argv[1:7]
-dtype, layers, dim = getattr(torch, dtype), int(layers), int(dim)
+mode, device, dtype, config, seq, seed, path = sys.argv[1:8]
+dtype, seq, seed, config = getattr(torch, dtype), int(seq), int(seed), json.loads(config)
 if device == "cuda":
     torch.cuda.init(); torch.empty(1, device="cuda"); torch.cuda.synchronize()
 def sync():
     if device == "cuda":
         torch.cuda.synchronize()
-from examples.tiny_decoder import TinyDecoder, decode_inputs
-torch.manual_seed(0)
-args = tuple(t.to(device) for t in decode_inputs(0))
-out = {{}}
+import transformers
+torch.manual_seed(seed)
+with torch.device(device):
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).to(dtype).eval()
+ids = torch.randint(0, config["vocab_size"], (1, seq), device=device, generator=None)
+kwargs = {{"use_cache": False}}
+out = {{"params": sum(p.numel() for p in model.parameters())}}
 if mode.startswith("ostinato"):
     t0 = time.perf_counter()
     import ostinato   # inside the clock, as torch.compile's imports are on its side
     out["import_s"] = time.perf_counter() - t0
-    if mode == "ostinato_cold":
-        model = TinyDecoder(dim=dim, layers=layers).eval().to(device=device, dtype=dtype)
-        t0 = time.perf_counter() - out["import_s"]   # the model's construction is not timed
-        prog = ostinato.export(model, args)
-        out["export_s"] = time.perf_counter() - t0
-        out["torch_export_s"] = prog.timings["torch_export"]
-        out["passes_s"] = prog.timings["passes"]
-        t1 = time.perf_counter()
-        prog.save(path)
-        out["save_s"] = time.perf_counter() - t1
-    else:
-        # verify=True checks both segments' sha256 and re-derives every shape on fake tensors
-        # (importing torch._dynamo, ~1 s); "checksums" only hashes; False keeps the structural checks.
-        # ostinato_warm_noverify and ostinato_warm_noreplay: verify=False (the latter runs step by step).
-        prog = ostinato.load(path, verify={{"ostinato_warm": True, "ostinato_warm_checksums": "checksums"}}.get(mode, False))
-        out["load_s"] = time.perf_counter() - t0 - out["import_s"]
     t1 = time.perf_counter()
-    exe = ostinato.compile(prog, device=device, replay=mode != "ostinato_warm_noreplay")
+    prog = ostinato.export(model, (ids,), kwargs, regional=mode != "ostinato_export_full")
+    out["export_s"] = time.perf_counter() - t1
+    out["export_timings"] = {{k: v for k, v in prog.timings.items() if "." not in k}}
+    out["regional"] = prog.export_report.get("regional")
+    out["cache_hit"] = prog.export_report.get("cache", {{}}).get("hit")
+    out["nodes"] = prog.num_nodes
+    if mode == "ostinato_export_full":
+        print(json.dumps(out)); sys.exit(0)
+    t1 = time.perf_counter()
+    prog.save(path)
+    out["save_s"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    exe = ostinato.compile(prog, device=device, replay=True)
     out["compile_s"] = time.perf_counter() - t1
-    out["plan_source"] = exe.plan_source
-    t2 = time.perf_counter()
-    y = exe(*args); sync()
-    out["first_output_s"] = time.perf_counter() - t2
-    out["capture_s"] = exe.stats().get("capture_seconds", 0.0)
-    if device == "cuda":
-        from ostinato.backends.cuda.runtime import KernelLibrary
-        out["kernel_compile_s"] = KernelLibrary.counts["seconds"]
-        out["kernels"] = {{k: v for k, v in KernelLibrary.counts.items() if k != "seconds"}}
-    out["triton_imported"] = "triton" in sys.modules
-    out["total_s"] = time.perf_counter() - t0 - out.get("save_s", 0.0)
-    out["cache"] = ostinato.cache.stats()
+    t1 = time.perf_counter()
+    y = exe(ids, **kwargs); sync()
+    out["first_call_s"] = time.perf_counter() - t1
+    # Cold first output: export + compile + first call (import included; the file's write is not).
+    out["first_output_s"] = time.perf_counter() - t0 - out["save_s"]
+    with torch.no_grad():
+        ref = model(ids, **kwargs).logits
+    out["max_abs_err"] = float((y.logits.float() - ref.float()).abs().max())
 else:
-    model = TinyDecoder(dim=dim, layers=layers).eval().to(device=device, dtype=dtype)
     compiled = torch.compile(model, mode="reduce-overhead")
     t0 = time.perf_counter()
     with torch.no_grad():
-        y = compiled(*args)
+        y = compiled(ids, **kwargs)
     sync()
-    out["total_s"] = time.perf_counter() - t0
+    out["first_output_s"] = time.perf_counter() - t0
 print(json.dumps(out))
 """
 
 
-def child(mode: str, args, path: str, env: dict) -> dict:
-    cmd = [sys.executable, "-c", CHILD.format(root=ROOT), mode, args.device, args.dtype, str(args.layers),
-           str(args.dim), path]
+def child(mode: str, args, config: dict, seed: int, path: str, env: dict) -> dict:
+    cmd = [sys.executable, "-c", CHILD.format(root=ROOT), mode, args.device, args.dtype, json.dumps(config),
+           str(args.seq), str(seed), path]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "timeout_s": args.timeout}
     if p.returncode != 0:
-        raise SystemExit(f"{mode} failed:\n{p.stderr[-4000:]}")
+        return {"status": "error", "error": p.stderr[-3000:]}
     res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["status"] = "ok"
     res["process_s"] = time.perf_counter() - t0
     return res
 
 
+def configurations(args) -> list[tuple[str, dict]]:
+    out = [(f"llama-hidden{args.dim}-{n}L", dict(TINY, hidden_size=args.dim, intermediate_size=2 * args.dim,
+                                                    num_hidden_layers=n))
+           for n in args.layers]
+    if not args.no_1b:
+        out.append(("llama-3.2-1b-shaped", dict(LLAMA_1B)))
+    return out
+
+
+def run_config(name: str, config: dict, args, work: str, base: dict, log) -> dict:
+    d = os.path.join(work, name)
+    os.makedirs(d, exist_ok=True)
+    env = dict(base, OSTINATO_CACHE_DIR=os.path.join(d, "ostinato"), TRITON_CACHE_DIR=os.path.join(d, "triton"),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "inductor-unused"))
+    path = os.path.join(d, "model.ost")
+    rec = {"config": config}
+    rec["ostinato_cold"] = child("ostinato_cold", args, config, 0, path, env)
+    log(name, "ostinato_cold", rec["ostinato_cold"])
+    if args.full_export:
+        env_full = dict(env, OSTINATO_CACHE_DIR=os.path.join(d, "ostinato-full"))
+        rec["ostinato_export_full"] = child("ostinato_export_full", args, config, 0, path, env_full)
+        log(name, "ostinato_export_full", rec["ostinato_export_full"])
+    # Same caches, other weights: the export cache's hit (and warm compile caches).
+    rec["ostinato_cache_hit"] = child("ostinato_cache_hit", args, config, 1, path + ".new", env)
+    log(name, "ostinato_cache_hit", rec["ostinato_cache_hit"])
+    if not args.no_torch_compile and (not args.torch_compile_layers
+                                      or config["num_hidden_layers"] in args.torch_compile_layers
+                                      or name.startswith("llama-3.2")):
+        tc_env = dict(base, TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "inductor"),
+                      TRITON_CACHE_DIR=os.path.join(d, "triton-tc"))
+        rec["torch_compile"] = child("torch_compile", args, config, 0, "", tc_env)
+        log(name, "torch_compile", rec["torch_compile"])
+        cold, tc = rec["ostinato_cold"], rec["torch_compile"]
+        if cold.get("status") == tc.get("status") == "ok":
+            rec["cold_over_torch_compile"] = cold["first_output_s"] / tc["first_output_s"]
+    return rec
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--layers", type=int, default=64)
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--no-torch-compile", action="store_true")
-    ap.add_argument("--timeout", type=int, default=400)
-    ap.add_argument("--repeats", type=int, default=1, help="fresh processes per warm ostinato mode (median kept)")
-    ap.add_argument("--json")
+    ap.add_argument("--layers", type=_ints, default=[16, 32, 64, 128],
+                    help="depths of the hidden-DIM decoder, comma-separated (default 16,32,64,128)")
+    ap.add_argument("--dim", type=int, default=128, help="hidden size of those decoders (default 128)")
+    ap.add_argument("--seq", type=int, default=16, help="tokens in the example call (default 16)")
+    ap.add_argument("--no-1b", action="store_true", help="leave out the Llama-3.2-1B-shaped model")
+    ap.add_argument("--no-torch-compile", action="store_true", help="leave out torch.compile's first call")
+    ap.add_argument("--torch-compile-layers", type=_ints, default=None,
+                    help="run torch.compile only at these depths (default: every one; the 1B model always)")
+    ap.add_argument("--full-export", action="store_true",
+                    help="also time a full export (regional=False) in its own process, for the export/depth table")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per process (default 600)")
+    ap.add_argument("--out", "--json", dest="out", help="write the JSON report here")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ostinato-startup-")
     base = dict(os.environ, PYTHONUNBUFFERED="1")
     base.pop("OSTINATO_REDIS_URL", None)
     base["PYTHONPATH"] = os.path.join(ROOT, "src") + os.pathsep + base.get("PYTHONPATH", "")
-    ost_env = dict(base, OSTINATO_CACHE_DIR=os.path.join(work, "ostinato"),
-                   TRITON_CACHE_DIR=os.path.join(work, "triton-cold"))
-    path = os.path.join(work, "model.ost")
-    results = {"ostinato_cold": child("ostinato_cold", args, path, ost_env)}
-    for mode in ("ostinato_warm", "ostinato_warm_checksums", "ostinato_warm_noverify", "ostinato_warm_noreplay"):
-        # Each warm process is independent: --repeats N runs N of them and keeps the median one's
-        # figures, with every run's total under "runs_total_s".
-        runs = [child(mode, args, path, dict(ost_env, TRITON_CACHE_DIR=os.path.join(work, f"triton-{mode}-{i}")))
-                for i in range(args.repeats)]
-        runs.sort(key=lambda r: r["total_s"])
-        results[mode] = dict(runs[len(runs) // 2], runs_total_s=[r["total_s"] for r in runs])
-    if not args.no_torch_compile:
-        tc_env = dict(base, TORCHINDUCTOR_CACHE_DIR=os.path.join(work, "inductor"),
-                      TRITON_CACHE_DIR=os.path.join(work, "triton-tc"))
-        results["torch_compile_cold"] = child("torch_compile", args, "", tc_env)
-        results["torch_compile_warm"] = child("torch_compile", args, "", tc_env)
+
+    def log(name, mode, r):
+        if r.get("status") != "ok":
+            print(f"  {name:24s} {mode:22s} {r.get('status')}: {r.get('error', '')[-300:]}", flush=True)
+            return
+        parts = [f"{k} {r[k]:.2f}s" for k in ("first_output_s", "export_s", "save_s", "compile_s", "first_call_s")
+                 if isinstance(r.get(k), float)]
+        print(f"  {name:24s} {mode:22s} {', '.join(parts)}", flush=True)
+
     import torch
-    report = {"model": f"TinyDecoder(dim={args.dim}, layers={args.layers})", "device": args.device,
+    import transformers
+    report = {"bench": "startup", "device": args.device,
               "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-              "dtype": args.dtype, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-              "results": results}
-    print(json.dumps({k: v for k, v in report.items() if k != "results"}))
-    for name, r in results.items():
-        parts = ", ".join(f"{k} {v:.3f}s" for k, v in r.items() if k.endswith("_s") and isinstance(v, float))
-        print(f"  {name:20s} {parts}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+              "dtype": args.dtype, "seq": args.seq, "torch": torch.__version__,
+              "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d"),
+              "cpu_threads": torch.get_num_threads(), "results": {}}
+    print(json.dumps({k: v for k, v in report.items() if k != "results"}), flush=True)
+    for name, config in configurations(args):
+        report["results"][name] = run_config(name, config, args, work, base, log)
+        if args.out:   # written after every configuration: a run cut short keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+    rows = [(n, r) for n, r in report["results"].items()]
+    print(f"\n{'model':24s} {'cold s':>8s} {'export s':>9s} {'hit export s':>13s} {'t.compile s':>12s} {'ratio':>7s}")
+    for n, r in rows:
+        c, h, tc = r["ostinato_cold"], r["ostinato_cache_hit"], r.get("torch_compile", {})
+        f = lambda d, k: f"{d[k]:.2f}" if d.get("status") == "ok" and k in d else "-"  # noqa: E731
+        ratio = f"{r['cold_over_torch_compile']:.3f}" if "cold_over_torch_compile" in r else "-"
+        print(f"{n:24s} {f(c, 'first_output_s'):>8s} {f(c, 'export_s'):>9s} {f(h, 'export_s'):>13s} "
+              f"{f(tc, 'first_output_s'):>12s} {ratio:>7s}")
 
 
 if __name__ == "__main__":
