@@ -7,13 +7,8 @@ MLX_SKIPS: rows that cannot run on MLX at all, by case id, with the reason (kept
 from __future__ import annotations
 
 MLX_TORCH_OPS: dict[str, str] = {
-    "aten.cummax": "MLX has no cumulative max with indices",
-    "aten.cummin": "MLX has no cumulative min with indices",
     "aten.repeat_interleave.Tensor": "output size depends on the repeats' values",
-    "aten.scatter_reduce.two": "MLX scatters only add/mul/max/min without include_self and mean forms",
     "aten.masked_scatter": "output depends on the mask's count of True values (host sync)",
-    "aten.bucketize.Tensor": "MLX has no searchsorted",
-    "aten.searchsorted.Tensor": "MLX has no searchsorted",
     "aten.adaptive_max_pool2d": "not mapped yet (needs indices over uneven bins)",
     "aten.upsample_bicubic2d.vec": "not mapped yet",
     "aten.grid_sampler_2d": "not mapped yet (gather with bilinear weights)",
@@ -22,8 +17,6 @@ MLX_TORCH_OPS: dict[str, str] = {
     "aten.diag_embed": "not mapped yet",
     "aten.view_as_real": "MLX complex views of real data are not supported",
     "aten.view_as_complex": "MLX complex views of real data are not supported",
-    "aten.tril_indices": "not mapped yet",
-    "aten.triu_indices": "not mapped yet",
     "aten.nonzero": "data-dependent output shape (host sync)",
     "aten.masked_select": "data-dependent output shape (host sync)",
     "aten.diagonal_scatter": "not mapped yet",
@@ -38,8 +31,6 @@ MLX_TORCH_OPS: dict[str, str] = {
 # Rows whose op has an MLX handler, but not for this form of it: they run through torch too.
 MLX_TORCH_CASES: dict[str, str] = {
     "index.Tensor-f32-boolmask": "a boolean mask index has a data-dependent output shape",
-    "conv_transpose2d>convolution-f32": "transposed convolutions are not mapped to MLX yet",
-    "conv_transpose1d>convolution-f32-dyn": "transposed convolutions are not mapped to MLX yet",
     "avg_pool2d-bf16-ceil": "ceil_mode pooling is not mapped to MLX yet",
 }
 

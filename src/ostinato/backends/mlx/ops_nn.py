@@ -52,19 +52,29 @@ def _channels_first(x):
     return mx.moveaxis(x, -1, 1)
 
 
+_CONV_TRANSPOSE = {1: mx.conv_transpose1d, 2: mx.conv_transpose2d, 3: mx.conv_transpose3d}
+
+
 def conv_supported(node) -> bool:
-    """Transposed convolutions run through torch (MLX's transposed forms take another weight layout
-    and padding convention; not mapped yet)."""
-    transposed = node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)
-    return not transposed
+    """Grouped transposed convolutions run through torch (MLX's transposed forms take groups=1 only)."""
+    args = node.args
+    transposed = args[6] if len(args) > 6 else node.kwargs.get("transposed", False)
+    groups = args[8] if len(args) > 8 else node.kwargs.get("groups", 1)
+    return not transposed or groups == 1
 
 
 @handles("aten.convolution")
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     nd = x.ndim - 2
-    y = mx.conv_general(_channels_last(x), mx.moveaxis(w, 1, -1), stride=list(stride),
-                        padding=list(padding) if len(padding) == nd else list(padding) * nd,
-                        kernel_dilation=list(dilation), groups=groups)
+    pad = list(padding) if len(padding) == nd else list(padding) * nd
+    if transposed:
+        # torch's weight is [C_in, C_out, k...]; MLX's [C_out, k..., C_in]
+        y = _CONV_TRANSPOSE[nd](_channels_last(x), mx.moveaxis(w, 0, -1), stride=tuple(stride),
+                                padding=tuple(pad), dilation=tuple(dilation),
+                                output_padding=tuple(output_padding))
+    else:
+        y = mx.conv_general(_channels_last(x), mx.moveaxis(w, 1, -1), stride=list(stride), padding=pad,
+                            kernel_dilation=list(dilation), groups=groups)
     y = _channels_first(y)
     if bias is not None:
         y = y + mx.reshape(bias, (1, -1) + (1,) * nd)

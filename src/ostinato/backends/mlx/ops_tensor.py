@@ -146,6 +146,29 @@ def cumprod(x, dim, dtype=None):
     return mx.cumprod(_sum_input(x, dtype), axis=dim % max(x.ndim, 1)) if x.ndim else _sum_input(x, dtype)
 
 
+def _cum_extreme(x, dim, scan):
+    """(running max/min, the index where it was last reached), as torch's cummax/cummin."""
+    if x.ndim == 0:
+        return x, mx.zeros((), mx.int64)
+    d = dim % x.ndim
+    values = scan(x, axis=d)
+    shape = [1] * x.ndim
+    shape[d] = x.shape[d]
+    positions = mx.broadcast_to(mx.reshape(mx.arange(x.shape[d]), shape), x.shape)
+    # The running extreme only changes where x reaches it, so the latest such position is its index.
+    return values, mx.cummax(mx.where(x == values, positions, 0), axis=d).astype(mx.int64)
+
+
+@handles("aten.cummax", multi=True)
+def cummax(x, dim):
+    return _cum_extreme(x, dim, mx.cummax)
+
+
+@handles("aten.cummin", multi=True)
+def cummin(x, dim):
+    return _cum_extreme(x, dim, mx.cummin)
+
+
 @handles("aten.logcumsumexp")
 def logcumsumexp(x, dim):
     return mx.logcumsumexp(x, axis=dim % max(x.ndim, 1)) if x.ndim else x
@@ -531,6 +554,64 @@ def scatter(x, dim, index, src):
 @handles("aten.scatter_add")
 def scatter_add(x, dim, index, src):
     return x.at[_along(index, dim % x.ndim)].add(_src_cut(src, index).astype(x.dtype))
+
+
+_SCATTER_AT = {"sum": "add", "prod": "multiply", "amax": "maximum", "amin": "minimum", "mean": "add"}
+
+
+@handles("aten.scatter_reduce.two")
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    where = _along(index, dim % x.ndim)
+    src = _src_cut(src, index).astype(x.dtype)
+    base = x
+    if not include_self:    # the positions written start from the reduction's identity
+        identity = {"sum": 0, "mean": 0, "prod": 1,
+                    "amax": -mx.inf if is_float(x) else int(mx.iinfo(x.dtype).min),
+                    "amin": mx.inf if is_float(x) else int(mx.iinfo(x.dtype).max)}[reduce]
+        base = mx.array(x)
+        base[where] = identity
+    out = getattr(base.at[where], _SCATTER_AT[reduce])(src)
+    if reduce == "mean":
+        count = mx.zeros(x.shape, mx.float32).at[where].add(mx.ones(src.shape, mx.float32))
+        if include_self:
+            count = count + 1
+        out = mx.where(count > 0, out / mx.maximum(count, 1), x)
+        if not is_float(x):
+            out = mx.floor_divide(out, 1)
+    return out
+
+
+@handles("aten.searchsorted.Tensor")
+def searchsorted(sorted_seq, values, *, out_int32=False, right=False, side=None, sorter=None):
+    right = right or side == "right"
+    seq = sorted_seq if sorter is None else mx.take_along_axis(sorted_seq, sorter, axis=-1)
+    if seq.ndim == 1:
+        hits = (seq <= values[..., None]) if right else (seq < values[..., None])
+    else:
+        hits = (seq[..., None, :] <= values[..., None]) if right else (seq[..., None, :] < values[..., None])
+    return mx.sum(hits, axis=-1)
+
+
+@handles("aten.bucketize.Tensor")
+def bucketize(x, boundaries, *, out_int32=False, right=False):
+    hits = (boundaries <= x[..., None]) if right else (boundaries < x[..., None])
+    return mx.sum(hits, axis=-1)
+
+
+def _triangle_indices(row, col, offset, lower):
+    import numpy as np
+    r, c = (np.tril_indices if lower else np.triu_indices)(row, offset, col)
+    return mx.array(np.stack([r, c]).astype(np.int64))
+
+
+@handles("aten.tril_indices")
+def tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _triangle_indices(row, col, offset, True)
+
+
+@handles("aten.triu_indices")
+def triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _triangle_indices(row, col, offset, False)
 
 
 @handles("aten.embedding")
