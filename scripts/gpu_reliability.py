@@ -102,7 +102,8 @@ def jobs_for(stage: str) -> list[tuple]:
         tool = [cs, "--tool", "memcheck", "--print-limit", "30"]
         fams = _families()
         groups = [fams[i::4] for i in range(4)]
-        jobs = [("memcheck-kernel-table", tool + pytest + ["tests/backends/test_triton_kernels.py"], 560,
+        jobs = [("memcheck-torch-only-sdpa", tool + [PY, "-c", TORCH_SDPA], 300, {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}),
+                ("memcheck-kernel-table", tool + pytest + ["tests/backends/test_triton_kernels.py"], 560,
                  {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}),
                 ("memcheck-generated", tool + pytest + ["tests/codegen/test_cuda_fused.py", "-k",
                                                         "symbolic and step or zoo and step"], 560,
@@ -115,10 +116,21 @@ def jobs_for(stage: str) -> list[tuple]:
         return jobs
     if stage == "racecheck":
         tool = [cs, "--tool", "racecheck", "--print-limit", "30"]
-        return [("racecheck-kernel-table", tool + pytest + ["tests/backends/test_triton_kernels.py"], 560, None),
+        return [("racecheck-torch-only-sdpa", tool + [PY, "-c", TORCH_SDPA], 300, None),
+                ("racecheck-kernel-table", tool + pytest + ["tests/backends/test_triton_kernels.py"], 560, None),
                 ("racecheck-generated", tool + pytest + ["tests/codegen/test_cuda_fused.py", "-k", "zoo and step"], 560,
                  None)]
     raise SystemExit(f"unknown stage {stage!r}")
+
+
+# torch alone, no ostinato: the SDPA calls of the kernel table's fallback cases (torch picks cuDNN's
+# attention for them on sm90), to show whether a sanitizer report there is torch's
+TORCH_SDPA = ("import torch, torch.nn.functional as F\n"
+              "for dt in (torch.float16, torch.bfloat16):\n"
+              "    for shape, causal in (((1, 2, 5, 16), True), ((1, 2, 2, 16), False)):\n"
+              "        q, k, v = (torch.randn(shape, device='cuda', dtype=dt) for _ in range(3))\n"
+              "        F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
+              "torch.cuda.synchronize(); print('torch-only SDPA done')")
 
 
 def main() -> None:

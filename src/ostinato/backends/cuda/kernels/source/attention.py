@@ -139,10 +139,13 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     base = b * c_sb + kvh * c_sh
     m, l, acc, limit = _attend(q, kc_ptr + base, vc_ptr + base, head_dim, head_dim, d, dmask, pos_ptr, b * pos_sb,
                                slot, scale, n_keys, HAS_POS, BLOCK_N, BLOCK_D)
-    # The step's own key, when the query sees its slot: a block of one.
-    one = tl.arange(0, 1)
-    seen = (one * 0 + slot) <= limit
-    s_new = tl.sum(kn.to(tl.float32) * q, axis=0) * scale + tl.zeros((1,), tl.float32)
-    m, l, acc = _online_softmax(m, l, acc, s_new, seen, vn.to(tl.float32)[None, :])
+    # The step's own key, when the query sees its slot: row 0 of one more block, reduced as the cache's
+    # blocks are. (A sum over the 1-D row itself is replicated across warps, whose identical writes to
+    # one shared-memory slot compute-sanitizer's racecheck reports as hazards.)
+    first = tl.arange(0, BLOCK_N) == 0
+    kt = tl.where(first[:, None], kn.to(tl.float32)[None, :], 0.0)
+    vt = tl.where(first[:, None], vn.to(tl.float32)[None, :], 0.0)
+    seen = first & (slot <= limit)
+    m, l, acc = _online_softmax(m, l, acc, tl.sum(kt * q[None, :], axis=1) * scale, seen, vt)
     out = tl.where(l > 0, acc / l, 0.0)    # no visible key: 0, as torch's SDPA gives
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
