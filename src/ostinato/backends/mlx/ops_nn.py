@@ -69,9 +69,10 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
     pad = list(padding) if len(padding) == nd else list(padding) * nd
     if transposed:
         # torch's weight is [C_in, C_out, k...]; MLX's [C_out, k..., C_in]
-        y = _CONV_TRANSPOSE[nd](_channels_last(x), mx.moveaxis(w, 0, -1), stride=tuple(stride),
-                                padding=tuple(pad), dilation=tuple(dilation),
-                                output_padding=tuple(output_padding))
+        one = (lambda v: v[0]) if nd == 1 else tuple     # conv_transpose1d takes ints
+        y = _CONV_TRANSPOSE[nd](_channels_last(x), mx.moveaxis(w, 0, -1), stride=one(list(stride)),
+                                padding=one(pad), dilation=one(list(dilation)),
+                                output_padding=one(list(output_padding)))
     else:
         y = mx.conv_general(_channels_last(x), mx.moveaxis(w, 1, -1), stride=list(stride), padding=pad,
                             kernel_dilation=list(dilation), groups=groups)
