@@ -130,6 +130,10 @@ TORCH_SDPA = ("import torch, torch.nn.functional as F\n"
               "    for shape, causal in (((1, 2, 5, 16), True), ((1, 2, 2, 16), False)):\n"
               "        q, k, v = (torch.randn(shape, device='cuda', dtype=dt) for _ in range(3))\n"
               "        F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
+              "    q = torch.randn(1, 4, 1, 64, device='cuda', dtype=dt)\n"
+              "    k, v = (torch.randn(1, 2, 4099, 64, device='cuda', dtype=dt) for _ in range(2))\n"
+              "    mask = (torch.arange(4099, device='cuda') <= torch.tensor([[4098]], device='cuda'))\n"
+              "    F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)\n"
               "torch.cuda.synchronize(); print('torch-only SDPA done')")
 
 

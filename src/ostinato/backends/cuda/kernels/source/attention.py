@@ -127,25 +127,28 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     dt = kc_ptr.dtype.element_ty
     q = _rope_row(q_ptr + b * q_sb + h * q_sh, d, dmask, half, cos_ptr + b * cq_b + h * cq_h,
                   sin_ptr + b * sq_b + h * sq_h, q_ptr.dtype.element_ty, ROPE, INTERLEAVED)
-    kn = _rope_row(k_ptr + b * k_sb + kvh * k_sh, d, dmask, half, cos_ptr + b * ck_b + kvh * ck_h,
+    # The step's key and value as row 0 of a [BLOCK_N, BLOCK_D] block (the other rows masked off), in
+    # the cache blocks' layout from the load on: reduced as those blocks are. (Kept as 1-D rows, they
+    # are replicated across warps, and converting them to the blocks' layout makes identical writes to
+    # one shared-memory slot, which compute-sanitizer's racecheck reports as hazards.)
+    first = tl.arange(0, BLOCK_N) == 0
+    d2 = d[None, :] + 0 * first[:, None].to(tl.int32)
+    m2 = first[:, None] & dmask[None, :]
+    kn = _rope_row(k_ptr + b * k_sb + kvh * k_sh, d2, m2, half, cos_ptr + b * ck_b + kvh * ck_h,
                    sin_ptr + b * sk_b + kvh * sk_h, dt, ROPE, INTERLEAVED).to(dt)
-    vn = tl.load(v_ptr + b * v_sb + kvh * v_sh + d, mask=dmask, other=0.0).to(dt)
+    vn = tl.load(v_ptr + b * v_sb + kvh * v_sh + d2, mask=m2, other=0.0).to(dt)
     slot = _slot(index_ptr, ring, n_keys, RING)
-    row = b * c_sb + kvh * c_sh + slot * head_dim + d
     if h % n_rep == 0:     # a slot outside the cache (eager's index_put raises) writes nothing
-        inside = dmask & (slot >= 0) & (slot < n_keys)
+        inside = m2 & (slot >= 0) & (slot < n_keys)
+        row = b * c_sb + kvh * c_sh + slot * head_dim + d2
         tl.store(kc_ptr + row, kn, mask=inside)
         tl.store(vc_ptr + row, vn, mask=inside)
     base = b * c_sb + kvh * c_sh
     m, l, acc, limit = _attend(q, kc_ptr + base, vc_ptr + base, head_dim, head_dim, d, dmask, pos_ptr, b * pos_sb,
                                slot, scale, n_keys, HAS_POS, BLOCK_N, BLOCK_D)
-    # The step's own key, when the query sees its slot: row 0 of one more block, reduced as the cache's
-    # blocks are. (A sum over the 1-D row itself is replicated across warps, whose identical writes to
-    # one shared-memory slot compute-sanitizer's racecheck reports as hazards.)
-    first = tl.arange(0, BLOCK_N) == 0
-    kt = tl.where(first[:, None], kn.to(tl.float32)[None, :], 0.0)
-    vt = tl.where(first[:, None], vn.to(tl.float32)[None, :], 0.0)
+    # the step's own key, when the query sees its slot
     seen = first & (slot <= limit)
-    m, l, acc = _online_softmax(m, l, acc, tl.sum(kt * q[None, :], axis=1) * scale, seen, vt)
+    m, l, acc = _online_softmax(m, l, acc, tl.sum(kn.to(tl.float32) * q[None, :], axis=1) * scale, seen,
+                                vn.to(tl.float32))
     out = tl.where(l > 0, acc / l, 0.0)    # no visible key: 0, as torch's SDPA gives
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
