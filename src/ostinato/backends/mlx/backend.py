@@ -82,7 +82,6 @@ class MLXBackend(Backend):
         self.label = f"mlx:{kind}"
         self.mlx_device = mx.Device(mx.gpu if kind == "gpu" else mx.cpu)
         self.strict = strict
-        self.bridged: list[str] = []
 
     # -- lowering -------------------------------------------------------------------------------------
     def lower(self, node: Node) -> Launch:
@@ -100,8 +99,6 @@ class MLXBackend(Backend):
                     [(node.op, node.source or node.name)],
                     f"The mlx backend would run it through torch ({torch_reason(node)}) and strict=True "
                     "refuses that. Fix: compile without strict=True, or add a handler in backends/mlx/ops_*.py")
-            self.bridged.append(node.op)
-            kwargs.pop("_dt", None)
         elif node.op not in MULTI and len(node.outputs) == 1 and node.outputs[0] is not None \
                 and node.outputs[0].is_tensor:
             kwargs["_dt"] = node.outputs[0].meta.dtype

@@ -156,6 +156,13 @@ def capture_compiled(backend, exe, session, leaves: list, env: list, signature: 
     static_leaves = list(leaves)
 
     def replay() -> None:
+        if scope is None:
+            run_parts()
+        else:
+            with backend.run_scope():
+                run_parts()
+
+    def run_parts() -> None:
         e = list(template)
         for pos, slot in input_slots:
             e[slot] = to_mx(static_leaves[pos], borrowed=True)
