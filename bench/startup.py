@@ -41,7 +41,7 @@ CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, {root!r})
 import torch
-mode, device, dtype, config, seq, seed, path = sys.argv[1:8]
+mode, device, dtype, config, seq, seed, path, replay = sys.argv[1:9]
 dtype, seq, seed, config = getattr(torch, dtype), int(seq), int(seed), json.loads(config)
 if device == "cuda":
     torch.cuda.init(); torch.empty(1, device="cuda"); torch.cuda.synchronize()
@@ -72,7 +72,7 @@ if mode.startswith("ostinato"):
     prog.save(path)
     out["save_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    exe = ostinato.compile(prog, device=device, replay=True)
+    exe = ostinato.compile(prog, device=device, replay=replay == "on")
     out["compile_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     y = exe(ids, **kwargs); sync()
@@ -95,7 +95,7 @@ print(json.dumps(out))
 
 def child(mode: str, args, config: dict, seed: int, path: str, env: dict) -> dict:
     cmd = [sys.executable, "-c", CHILD.format(root=ROOT), mode, args.device, args.dtype, json.dumps(config),
-           str(args.seq), str(seed), path]
+           str(args.seq), str(seed), path, args.replay]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -165,6 +165,9 @@ def main() -> None:
                     help="run torch.compile only at these depths (default: every one; the 1B model always)")
     ap.add_argument("--full-export", action="store_true",
                     help="also time a full export (regional=False) in its own process, for the export/depth table")
+    ap.add_argument("--replay", choices=["on", "off"], default="on",
+                    help="ostinato.compile(..., replay=): on (default) includes the first call's capture (a CUDA "
+                         "graph, or the CPU tape: the plan run about three times) in the first output")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per process (default 600)")
     ap.add_argument("--out", "--json", dest="out", help="write the JSON report here")
     args = ap.parse_args()
@@ -185,7 +188,7 @@ def main() -> None:
     import transformers
     report = {"bench": "startup", "device": args.device,
               "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-              "dtype": args.dtype, "seq": args.seq, "torch": torch.__version__,
+              "dtype": args.dtype, "seq": args.seq, "replay": args.replay, "torch": torch.__version__,
               "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d"),
               "cpu_threads": torch.get_num_threads(), "results": {}}
     print(json.dumps({k: v for k, v in report.items() if k != "results"}), flush=True)

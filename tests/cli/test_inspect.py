@@ -292,3 +292,9 @@ def test_inspect_launches_mlx_lists_ops_through_torch(tmp_path, capsys):
     assert marked["aten.cummax"] and not marked["aten.sin"] and d["summary"]["through_torch"] == 1
     assert main(["inspect", "--launches", str(path), "--device", "mlx"]) == 0
     assert "1 launch(es) run through torch on mlx" in capsys.readouterr().out
+
+
+def test_inspect_passes_of_a_factory_says_what_regional_export_did(capsys):
+    assert main(["inspect", "--passes", "examples.tiny_decoder:tiny_llama_4_layers"]) == 0
+    out = capsys.readouterr().out
+    assert "regional export: examples.tiny_decoder.Layer: 4 instances, 4 calls, traced 1x" in out, out

@@ -206,6 +206,8 @@ def structure_component(model: nn.Module) -> str:
 def _structure(model: nn.Module) -> str:
     tree, attrs = [], []
     for path, m in model.named_modules(remove_duplicate=False):
+        if isinstance(m, torch.fx.GraphModule):
+            raise Uncacheable(f"{path or 'the model'} is a torch.fx.GraphModule (generated code)")
         tree.append([path, f"{type(m).__module__}.{type(m).__qualname__}"])
         for k, v in m.__dict__.items():
             if k not in _MODULE_INTERNALS:

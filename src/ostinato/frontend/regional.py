@@ -132,7 +132,7 @@ def find_kinds(model: nn.Module) -> tuple[list[Kind], list[str]]:
 
     by_sig: dict[int, tuple] = {}
     for path, m in model.named_modules():
-        if not path or type(m).__module__.startswith("torch.nn."):
+        if not path or type(m).__module__.startswith("torch."):   # torch's own modules are leaves here
             continue
         by_sig[id(m)] = (type(m), structure_signature(m))
         groups.setdefault(by_sig[id(m)], []).append((path, m))
