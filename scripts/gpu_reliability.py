@@ -84,6 +84,7 @@ def jobs_for(stage: str) -> list[tuple]:
     """(name, command, timeout seconds, extra env) of each job of ``stage``."""
     mixed = os.path.join("tests", "replay", "mixed_case.py")
     pytest = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-rfE"]
+    exact = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "OSTINATO_TEST_NO_CUDNN_SDPA": "1"}
     if stage == "mixed":
         jobs = []
         for order, extra, runs in (("ost,graph,ro", [], 2), ("ost,graph,ro", ["--no-own-workspace"], 2),
@@ -103,11 +104,9 @@ def jobs_for(stage: str) -> list[tuple]:
         fams = _families()
         groups = [fams[i::4] for i in range(4)]
         jobs = [("memcheck-torch-only-sdpa", tool + [PY, "-c", TORCH_SDPA], 300, {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}),
-                ("memcheck-kernel-table", tool + pytest + ["tests/backends/test_triton_kernels.py"], 560,
-                 {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}),
+                ("memcheck-kernel-table", tool + pytest + ["tests/backends/test_triton_kernels.py"], 560, exact),
                 ("memcheck-generated", tool + pytest + ["tests/codegen/test_cuda_fused.py", "-k",
-                                                        "symbolic and step or zoo and step"], 560,
-                 {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})]
+                                                        "symbolic and step or zoo and step"], 560, exact)]
         for i, g in enumerate(groups):
             fam = [os.path.join("scripts", "replay_families.py"), "--families", ",".join(g)]
             jobs.append((f"memcheck-families-replay-{i}", tool + [PY] + fam + ["--replay"], 560, None))
@@ -117,7 +116,8 @@ def jobs_for(stage: str) -> list[tuple]:
     if stage == "racecheck":
         tool = [cs, "--tool", "racecheck", "--print-limit", "30"]
         return [("racecheck-torch-only-sdpa", tool + [PY, "-c", TORCH_SDPA], 300, None),
-                ("racecheck-kernel-table", tool + pytest + ["tests/backends/test_triton_kernels.py"], 560, None),
+                ("racecheck-kernel-table", tool + pytest + ["tests/backends/test_triton_kernels.py"], 560,
+                 {"OSTINATO_TEST_NO_CUDNN_SDPA": "1"}),
                 ("racecheck-generated", tool + pytest + ["tests/codegen/test_cuda_fused.py", "-k", "zoo and step"], 560,
                  None)]
     raise SystemExit(f"unknown stage {stage!r}")

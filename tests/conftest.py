@@ -29,6 +29,14 @@ os.environ.pop("OSTINATO_REDIS_URL", None)
 atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 
+# Under compute-sanitizer (scripts/gpu_reliability.py) torch's cuDNN attention reads past an
+# exactly-sized mask (reproduced there without ostinato) and the kernel's fault ends the process; the
+# sanitizer runs set this so torch's SDPA (references, fallbacks) takes its other kernels and every
+# kernel of ostinato's is still checked.
+if HAS_CUDA and os.environ.get("OSTINATO_TEST_NO_CUDNN_SDPA") == "1":
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def pytest_configure(config):
     if REQUIRE_MLX and not HAS_MLX:
         raise pytest.UsageError(f"OSTINATO_REQUIRE_MLX=1 but MLX does not import ({_MLX_MISSING}); install it "
