@@ -9,6 +9,8 @@ process with its own log under $OUT/logs/):
              `cuda` tests, and one run per suite model family (scripts/replay_families.py): replayed
              (CUDA graphs, caching allocator) and step by step with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so
              that each tensor is its own allocation and an access past it is an error
+  memcheck-tests  memcheck over every `cuda` test but the `slow` ones (caching allocator: replay tests
+             capture), one job per test directory
   racecheck  compute-sanitizer --tool racecheck (shared-memory hazards) over the Triton kernels' tests
 
     PYTHONPATH=src python3 scripts/gpu_reliability.py --stage mixed --out $OUT
@@ -113,6 +115,15 @@ def jobs_for(stage: str) -> list[tuple]:
             jobs.append((f"memcheck-families-step-{i}", tool + [PY] + fam, 560,
                          {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}))
         return jobs
+    if stage == "memcheck-tests":     # every `cuda` test but the slow ones, with the caching allocator
+        tool = [cs, "--tool", "memcheck", "--print-limit", "30"]
+        quick = [c if c != "cuda" else "cuda and not slow" for c in pytest]
+        nocudnn = {"OSTINATO_TEST_NO_CUDNN_SDPA": "1"}
+        return [("memcheck-tests-ops", tool + quick + ["tests/ops"], 580, nocudnn),
+                ("memcheck-tests-replay", tool + quick + ["tests/replay"], 580, nocudnn),
+                ("memcheck-tests-codegen", tool + quick + ["tests/codegen"], 580, nocudnn),
+                ("memcheck-tests-other", tool + quick + ["tests/backends", "tests/dynamo", "tests/llm", "tests/runtime",
+                                                         "tests/models", "-k", "not test_kernel_on_gpu"], 580, nocudnn)]
     if stage == "racecheck":
         tool = [cs, "--tool", "racecheck", "--print-limit", "30"]
         return [("racecheck-torch-only-sdpa", tool + [PY, "-c", TORCH_SDPA], 300, None),
@@ -139,7 +150,7 @@ TORCH_SDPA = ("import torch, torch.nn.functional as F\n"
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--stage", required=True, choices=["mixed", "memcheck", "racecheck"])
+    ap.add_argument("--stage", required=True, choices=["mixed", "memcheck", "memcheck-tests", "racecheck"])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("--only", default="", help="run only the jobs whose name contains this")
