@@ -119,10 +119,10 @@ def jobs_for(stage: str) -> list[tuple]:
         tool = [cs, "--tool", "memcheck", "--print-limit", "30"]
         quick = [c if c != "cuda" else "cuda and not slow" for c in pytest]
         nocudnn = {"OSTINATO_TEST_NO_CUDNN_SDPA": "1"}
-        return [("memcheck-tests-ops", tool + quick + ["tests/ops"], 580, nocudnn),
+        return [("memcheck-tests-ops", tool + quick + ["tests/ops/test_op_table.py"], 580, nocudnn),
                 ("memcheck-tests-replay", tool + quick + ["tests/replay"], 580, nocudnn),
                 ("memcheck-tests-codegen", tool + quick + ["tests/codegen"], 580, nocudnn),
-                ("memcheck-tests-other", tool + quick + ["tests/backends", "tests/dynamo", "tests/llm", "tests/runtime",
+                ("memcheck-tests-other", tool + quick + ["-v", "tests/backends", "tests/dynamo", "tests/llm", "tests/runtime",
                                                          "tests/models", "-k", "not test_kernel_on_gpu"], 580, nocudnn)]
     if stage == "racecheck":
         tool = [cs, "--tool", "racecheck", "--print-limit", "30"]
