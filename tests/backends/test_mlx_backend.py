@@ -16,9 +16,11 @@ from ostinato.errors import BackendError, UnsupportedOpError
 pytestmark = pytest.mark.mlx
 
 
-class CumMax(torch.nn.Module):
+class AdaptiveMax(torch.nn.Module):
+    """aten.adaptive_max_pool2d has no MLX handler (tests/ops/mlx_expected.py): it runs through torch."""
+
     def forward(self, x):
-        return torch.cummax(x, 1).values * 2 + x
+        return torch.nn.functional.adaptive_max_pool2d(x * 2, 3).sin() + 1
 
 
 def _mlp():
@@ -56,27 +58,27 @@ def test_missing_mlx_names_the_install_command(monkeypatch):
 
 
 def test_ops_without_handler_run_through_torch_or_are_refused_when_strict():
-    model = CumMax()
-    prog = ostinato.export(model, (torch.randn(2, 6),))
+    model = AdaptiveMax()
+    prog = ostinato.export(model, (torch.randn(1, 2, 7, 7),))
     exe = ostinato.compile(prog, device="mlx")
     assert exe.stats()["torch_bridged"] == 1
-    x = torch.randn(2, 6)
+    x = torch.randn(1, 2, 7, 7)
     assert_same(exe(x), model(x))
-    with pytest.raises(UnsupportedOpError, match="(?s)aten.cummax.*strict=True"):
+    with pytest.raises(UnsupportedOpError, match="(?s)aten.adaptive_max_pool2d.*strict=True"):
         ostinato.compile(prog, device="mlx", strict=True)
 
 
 def test_replay_splits_at_ops_through_torch():
     """A plan with an op run through torch replays as compiled parts around it."""
-    model = CumMax()
-    exe = ostinato.compile(ostinato.export(model, (torch.randn(2, 6),)), device="mlx", replay=True)
+    model = AdaptiveMax()
+    exe = ostinato.compile(ostinato.export(model, (torch.randn(1, 2, 7, 7),)), device="mlx", replay=True)
     for _ in range(3):
-        x = torch.randn(2, 6)
+        x = torch.randn(1, 2, 7, 7)
         assert_same(exe(x), model(x))
     g = ostinato.Graph()
     with ostinato.graph(g):
-        exe2 = ostinato.compile(ostinato.export(model, (torch.randn(2, 6),)), device="mlx")
-        exe2(torch.randn(2, 6))
+        exe2 = ostinato.compile(ostinato.export(model, (torch.randn(1, 2, 7, 7),)), device="mlx")
+        exe2(torch.randn(1, 2, 7, 7))
     assert "through torch" in g.source and "1 launch(es) through torch" in g.source
 
 

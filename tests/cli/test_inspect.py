@@ -275,21 +275,21 @@ def test_inspect_launches_errors_are_one_line(tmp_path, capsys):
     assert "No such file" in capsys.readouterr().err
 
 
-class _CumMaxSin(torch.nn.Module):
+class _AdaptiveMaxSin(torch.nn.Module):
     def forward(self, x):
-        return torch.cummax(x, 1).values.sin()
+        return torch.nn.functional.adaptive_max_pool2d(x, 3).sin()
 
 
 def test_inspect_launches_mlx_lists_ops_through_torch(tmp_path, capsys):
-    """On MLX an op without a handler (cummax) runs through torch: marked with the reason, counted."""
+    """On MLX an op without a handler (adaptive_max_pool2d) runs through torch: marked with the reason, counted."""
     import pytest
     pytest.importorskip("mlx.core")
     path = tmp_path / "m.ost"
-    ostinato.export(_CumMaxSin(), (torch.randn(2, 5),)).save(path)
+    ostinato.export(_AdaptiveMaxSin(), (torch.randn(1, 2, 7, 7),)).save(path)
     assert main(["inspect", "--launches", str(path), "--device", "mlx", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     marked = {r["kind"]: r["through_torch"] for r in d["launches"]}
-    assert marked["aten.cummax"] and not marked["aten.sin"] and d["summary"]["through_torch"] == 1
+    assert marked["aten.adaptive_max_pool2d"] and not marked["aten.sin"] and d["summary"]["through_torch"] == 1
     assert main(["inspect", "--launches", str(path), "--device", "mlx"]) == 0
     assert "1 launch(es) run through torch on mlx" in capsys.readouterr().out
 
