@@ -177,6 +177,18 @@ def _plain(v: Any, where: str, depth: int = 0) -> Any:
                     _plain(v.keywords, where, depth + 1)]
         if isinstance(v, types.MethodType):
             return ["method", _plain(v.__func__, where, depth + 1), type(v.__self__).__qualname__]
+        if isinstance(v, types.FunctionType):
+            # a name does not tell two lambdas (or two closures of one factory) apart: their code,
+            # defaults and captured values do
+            cells = []
+            for c in v.__closure__ or ():
+                try:
+                    x = c.cell_contents
+                except ValueError:     # a cell not yet filled
+                    x = None
+                cells.append(None if x is v else x)
+            return ["fn", v.__module__, v.__qualname__, _code(v.__code__),
+                    _plain([v.__defaults__, v.__kwdefaults__, cells], where, depth + 1)]
         return ["fn", getattr(v, "__module__", ""), getattr(v, "__qualname__", repr(v))]
     if isinstance(v, nn.Module):
         return ["module", type(v).__qualname__]   # a module held outside _modules: its class only
@@ -190,6 +202,12 @@ def _plain(v: Any, where: str, depth: int = 0) -> Any:
         return ["object", f"{type(v).__module__}.{type(v).__qualname__}",
                 _plain({k: x for k, x in vars(v).items()}, where, depth + 1)]
     raise Uncacheable(f"{where} is a {type(v).__name__}, which the export cache's key cannot describe")
+
+
+def _code(code: types.CodeType) -> str:
+    """A digest of a function's code object: bytecode, names and constants (nested code included)."""
+    consts = [_code(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts]
+    return _sha([code.co_code.hex(), list(code.co_names), consts, code.co_argcount, code.co_kwonlyargcount])
 
 
 _CONFIGS: dict[int, tuple[Any, Any]] = {}   # per structure_component call

@@ -1,0 +1,41 @@
+"""The export cache tells modules apart by the functions they hold: two lambdas of one module, two
+closures of one factory, one function with other defaults. Each must export its own graph (a key by
+name alone gave one op's graph to another: the op table's one-op modules on the GPU)."""
+from __future__ import annotations
+
+import torch
+
+import ostinato
+
+
+class Holder(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def _scaled(k):
+    return lambda x: x * k
+
+
+def _offset(x, b=1.0):
+    return x + b
+
+
+def _offset_by(b):
+    return lambda x, b=b: _offset(x, b)
+
+
+def test_functions_held_by_a_module_key_the_export_cache():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(4, 5, generator=g)
+    cases = [lambda x: torch.relu(x), lambda x: torch.tanh(x), _scaled(2.0), _scaled(-3.0), _offset,
+             _offset_by(2.5), _offset_by(-1.5)]
+    for fn in cases:
+        model = Holder(fn)
+        for _ in range(2):       # the second export of each may come from the cache, never another's
+            out = ostinato.compile(ostinato.export(model, (x,)))(x)
+            torch.testing.assert_close(out, fn(x), rtol=0, atol=0)
