@@ -263,8 +263,9 @@ def test_trace_strict_reaches_torch_export(in_factory_dir, tmp_path, monkeypatch
         return real(*a, **kw)
 
     monkeypatch.setattr(torch.export, "export", spy)
-    for flags in ([], ["--trace-strict"]):
-        assert main(["export", "cli_export_factories:mlp_with_inputs", *flags, "-o", str(tmp_path / "s.ost")]) == 0
+    for flags in ([], ["--trace-strict"]):   # --no-cache: an earlier test's export of it would be a hit
+        assert main(["export", "cli_export_factories:mlp_with_inputs", *flags, "--no-cache",
+                     "-o", str(tmp_path / "s.ost")]) == 0
     capsys.readouterr()
     assert seen == [False, True]
 

@@ -249,3 +249,22 @@ def test_regional_false_and_trace_strict_are_full_exports():
     assert report(off)["kinds"] == [] and report(off)["fallbacks"] == ["regional=False"]
     strict = ostinato.export(model, (x,), cache=False, trace_strict=True)
     assert report(strict)["kinds"] == [] and "trace_strict" in report(strict)["fallbacks"][0]
+
+
+def test_alternating_layers_split_into_kinds():
+    """Gemma 2 alternates sliding-window and full attention (self.self_attn.sliding_window differs): the
+    layers are split into two kinds by what their forward reads, each traced once, same bytes."""
+    cfg = transformers.Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
+                                    max_position_embeddings=64, sliding_window=4)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    ids = torch.randint(0, 128, (1, 9))
+    regional, full = export_both(model, (ids,), {"use_cache": False})
+    r = report(regional)
+    assert r["fallbacks"] == [] and len(r["kinds"]) == 2 and all(k["traced"] == 1 for k in r["kinds"]), r
+    assert "sliding_window" in r["splits"][0]
+    assert flatbuffer_bytes(regional) == flatbuffer_bytes(full)
+    ids = torch.randint(0, 128, (1, 9))
+    with torch.no_grad():
+        ref = model(ids, use_cache=False).logits
+    assert_same(ostinato.compile(regional)(ids, use_cache=False).logits, ref)

@@ -18,7 +18,6 @@ control flow that only its caller's constants resolve, for example).
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import itertools
 import logging
@@ -26,23 +25,16 @@ import threading
 from typing import Any
 
 import torch
-import torch.utils._python_dispatch
 from torch import nn
 from torch.utils import _pytree as pytree
+
+from .stubs import _PLAIN, _WriteWatch, _record_reads, _storage, _stub, same_value
 
 log = logging.getLogger("ostinato")
 
 OP_NAME = "ostinato_regional::call"
 # A kind is only worth an opaque call when it repeats.
 MIN_INSTANCES = 2
-# nn.Module's own bookkeeping in an instance's __dict__: not state the forward branches on.
-_MODULE_INTERNALS = frozenset({
-    "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "_backward_pre_hooks",
-    "_backward_hooks", "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs",
-    "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
-    "_load_state_dict_post_hooks", "forward", "__class__"})
-_PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device, enum.Enum)
 
 
 class _TensorSlot:
@@ -72,6 +64,7 @@ class Kind:
     instances: list[tuple[str, nn.Module]]
     reads: set[tuple[str, str]] | None = None        # (submodule path, attribute) the forward read
     representative: str = ""                         # path of the instance that was fake-run first
+    depth: int = 0                                   # how many times its instances were split
 
     @property
     def name(self) -> str:
@@ -195,130 +188,6 @@ def _region_call_fake(inputs, call_id):
     if _session is None:
         raise RuntimeError("ostinato_regional::call is traced only by ostinato.export")
     return _session.fake(call_id, inputs)
-
-
-class _Mirror(nn.Module):
-    """Holds a block's buffers at their paths while the block is out of the model's tree; reads of
-    anything else go to the real submodule."""
-
-    def __init__(self, inner: nn.Module):
-        super().__init__()
-        self.__dict__["_ost_inner"] = inner
-
-    def __getattr__(self, name):
-        try:
-            return nn.Module.__getattr__(self, name)
-        except AttributeError:
-            return getattr(self.__dict__["_ost_inner"], name)
-
-
-def _stub_getattr(self, name):
-    try:
-        return nn.Module.__getattr__(self, name)
-    except AttributeError:
-        return getattr(self.__dict__["_ost_inner"], name)
-
-
-def _stub_forward(self, *args, **kwargs):
-    return self.__dict__["_ost_call"](args, kwargs)
-
-
-_STUB_CLASSES: dict[type, type] = {}
-
-
-def _stub(inst: nn.Module, call) -> nn.Module:
-    """What stands in the model for a block instance during the outer trace: an instance of a subclass
-    of its class (isinstance holds; class attributes and methods are there) with no parameters, so
-    torch.export lifts none of the block's weights, and with the block's buffers at their paths, so a
-    mutated buffer is still the model's. Other attribute reads go to the instance."""
-    cls = type(inst)
-    sub = _STUB_CLASSES.get(cls)
-    if sub is None:
-        sub = _STUB_CLASSES[cls] = type(cls.__name__, (cls,), {
-            "__getattr__": _stub_getattr, "forward": _stub_forward, "__qualname__": cls.__qualname__,
-            "__module__": cls.__module__})
-    stub = sub.__new__(sub)
-    nn.Module.__init__(stub)
-    stub.__dict__["_ost_inner"] = inst
-    stub.__dict__["_ost_call"] = call
-    stub.training = inst.training
-    for name, buf in inst.named_buffers(remove_duplicate=False):
-        *parts, leaf = name.split(".")
-        holder, owner = stub, inst
-        for part in parts:
-            owner = owner.get_submodule(part)
-            child = holder._modules.get(part)
-            if child is None:
-                child = holder._modules[part] = _Mirror(owner)
-            holder = child
-        # Not register_buffer: it refuses a name the stub already answers (through the instance).
-        holder._buffers[leaf] = buf
-        if leaf in owner._non_persistent_buffers_set:
-            holder._non_persistent_buffers_set.add(leaf)
-    return stub
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
-
-
-class _WriteWatch(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the storage of every tensor an op writes in place (views write their base's storage)."""
-
-    def __init__(self):
-        super().__init__()
-        self.written: set[int] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        schema = getattr(func, "_schema", None)
-        if schema is not None:
-            for i, a in enumerate(schema.arguments):
-                if a.alias_info is not None and a.alias_info.is_write:
-                    x = args[i] if i < len(args) else kwargs.get(a.name)
-                    for t in (x if isinstance(x, (list, tuple)) else (x,)):
-                        if isinstance(t, torch.Tensor):
-                            self.written.add(_storage(t))
-        return func(*args, **(kwargs or {}))
-
-
-def _record_reads(modules: dict[str, nn.Module], reads: set) -> list:
-    """Swap each module's class for a subclass that records reads of its plain attributes."""
-    swapped = []
-    for rel, m in modules.items():
-        cls = type(m)
-
-        def getattribute(self, name, _rel=rel, _cls=cls):
-            d = object.__getattribute__(self, "__dict__")
-            if name in d and name not in _MODULE_INTERNALS:
-                reads.add((_rel, name))
-            return _cls.__getattribute__(self, name)
-
-        sub = type(cls.__name__, (cls,), {"__getattribute__": getattribute, "__qualname__": cls.__qualname__,
-                                          "__module__": cls.__module__})
-        m.__class__ = sub
-        swapped.append((m, cls))
-    return swapped
-
-
-def same_value(a: Any, b: Any, depth: int = 0) -> bool:
-    """Equal for the purpose of tracing: the same object, or equal plain data."""
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)  # weights: mapped per instance
-    if type(a) is not type(b) or depth > 4:
-        return False
-    if isinstance(a, _PLAIN):
-        return a == b
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(same_value(x, y, depth + 1) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_value(a[k], b[k], depth + 1) for k in a)
-    if isinstance(a, functools.partial):
-        return same_value(a.func, b.func, depth + 1) and same_value(a.args, b.args, depth + 1) \
-            and same_value(a.keywords, b.keywords, depth + 1)
-    return False
 
 
 def _meta_key(t: torch.Tensor) -> tuple:
@@ -476,6 +345,35 @@ class Session:
                             f"({kind.representative}: {want!r}, {path}: {got!r})")
         return None
 
+    def partition(self, kind: Kind) -> list[list[tuple[str, nn.Module]]]:
+        """``kind``'s instances grouped by the values of the attributes its forward read."""
+        groups: list[tuple[list, list]] = []   # (values, instances)
+        reads = sorted(kind.reads or ())
+        for path, inst in kind.instances:
+            values = [getattr(inst.get_submodule(rel), name) for rel, name in reads]
+            for want, members in groups:
+                if all(same_value(a, b) for a, b in zip(want, values)):
+                    members.append((path, inst))
+                    break
+            else:
+                groups.append((values, [(path, inst)]))
+        return [members for _, members in groups]
+
+
+def _split(session: Session, kinds: list[Kind], kind: Kind, reason: str, report: "Report") -> list[Kind] | None:
+    """Kinds in place of ``kind`` whose instances agree on what the forward reads (a model alternating
+    two kinds of attention, say), or None when that would not save traces (every instance its own)."""
+    groups = session.partition(kind)
+    multi = [g for g in groups if len(g) >= MIN_INSTANCES]
+    if kind.depth >= 2 or not multi or len(groups) > max(2, len(kind.instances) // 4):
+        return None
+    start = max(k.index for k in kinds) + 1
+    subs = [Kind(start + i, kind.cls, g, depth=kind.depth + 1) for i, g in enumerate(multi)]
+    inline = sum(len(g) for g in groups if len(g) < MIN_INSTANCES)
+    report.splits.append(f"{kind.cls}: split into {len(subs)} kinds ({reason})"
+                         + (f"; {inline} instance(s) traced inline" if inline else ""))
+    return [k for k in kinds if k is not kind] + subs
+
 
 # -- exporting the blocks -----------------------------------------------------------------------------
 class _Flat(nn.Module):
@@ -589,6 +487,7 @@ class Report:
 
     kinds: list[dict] = dataclasses.field(default_factory=list)
     fallbacks: list[str] = dataclasses.field(default_factory=list)
+    splits: list[str] = dataclasses.field(default_factory=list)   # kinds split by what their forward reads
     traces: int = 0            # torch.export runs of the whole model (1, or more after a fallback)
     blocks: int = 0            # block exports
 
@@ -631,10 +530,17 @@ def trace(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes, decompose
             with session:
                 ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
                 ep = ep.run_decompositions(decompose)
+            split = None
             for kind in kinds:
                 reason = session.differing_state(kind)
                 if reason:
-                    raise Fallback(kind, reason)
+                    split = _split(session, kinds, kind, reason, report)
+                    if split is None:
+                        raise Fallback(kind, reason)
+                    break
+            if split is not None:
+                kinds = split
+                continue
             blocks = export_blocks(session, decompose)
         except Exception as e:  # noqa: BLE001 - a Fallback, or the model is not traceable at all
             fb = _fallback_in(e)
