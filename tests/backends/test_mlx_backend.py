@@ -138,3 +138,20 @@ def test_state_buffers_are_cells_reset_in_place():
     assert exe.session.state["n"] is cell and host(cell).tolist() == [3.0, 3.0]
     exe.session.reset()
     assert host(exe(torch.ones(2))).tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_llm_generate_on_mlx_equals_cpu(replay):
+    """ostinato.llm's prefill/decode program generates the same greedy tokens on MLX as on the CPU."""
+    import transformers
+
+    import ostinato.llm
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    prog = ostinato.llm.export_causal_lm(model, max_cache_len=32)
+    ids = torch.tensor([[1, 5, 9]])
+    want = ostinato.compile(prog, device="cpu").generate(ids, max_new_tokens=10)
+    got = ostinato.compile(prog, device="mlx", replay=replay).generate(ids, max_new_tokens=10)
+    assert got.tolist() == want.tolist() and got.shape[1] == 13
