@@ -268,3 +268,15 @@ def test_alternating_layers_split_into_kinds():
     with torch.no_grad():
         ref = model(ids, use_cache=False).logits
     assert_same(ostinato.compile(regional)(ids, use_cache=False).logits, ref)
+
+
+def test_global_module_hooks_turn_regional_export_off():
+    model = Stack([Block() for _ in range(3)]).eval()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda mod, inp, out: out)
+    try:
+        prog = ostinato.export(model, (torch.randn(2, 16),), cache=False)
+    finally:
+        handle.remove()
+    assert report(prog)["kinds"] == [] and "global module hooks" in report(prog)["fallbacks"][0]
+    x = torch.randn(2, 16)
+    assert_same(ostinato.compile(prog)(x), model(x))

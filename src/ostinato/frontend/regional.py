@@ -142,6 +142,10 @@ def find_kinds(model: nn.Module) -> tuple[list[Kind], list[str]]:
         kinds.append(Kind(len(kinds), _qualname(type(m)), members))
     if not kinds:
         return [], []
+    from torch.nn.modules import module as nn_module
+    if any(getattr(nn_module, h, None) for h in ("_global_forward_hooks", "_global_forward_pre_hooks",
+                                                  "_global_forward_hooks_with_kwargs")):
+        return [], [f"{k.cls}: global module hooks are registered, which run in eager only" for k in kinds]
     # Refused up front: hooks anywhere in an instance; tensors an instance shares with another module.
     owners: dict[int, set[str]] = {}
     for name, t in itertools.chain(model.named_parameters(remove_duplicate=False),
