@@ -9,9 +9,7 @@ from __future__ import annotations
 MLX_TORCH_OPS: dict[str, str] = {
     "aten.repeat_interleave.Tensor": "output size depends on the repeats' values",
     "aten.masked_scatter": "output depends on the mask's count of True values (host sync)",
-    "aten.adaptive_max_pool2d": "not mapped yet (needs indices over uneven bins)",
     "aten.upsample_bicubic2d.vec": "not mapped yet",
-    "aten.grid_sampler_2d": "not mapped yet (gather with bilinear weights)",
     "aten.col2im": "not mapped yet",
     "aten.im2col": "not mapped yet",
     "aten.diag_embed": "not mapped yet",
@@ -31,7 +29,6 @@ MLX_TORCH_OPS: dict[str, str] = {
 # Rows whose op has an MLX handler, but not for this form of it: they run through torch too.
 MLX_TORCH_CASES: dict[str, str] = {
     "index.Tensor-f32-boolmask": "a boolean mask index has a data-dependent output shape",
-    "avg_pool2d-bf16-ceil": "ceil_mode pooling is not mapped to MLX yet",
 }
 
 MLX_SKIPS: dict[str, str] = {}

@@ -22,7 +22,7 @@ from ..base import Backend, Launch
 from ..cpu.backend import returns_sequence
 from .convert import MLXBuffer, host, to_mx
 from .ops import HANDLERS, MULTI, bridge
-from .ops_nn import batch_norm_supported, conv_supported, pool_supported
+from .ops_nn import adaptive_max_supported, batch_norm_supported, conv_supported, grid_sample_supported
 
 log = logging.getLogger("ostinato")
 
@@ -44,8 +44,8 @@ _PARTIAL: dict[str, Callable[[Node], bool]] = {
     "aten.index.Tensor": _plain_index,
     "aten.convolution": conv_supported,
     "aten.native_batch_norm": batch_norm_supported,
-    **{op: pool_supported for op in ("aten.max_pool2d_with_indices", "aten.max_pool3d_with_indices",
-                                     "aten.avg_pool1d", "aten.avg_pool2d", "aten.avg_pool3d")},
+    "aten.adaptive_max_pool2d": adaptive_max_supported,
+    "aten.grid_sampler_2d": grid_sample_supported,
 }
 
 

@@ -102,31 +102,45 @@ def _windows(x, kernel, stride, dilation):
     return mx.as_strided(x, view_shape, view_strides), out
 
 
-def _pad_last(x, padding, value):
-    n = len(padding)
-    if not any(padding):
+def _ceil_extra(size, k, s, p, d, ceil_mode):
+    """Elements past the padded end that ceil_mode's last window covers (torch's output-size rule: the
+    last window must start inside the input or its left padding)."""
+    span = d * (k - 1) + 1
+    if not ceil_mode:
+        return 0
+    out = -(-(size + 2 * p - span) // s) + 1
+    if (out - 1) * s >= size + p:
+        out -= 1
+    return max((out - 1) * s + span - (size + 2 * p), 0)
+
+
+def _pad_ends(x, lo, hi, value):
+    n = len(lo)
+    if not any(lo) and not any(hi):
         return x
-    return mx.pad(x, [(0, 0)] * (x.ndim - n) + [(p, p) for p in padding], constant_values=value)
+    return mx.pad(x, [(0, 0)] * (x.ndim - n) + list(zip(lo, hi)), constant_values=value)
 
 
-def pool_supported(node) -> bool:
-    """ceil_mode pooling (windows past the end) runs through torch."""
-    name = node.op
+def adaptive_max_supported(node) -> bool:
+    """Adaptive max pooling with uneven bins runs through torch."""
+    x, size = node.args[0], node.args[1]
+    shape = x.meta.shape if hasattr(x, "meta") else x.shape
+    return all(isinstance(n, int) and n % o == 0 for n, o in zip(shape[-2:], size))
+
+
+def grid_sample_supported(node) -> bool:
+    """Bilinear sampling with zero padding is mapped; other modes run through torch."""
     args = node.args
-    pos = {"aten.max_pool2d_with_indices": 5, "aten.max_pool3d_with_indices": 5, "aten.avg_pool1d": 4,
-           "aten.avg_pool2d": 4, "aten.avg_pool3d": 4}.get(name)
-    if pos is None:
-        return True
-    ceil = args[pos] if len(args) > pos else node.kwargs.get("ceil_mode", False)
-    return not ceil
+    return len(args) > 3 and args[2] == 0 and args[3] == 0
 
 
-def _max_pool(x, kernel_size, stride, padding, dilation, n):
+def _max_pool(x, kernel_size, stride, padding, dilation, n, ceil_mode=False):
     k = _tuple(kernel_size, n)
     s = _tuple(stride, n) if stride else k
     p, d = _tuple(padding, n), _tuple(dilation, n)
     low = -math.inf if mx.issubdtype(x.dtype, mx.floating) else int(mx.iinfo(x.dtype).min)
-    xp = _pad_last(x, p, low)
+    extra = [_ceil_extra(x.shape[x.ndim - n + i], k[i], s[i], p[i], d[i], ceil_mode) for i in range(n)]
+    xp = _pad_ends(x, p, [p[i] + extra[i] for i in range(n)], low)
     win, out = _windows(xp, k, s, d)
     flat = mx.reshape(win, win.shape[:x.ndim] + (-1,))
     values = mx.max(flat, axis=-1)
@@ -150,45 +164,52 @@ def _max_pool(x, kernel_size, stride, padding, dilation, n):
 
 @handles("aten.max_pool2d_with_indices", multi=True)
 def max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    return _max_pool(x, kernel_size, stride, padding, dilation, 2)
+    return _max_pool(x, kernel_size, stride, padding, dilation, 2, ceil_mode)
 
 
 @handles("aten.max_pool3d_with_indices", multi=True)
 def max_pool3d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    return _max_pool(x, kernel_size, stride, padding, dilation, 3)
+    return _max_pool(x, kernel_size, stride, padding, dilation, 3, ceil_mode)
 
 
-def _avg_pool(x, kernel_size, stride, padding, count_include_pad, divisor_override, n):
+def _avg_pool(x, kernel_size, stride, padding, count_include_pad, divisor_override, n, ceil_mode=False):
     k = _tuple(kernel_size, n)
     s = _tuple(stride, n) if stride else k
     p = _tuple(padding, n)
     one = [1] * n
-    win, _ = _windows(_pad_last(x, p, 0), k, s, one)
+    extra = [_ceil_extra(x.shape[x.ndim - n + i], k[i], s[i], p[i], 1, ceil_mode) for i in range(n)]
+    hi = [p[i] + extra[i] for i in range(n)]
+    win, _ = _windows(_pad_ends(x, p, hi, 0), k, s, one)
     total = mx.sum(win, axis=tuple(range(-n, 0)))
     if divisor_override:
         return total / divisor_override
-    if count_include_pad or not any(p):
+    if not any(extra) and (count_include_pad or not any(p)):
         return total / math.prod(k)
-    ones = mx.ones(x.shape[-n:], x.dtype)
-    cwin, _ = _windows(_pad_last(ones, p, 0), k, s, one)
+    # torch divides by the window's size within the padded input (count_include_pad) or within the
+    # input itself; never counting what ceil_mode's last window hangs past the padding.
+    if count_include_pad:
+        ones = _pad_ends(mx.ones(tuple(x.shape[-n + i] + 2 * p[i] for i in range(n)), x.dtype), [0] * n, extra, 0)
+    else:
+        ones = _pad_ends(mx.ones(x.shape[-n:], x.dtype), p, hi, 0)
+    cwin, _ = _windows(ones, k, s, one)
     return total / mx.sum(cwin, axis=tuple(range(-n, 0)))
 
 
 @handles("aten.avg_pool1d")
 def avg_pool1d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True):
-    return _avg_pool(x, kernel_size, stride, padding, count_include_pad, None, 1)
+    return _avg_pool(x, kernel_size, stride, padding, count_include_pad, None, 1, ceil_mode)
 
 
 @handles("aten.avg_pool2d")
 def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
-    return _avg_pool(x, kernel_size, stride, padding, count_include_pad, divisor_override, 2)
+    return _avg_pool(x, kernel_size, stride, padding, count_include_pad, divisor_override, 2, ceil_mode)
 
 
 @handles("aten.avg_pool3d")
 def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
-    return _avg_pool(x, kernel_size, stride, padding, count_include_pad, divisor_override, 3)
+    return _avg_pool(x, kernel_size, stride, padding, count_include_pad, divisor_override, 3, ceil_mode)
 
 
 def _adaptive_bins(n_in, n_out):
@@ -216,6 +237,36 @@ def _adaptive(x, output_size, reduce, n):
 @handles("aten._adaptive_avg_pool2d")
 def adaptive_avg_pool2d(x, output_size):
     return _adaptive(x, output_size, lambda t, d: mx.mean(t, axis=d), 2)
+
+
+@handles("aten.adaptive_max_pool2d", multi=True)
+def adaptive_max_pool2d(x, output_size):
+    k = [n // o for n, o in zip(x.shape[-2:], output_size)]
+    return _max_pool(x, k, k, 0, 1, 2)
+
+
+@handles("aten.grid_sampler_2d")
+def grid_sampler_2d(x, grid, interpolation_mode=0, padding_mode=0, align_corners=False):
+    """Bilinear sampling, zeros outside (modes 0 and 0); x [N, C, H, W], grid [N, Ho, Wo, 2] in [-1, 1]."""
+    n, c, h, w = x.shape
+    gx, gy = grid[..., 0].astype(mx.float32), grid[..., 1].astype(mx.float32)
+    if align_corners:
+        ix, iy = (gx + 1) / 2 * (w - 1), (gy + 1) / 2 * (h - 1)
+    else:
+        ix, iy = ((gx + 1) * w - 1) / 2, ((gy + 1) * h - 1) / 2
+    x0, y0 = mx.floor(ix), mx.floor(iy)
+    flat = mx.reshape(x, (n, c, h * w))
+    out = None
+    for dx, dy in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        cx, cy = x0 + dx, y0 + dy
+        weight = (1 - mx.abs(ix - cx)) * (1 - mx.abs(iy - cy))
+        inside = (cx >= 0) & (cx <= w - 1) & (cy >= 0) & (cy <= h - 1)
+        index = (mx.clip(cy, 0, h - 1) * w + mx.clip(cx, 0, w - 1)).astype(mx.int32)
+        ho, wo = index.shape[1], index.shape[2]
+        picked = mx.take_along_axis(flat, mx.broadcast_to(mx.reshape(index, (n, 1, ho * wo)), (n, c, ho * wo)), axis=2)
+        term = mx.reshape(picked, (n, c, ho, wo)) * mx.expand_dims(mx.where(inside, weight, 0.0), 1)
+        out = term if out is None else out + term
+    return out.astype(x.dtype)
 
 
 @handles("aten._adaptive_avg_pool3d")
