@@ -39,3 +39,18 @@ def test_functions_held_by_a_module_key_the_export_cache():
         for _ in range(2):       # the second export of each may come from the cache, never another's
             out = ostinato.compile(ostinato.export(model, (x,)))(x)
             torch.testing.assert_close(out, fn(x), rtol=0, atol=0)
+
+
+def test_a_model_defined_without_a_source_file_exports_uncached():
+    """Classes from exec'd code (a notebook cell, stdin, python -c) have no file whose content could key
+    them: export must work, and two such classes of one name with different code must not share a graph."""
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(2))
+    outs = []
+    for body in ("return x.sin()", "return x.cos() * 2"):
+        ns: dict = {"torch": torch}
+        exec(f"class Cell(torch.nn.Module):\n    def forward(self, x):\n        {body}\n", ns)
+        model = ns["Cell"]()
+        out = ostinato.compile(ostinato.export(model, (x,)))(x)
+        torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+        outs.append(out)
+    assert not torch.equal(outs[0], outs[1])

@@ -82,10 +82,20 @@ def _file_sha(path: str, mtime_ns: int, size: int) -> str:
 
 
 def _source_file(obj) -> str | None:
+    """The file ``obj`` is defined in (None for libraries and builtins); Uncacheable when it has none
+    to read: defined in ``python -c``, stdin, a notebook cell or exec'd code, whose edits no key sees."""
     try:
         path = inspect.getsourcefile(obj)
     except TypeError:
         return None
+    except OSError:
+        path = None
+    if path is None or not os.path.isfile(path):
+        module_file = getattr(inspect.getmodule(obj), "__file__", None)
+        if module_file and _is_library(module_file):
+            return None
+        raise Uncacheable(f"{getattr(obj, '__qualname__', obj)!s} has no source file to key its code by "
+                          "(defined in a notebook cell, stdin or exec'd code)")
     return None if _is_library(path) else path
 
 
