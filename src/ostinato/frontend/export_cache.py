@@ -23,6 +23,7 @@ in ``Program.export_report``.
 from __future__ import annotations
 
 import base64
+import builtins
 import enum
 import functools
 import hashlib
@@ -86,8 +87,10 @@ def _source_file(obj) -> str | None:
     to read: defined in ``python -c``, stdin, a notebook cell or exec'd code, whose edits no key sees."""
     try:
         path = inspect.getsourcefile(obj)
-    except TypeError:
-        return None
+    except TypeError:     # a builtin, or a class whose module is missing (exec'd without __name__)
+        if getattr(builtins, getattr(obj, "__qualname__", ""), None) is obj or not isinstance(obj, type):
+            return None
+        path = None
     except OSError:
         path = None
     if path is None or not os.path.isfile(path):
