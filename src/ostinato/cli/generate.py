@@ -23,7 +23,7 @@ from ..errors import InputError, OstinatoError
 from ..program import load
 from ..replay import compile
 from .progress import Stages
-from .run import check_device
+from .run import run_device
 
 HELP = "generate tokens with a causal-LM program (prefill, then decode steps)"
 
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of the sampling generator")
     p.add_argument("--stop", metavar="ID,ID,...", default=None,
                    help="token ids that end generation (default: the model's EOS ids; 'none': never stop)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N, or mlx (mlx:cpu / mlx:gpu)")
     p.add_argument("--no-replay", action="store_true", help="run each step's plan instead of replaying it")
     p.add_argument("--runs", type=int, default=1, help="generate this many times (default 1); see above")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 and shape checks on load")
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise OstinatoError("--max-new-tokens and --runs must be >= 1\nFix: --max-new-tokens 128 --runs 1")
     if args.prompt is not None and not args.tokenizer:
         raise OstinatoError("--prompt TEXT needs --tokenizer DIR\nFix: add --tokenizer, or give --prompt-ids")
-    dev = check_device(args.device)
+    target, _ = run_device(args.device)
     tok = _tokenizer(args.tokenizer) if args.tokenizer else None
     if args.prompt is not None:
         prompt = tok(args.prompt)["input_ids"]
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             raise OstinatoError(f"{args.file} is not a causal-LM program (no prefill/decode record)\nFix: export "
                                 "it with ostinato.llm.export_causal_lm(model, max_cache_len) and save that")
         stages.begin("compile")
-        exe = compile(prog, device=dev, replay=not args.no_replay)
+        exe = compile(prog, device=target, replay=not args.no_replay)
         ids = torch.tensor([prompt] * info["batch"], dtype=torch.long)
         runs = []
         for r in range(args.runs):
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = {
         "file": args.file, "model": info.get("model", "?"), "family": info.get("family", "?"),
-        "device": str(exe.device), "replay": not args.no_replay, "prompt_tokens": len(prompt),
+        "device": exe.backend.label or str(exe.device), "replay": not args.no_replay, "prompt_tokens": len(prompt),
         "tokens": new, "text": tok.decode(new) if tok is not None else None,
         "timings": {"load_s": stages.seconds["load"], "compile_s": stages.seconds["compile"],
                     "first_run": row(runs[0])},
