@@ -155,3 +155,16 @@ def test_llm_generate_on_mlx_equals_cpu(replay):
     want = ostinato.compile(prog, device="cpu").generate(ids, max_new_tokens=10)
     got = ostinato.compile(prog, device="mlx", replay=replay).generate(ids, max_new_tokens=10)
     assert got.tolist() == want.tolist() and got.shape[1] == 13
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_custom_ops_run_through_torch_on_mlx(replay):
+    """torch.library custom ops (fallback.* nodes, one with host work, one with two results) run through
+    torch between MLX parts, step by step and under replay."""
+    from frontend.fallback_ops import model_and_input
+    model, x = model_and_input()
+    exe = ostinato.compile(ostinato.export(model, (x,)), device="mlx", replay=replay)
+    assert exe.stats()["torch_bridged"] >= 2
+    for step in range(3):
+        inputs = x * (step + 1)
+        assert_same(exe(inputs), model(inputs), msg=f"step {step}:")

@@ -93,6 +93,10 @@ class MLXBackend(Backend):
         if "device" in kwargs:
             kwargs["device"] = self.device
         through_torch = runs_through_torch(node)
+        if through_torch and op.category == "inplace":
+            raise BackendError(f"the mlx backend cannot run {node.op} (node {node.name}, {node.source}): it "
+                               "writes an argument in place, and an MLX array cannot be written through torch. "
+                               "Fix: use the op's functional form in the model, or compile for 'cpu'")
         if through_torch:
             if self.strict:
                 raise UnsupportedOpError(
