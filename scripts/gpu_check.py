@@ -30,15 +30,8 @@ def run(cmd: list[str], timeout: int) -> tuple[int, str]:
     return rc, out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--bench", nargs="*", default=["float32:64:128", "bfloat16:64:128"],
-                    help="bench/replay.py configurations as DTYPE:LAYERS:HIDDEN")
-    ap.add_argument("--torch-compile", action="store_true", help="add torch.compile reduce-overhead to the benches")
-    ap.add_argument("--skip-tests", action="store_true")
-    ap.add_argument("--name", default="gpu_check", help="the report's file name, without .json")
-    args = ap.parse_args()
+def environment() -> dict:
+    """Date, device and versions (torch, CUDA, Triton, Python): the head of every GPU report."""
     import torch
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
                     "cuda": torch.version.cuda, "python": sys.version.split()[0],
@@ -48,6 +41,19 @@ def main() -> None:
         report["triton"] = triton.__version__
     except ImportError:
         report["triton"] = None
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--bench", nargs="*", default=["float32:64:128", "bfloat16:64:128"],
+                    help="bench/replay.py configurations as DTYPE:LAYERS:HIDDEN")
+    ap.add_argument("--torch-compile", action="store_true", help="add torch.compile reduce-overhead to the benches")
+    ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--name", default="gpu_check", help="the report's file name, without .json")
+    args = ap.parse_args()
+    report = environment()
     if not args.skip_tests:
         rc, out = run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
                        "-n", "4", "tests/replay", "tests/backends", "-rfEs"], timeout=420)

@@ -155,15 +155,9 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("--only", default="", help="run only the jobs whose name contains this")
     args = ap.parse_args()
-    import torch
-    report: dict = {"stage": args.stage, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
-                    "cuda": torch.version.cuda, "python": sys.version.split()[0],
-                    "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    try:
-        import triton
-        report["triton"] = triton.__version__
-    except ImportError:
-        report["triton"] = None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_check import environment
+    report: dict = {"stage": args.stage, **environment()}
     if args.stage != "mixed":
         v = subprocess.run([sanitizer(), "--version"], capture_output=True, text=True)
         report["compute_sanitizer"] = v.stdout.strip().splitlines()[-1] if v.stdout.strip() else v.stderr[-200:]
