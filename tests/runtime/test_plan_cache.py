@@ -67,8 +67,9 @@ def test_cold_memory_and_disk_hits_give_the_same_results(cache_dir, monkeypatch)
 
 def test_cache_false_neither_reads_nor_writes(cache_dir):
     _, prog = _decoder()
+    puts = ostinato.cache.stats()["disk"]["puts"]   # the export cache's entry of the program, if any
     assert ostinato.compile(prog, cache=False).plan_source == "compiled"
-    assert ostinato.cache.stats()["disk"]["puts"] == 0
+    assert ostinato.cache.stats()["disk"]["puts"] == puts
     assert ostinato.compile(prog, cache=False).plan_source == "compiled"
 
 
