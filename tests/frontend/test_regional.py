@@ -280,3 +280,48 @@ def test_global_module_hooks_turn_regional_export_off():
     assert report(prog)["kinds"] == [] and "global module hooks" in report(prog)["fallbacks"][0]
     x = torch.randn(2, 16)
     assert_same(ostinato.compile(prog)(x), model(x))
+
+
+class Features(nn.Module):
+    """A transformers backbone called on one input, returning one of its outputs."""
+
+    def __init__(self, model, key):
+        super().__init__()
+        self.model, self.key = model, key
+
+    def forward(self, x):
+        return getattr(self.model(x), self.key)
+
+
+ENCODERS = {   # (config, model class, output, input, the same bytes as a full export?)
+    "vit": (lambda: transformers.ViTConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                           intermediate_size=128, image_size=32, patch_size=8),
+            "ViTModel", "last_hidden_state", lambda: torch.randn(1, 3, 32, 32), True),
+    "convnext": (lambda: transformers.ConvNextConfig(depths=[1, 3], hidden_sizes=[16, 32], num_stages=2),
+                 "ConvNextModel", "pooler_output", lambda: torch.randn(1, 3, 32, 32), True),
+    "clip_text": (lambda: transformers.CLIPTextConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                                      intermediate_size=128, vocab_size=100,
+                                                      max_position_embeddings=16),
+                  "CLIPTextModel", "last_hidden_state", lambda: torch.randint(0, 100, (1, 9)), True),
+    # Same outputs; nodes in another order than the full trace's (the bytes differ).
+    "wav2vec2": (lambda: transformers.Wav2Vec2Config(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                                     intermediate_size=64, conv_dim=(16,) * 4, conv_kernel=(10, 3, 3, 2),
+                                                     conv_stride=(5, 2, 2, 2), num_conv_pos_embeddings=16,
+                                                     num_conv_pos_embedding_groups=4),
+                 "Wav2Vec2Model", "last_hidden_state", lambda: torch.randn(1, 800), False),
+}
+
+
+@pytest.mark.parametrize("name", list(ENCODERS))
+def test_transformers_encoders_and_backbones(name):
+    make_config, cls, key, make_input, same_bytes = ENCODERS[name]
+    model = Features(getattr(transformers, cls)(make_config()), key).eval()
+    x = make_input()
+    regional, full = export_both(model, (x,))
+    r = report(regional)
+    assert r["fallbacks"] == [] and r["kinds"] and all(k["traced"] == 1 for k in r["kinds"]), r
+    assert (flatbuffer_bytes(regional) == flatbuffer_bytes(full)) is same_bytes
+    x = make_input()
+    with torch.no_grad():
+        ref = model(x)
+    assert_same(ostinato.compile(regional)(x), ref)

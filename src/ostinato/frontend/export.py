@@ -125,8 +125,10 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             "The original error is chained below (raise ... from).") from e
     t_export = time.perf_counter() - t0
     graph, weights, state_init, slots = convert(ep, strict=strict, regions=regions)
-    if regions is not None:
-        # A block's outputs its caller ignores: the full trace never had those nodes.
+    if regions is not None or passes is None or len(passes) > 0:
+        # Before values are numbered: a block's outputs its caller ignores (a regional trace has those
+        # nodes, a full one does not) and nodes torch.export leaves unused (a full trace has those, a
+        # regional one may not) would otherwise shift the numbering of one program against the other.
         eliminate_dead_code(graph)
     canonical_order(graph, model)
     weights = {v.name: weights[v.name] for v in graph.constants if v.name in weights} | weights

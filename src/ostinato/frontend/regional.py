@@ -115,6 +115,12 @@ def _has_hooks(m: nn.Module) -> bool:
                 or getattr(m, "_backward_pre_hooks", None))
 
 
+def _worth_a_kind(m: nn.Module) -> bool:
+    """A block worth tracing once: it holds parameters and more than one module (an activation or a
+    lone norm costs less to trace inline than an opaque call and a trace of its own)."""
+    return next(m.parameters(), None) is not None and next(iter(m.children()), None) is not None
+
+
 def find_kinds(model: nn.Module) -> tuple[list[Kind], list[str]]:
     """Repeated blocks (outermost first) and, for candidates refused up front, why."""
     groups: dict[tuple, list[tuple[str, nn.Module]]] = {}
@@ -125,7 +131,7 @@ def find_kinds(model: nn.Module) -> tuple[list[Kind], list[str]]:
 
     by_sig: dict[int, tuple] = {}
     for path, m in model.named_modules():
-        if not path or type(m).__module__.startswith("torch."):   # torch's own modules are leaves here
+        if not path or type(m).__module__.startswith("torch.") or not _worth_a_kind(m):
             continue
         by_sig[id(m)] = (type(m), structure_signature(m))
         groups.setdefault(by_sig[id(m)], []).append((path, m))

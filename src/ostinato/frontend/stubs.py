@@ -115,6 +115,8 @@ def _record_reads(modules: dict[str, nn.Module], reads: set) -> list:
     swapped = []
     for rel, m in modules.items():
         cls = type(m)
+        if isinstance(m, nn.modules.dropout._DropoutNd) and not m.training:
+            continue   # evaluation: p does not reach the graph (EfficientNet's drop rates differ per block)
 
         def getattribute(self, name, _rel=rel, _cls=cls):
             d = object.__getattribute__(self, "__dict__")
