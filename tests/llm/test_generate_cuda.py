@@ -30,11 +30,8 @@ def test_greedy_on_the_gpu_matches_transformers(family, dtype, new):
     model = make_model(family).to(device="cuda", dtype=dtype)
     ids = prompt().cuda()
     with torch.no_grad():
-        # transformers' eager decode (no torch.compile of its own: under compute-sanitizer its CUDA-graph
-        # trees trip an internal assertion, and the reference's tokens do not depend on it)
         ref = model.generate(ids, max_new_tokens=new, do_sample=False, cache_implementation="static", pad_token_id=0,
-                             eos_token_id=None, output_logits=True, return_dict_in_generate=True,
-                             disable_compile=True)
+                             eos_token_id=None, output_logits=True, return_dict_in_generate=True)
     want = ref.sequences[0, PROMPT:].tolist()
     exe = ostinato.compile(export_causal_lm(model, max_cache_len=PROMPT + new), device="cuda", replay=True)
     for _ in range(2):   # the second generation replays both captures
