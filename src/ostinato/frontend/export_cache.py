@@ -280,6 +280,24 @@ def _dims(spec: Any) -> Any:
     return ["other", str(spec)]
 
 
+@functools.lru_cache(maxsize=1)
+def _own_code() -> str:
+    """A digest of the ostinato code an exported graph comes from (the front end, the passes, the IR and
+    the program format): a working tree whose passes changed must not serve graphs the old passes made,
+    though ``ostinato.__version__`` stays the same between releases."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parts = []
+    for sub in ("frontend", "passes", "ir", "program"):
+        for dirpath, dirnames, files in sorted(os.walk(os.path.join(root, sub))):
+            dirnames.sort()
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(dirpath, name)
+                    with open(path, "rb") as f:
+                        parts.append([os.path.relpath(path, root), hashlib.sha256(f.read()).hexdigest()])
+    return _sha(parts)
+
+
 def export_key(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any, options: dict) -> Key:
     """The export cache key of ``model`` with these inputs and options; raises Uncacheable."""
     code, pkgs = code_component(model)
@@ -288,7 +306,7 @@ def export_key(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any,
               "options": _sha(options)}
     # All of current_versions (triton and CUDA too, though a graph does not depend on them): bundles load
     # only entries made under this process's versions.
-    versions = {**current_versions(), "codec": str(CODEC), **pkgs}
+    versions = {**current_versions(), "codec": str(CODEC), "ostinato.export_code": _own_code(), **pkgs}
     cls = type(model)
     return make_key(KIND, f"{cls.__module__}.{cls.__qualname__}", target, versions)
 
