@@ -38,22 +38,10 @@ def make_resnet() -> torch.nn.Module:
     return _perturb(transformers.ResNetModel(config))
 
 
+@pytest.mark.parametrize("make", [make_vit, make_resnet], ids=["vit", "resnet"])
 @pytest.mark.parametrize("device", BACKENDS)
-def test_vit(device):
-    model = make_vit()
-    x = torch.randn(2, 3, 32, 32)
-    exe = ostinato.compile(ostinato.export(model, (x,)), device=device)
-    for inputs in (x, torch.randn(2, 3, 32, 32)):
-        with torch.no_grad():
-            ref = model(inputs)
-        out = exe(inputs)
-        assert_same(out.last_hidden_state, ref.last_hidden_state, msg="last_hidden_state")
-        assert_same(out.pooler_output, ref.pooler_output, msg="pooler_output")
-
-
-@pytest.mark.parametrize("device", BACKENDS)
-def test_resnet(device):
-    model = make_resnet()
+def test_vision_model(device, make):
+    model = make()
     x = torch.randn(2, 3, 32, 32)
     exe = ostinato.compile(ostinato.export(model, (x,)), device=device)
     for inputs in (x, torch.randn(2, 3, 32, 32)):

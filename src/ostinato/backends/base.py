@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..ir import Node, Value
+from ..errors import BackendError
+from ..ir import Node, Value, get_op
 
 
 class _Slot:
@@ -94,6 +95,19 @@ class Backend(ABC):
     @abstractmethod
     def lower(self, node: Node) -> Launch:
         """A Launch running ``node``; raises BackendError naming the op when it cannot."""
+
+    def op_and_kwargs(self, node: Node):
+        """``node``'s op definition and its keywords for this backend: creation ops recorded the export
+        device, and run on this backend's. BackendError naming the op when the op table lacks it."""
+        op = get_op(node.op)
+        if op is None:
+            raise BackendError(f"the {self.name or type(self).__name__} backend has no kernel for {node.op} (node "
+                               f"{node.name}, {node.source}); export a model without it or add the op to "
+                               "ir/aten_ops.py")
+        kwargs = dict(node.kwargs)
+        if "device" in kwargs:
+            kwargs["device"] = self.device
+        return op, kwargs
 
     def lower_graph(self, graph) -> list[Launch]:
         """The Launches of a whole graph, in order: one per node here; a backend that generates fused

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .bundle import LoadReport, load_artifacts, save_artifacts
 from .keys import Key, make_key
 from .op_cache import OpGraphCache, op_graph_cache
-from .service import Cache, Explanation, get_cache, set_cache
+from .service import Cache, Explanation, cached_value, get_cache, set_cache
 
 
 def stats() -> dict[str, dict[str, int]]:
@@ -21,5 +21,5 @@ def clear() -> None:
     get_cache().clear()
 
 
-__all__ = ["OpGraphCache", "op_graph_cache", "Key", "make_key", "Cache", "Explanation", "LoadReport", "get_cache", "set_cache", "stats",
+__all__ = ["OpGraphCache", "op_graph_cache", "Key", "make_key", "Cache", "Explanation", "LoadReport", "cached_value", "get_cache", "set_cache", "stats",
            "clear", "save_artifacts", "load_artifacts"]

@@ -145,6 +145,24 @@ def get_cache() -> Cache:
         return _default
 
 
+def cached_value(key: Key, decode, what: str):
+    """``decode(bytes)`` of the process-wide cache's entry for ``key``, or None: a cache that cannot
+    answer is a miss (logged at debug), and so is an entry that does not decode (logged as discarded,
+    naming ``what``), so the caller computes the value again."""
+    try:
+        blob = get_cache().get(key)
+    except Exception as e:  # noqa: BLE001 - a cache that cannot answer is a miss
+        log.debug("ostinato: %s cache unavailable: %s", what, e)
+        return None
+    if blob is None:
+        return None
+    try:
+        return decode(blob)
+    except Exception as e:  # noqa: BLE001 - a malformed entry is a miss
+        log.warning("ostinato cache: discarding %s %s: %s: %s", what, key.digest[:12], type(e).__name__, e)
+        return None
+
+
 def set_cache(cache: Cache | None) -> None:
     """Replace the process-wide cache (None: rebuild from the environment on next use)."""
     global _default

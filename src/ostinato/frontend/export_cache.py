@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..cache import Key, get_cache, make_key
+from ..cache import Key, cached_value, get_cache, make_key
 from ..cache.keys import current_versions
 from ..ir.types import DTYPES_BY_NAME, dtype_name
 from ..program import InputSlot, Program
@@ -384,18 +384,9 @@ def decode_program(blob: bytes, model: nn.Module) -> Program:
 
 
 def lookup(key: Key, model: nn.Module) -> Program | None:
-    try:
-        blob = get_cache().get(key)
-    except Exception as e:  # noqa: BLE001 - a cache that cannot answer is a miss
-        log.debug("ostinato: export cache unavailable: %s", e)
-        return None
-    if blob is None:
-        return None
-    try:
-        return decode_program(blob, model)
-    except Exception as e:  # noqa: BLE001 - a malformed entry is a miss; the model is exported instead
-        log.warning("ostinato export cache: discarding entry %s: %s: %s", key.digest[:12], type(e).__name__, e)
-        return None
+    """The cached program of ``key`` with ``model``'s weights mapped in; None on a miss (a malformed entry
+    is one: the model is exported instead)."""
+    return cached_value(key, lambda blob: decode_program(blob, model), "export cache entry")
 
 
 def store(key: Key, prog: Program, model: nn.Module) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..cache import Key, get_cache, make_key
+from ..cache import Key, cached_value, get_cache, make_key
 from ..ir import Graph, Node, ScalarMeta, SymbolRange, SymDim, TensorMeta, Value
 from ..ir.bulk import paused_gc
 from ..ir.types import DTYPES_BY_NAME, dtype_name
@@ -175,20 +175,9 @@ def _decode(doc: dict) -> tuple[Graph, dict, list]:
 
 
 def cached_decode(fb_sha256: bytes) -> tuple[Graph, dict, list] | None:
-    """The decoded program of the FlatBuffer with this sha256, if a cache tier holds it."""
-    try:
-        key = ir_key(fb_sha256)
-        blob = get_cache().get(key)
-    except Exception as e:  # noqa: BLE001 - a cache that cannot answer is a miss
-        log.debug("ostinato: decoded-program cache unavailable: %s", e)
-        return None
-    if blob is None:
-        return None
-    try:
-        return decode(blob)
-    except Exception as e:  # noqa: BLE001 - a malformed entry is a miss; the file is decoded instead
-        log.warning("ostinato cache: discarding decoded program %s: %s: %s", key.digest[:12], type(e).__name__, e)
-        return None
+    """The decoded program of the FlatBuffer with this sha256, if a cache tier holds it (a malformed entry
+    is a miss: the file is decoded instead)."""
+    return cached_value(ir_key(fb_sha256), decode, "decoded program")
 
 
 def store_decoded(fb_sha256: bytes, graph: Graph, extra: dict, tensors: list) -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from ...errors import BackendError
 from ...ir import Node, get_op
 from ..base import Backend, Launch
 
@@ -37,13 +36,7 @@ class CPUBackend(Backend):
         super().__init__(torch.device("cpu") if device is None else device)
 
     def lower(self, node: Node) -> Launch:
-        op = get_op(node.op)
-        if op is None:
-            raise BackendError(f"the cpu backend has no kernel for {node.op} (node {node.name}, "
-                               f"{node.source}); export a model without it or add the op to ir/aten_ops.py")
-        kwargs = dict(node.kwargs)
-        if "device" in kwargs:          # creation ops recorded the export device; run on ours
-            kwargs["device"] = self.device
+        _, kwargs = self.op_and_kwargs(node)
         return Launch(self.kernel(node.op), node, node.args, kwargs, returns_sequence(node.op))
 
     def kernel(self, op: str):

@@ -85,13 +85,7 @@ class MLXBackend(Backend):
 
     # -- lowering -------------------------------------------------------------------------------------
     def lower(self, node: Node) -> Launch:
-        op = get_op(node.op)
-        if op is None:
-            raise BackendError(f"the mlx backend has no kernel for {node.op} (node {node.name}, "
-                               f"{node.source}); export a model without it or add the op to ir/aten_ops.py")
-        kwargs = dict(node.kwargs)
-        if "device" in kwargs:
-            kwargs["device"] = self.device
+        op, kwargs = self.op_and_kwargs(node)
         through_torch = runs_through_torch(node)
         if through_torch and op.category == "inplace":
             raise BackendError(f"the mlx backend cannot run {node.op} (node {node.name}, {node.source}): it "
