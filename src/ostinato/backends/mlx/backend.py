@@ -22,6 +22,7 @@ from ..base import Backend, Launch
 from ..cpu.backend import returns_sequence
 from .convert import MLXBuffer, host, to_mx
 from .ops import HANDLERS, MULTI, bridge
+from .rope import ROPE_PROOF, fast_rope_kwargs
 from .ops_nn import adaptive_max_supported, batch_norm_supported, conv_supported, grid_sample_supported
 
 log = logging.getLogger("ostinato")
@@ -97,7 +98,9 @@ class MLXBackend(Backend):
                     [(node.op, node.source or node.name)],
                     f"The mlx backend would run it through torch ({torch_reason(node)}) and strict=True "
                     "refuses that. Fix: compile without strict=True, or add a handler in backends/mlx/ops_*.py")
-        elif node.op not in MULTI and len(node.outputs) == 1 and node.outputs[0] is not None \
+        if node.op == "ost.rope" and not through_torch:
+            kwargs.update(fast_rope_kwargs(node))
+        if not through_torch and node.op not in MULTI and len(node.outputs) == 1 and node.outputs[0] is not None \
                 and node.outputs[0].is_tensor:
             kwargs["_dt"] = node.outputs[0].meta.dtype
         fn = _bridged(node.op) if through_torch else self.kernel(node.op)
@@ -120,7 +123,9 @@ class MLXBackend(Backend):
         return {"backend": "mlx", "arch": f"{self.kind}-{arch}"}
 
     def plan_key_parts(self) -> dict[str, str]:
-        return {"mlx": mx.__version__, "mlx_device": self.kind, "strict": str(self.strict)}
+        # "rope": lowering writes rope.py's proof into ost.rope's keywords; a plan lowered by another
+        # version of that proof is not reused.
+        return {"mlx": mx.__version__, "mlx_device": self.kind, "strict": str(self.strict), "rope": ROPE_PROOF}
 
     # -- values at the plan's edges ---------------------------------------------------------------------
     def place(self, tensor: torch.Tensor) -> Any:

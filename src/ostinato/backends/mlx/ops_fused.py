@@ -1,10 +1,9 @@
 """MLX handlers of ostinato's fused ops (``ost.*``): norms and attention through ``mx.fast``; KV
 updates as slice updates of the state arrays.
 
-RoPE stays elementwise (``x * cos + rotate(x) * sin``, fused by ``mx.compile`` under replay):
-``ost.rope`` takes the cos/sin tables the model computed (any scaling, any position ids), while
-``mx.fast.rope`` computes its own angles from a base or frequencies and one offset per batch row, so
-it cannot take a program's tables without changing what the model computes.
+RoPE goes through ``mx.fast.rope`` where lowering proved that the model's cos/sin tables are the ones
+mx.fast.rope computes (rope.py: ``inv_freq`` times contiguous positions); otherwise it is computed
+elementwise (``x * cos + rotate(x) * sin``, fused by ``mx.compile`` under replay).
 """
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import mlx.core as mx
 from .ops import handles, mxd
 from .ops_elementwise import gelu_of, silu_of
 from .ops_nn import attention, linear_of
+from .rope import exact_freqs, fast_rope
 
 
 def rms_norm_of(x, weight, eps, compute_dtype=None, weight_offset=0.0, weight_first=False):
@@ -115,7 +115,15 @@ def rope_of(x, cos, sin, interleaved=False):
 
 
 @handles("ost.rope")
-def rope(x, cos, sin, interleaved=False):
+def rope(x, cos, sin, interleaved=False, inv_freq=None, offset=0, seq_axis=-2, scaling=1.0):
+    """``inv_freq`` and the rest are set by lowering when the tables are proven (rope.fast_rope_kwargs);
+    cos and sin are then not read (MLX never computes them unless something else does)."""
+    if inv_freq is not None:
+        freqs = exact_freqs(inv_freq)
+        if freqs is not None:
+            y = fast_rope(x, cos, freqs, offset, seq_axis, interleaved, scaling)
+            if y is not None:
+                return y
     return rope_of(x, cos, sin, interleaved)
 
 

@@ -16,10 +16,12 @@ the caller holds (updated in place, as on the other backends).
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 from typing import Callable
 
+import numpy as np
 import torch
 
 import mlx.core as mx
@@ -100,6 +102,11 @@ def capture_compiled(backend, exe, session, leaves: list, env: list, signature: 
 
     nodes = {n.name: n for n in exe.program.graph.nodes}
     torch_launches = {l.name for l in exe.launches if l.name in nodes and runs_through_torch(nodes[l.name])}
+    # RoPE frequencies are baked into the compiled functions (constants, not arguments): mx.fast.rope
+    # needs their values to prove its angles exact (rope.exact_freqs), which a traced argument hides.
+    # Their bytes join the compiled functions' key, so plans over other weights do not share them.
+    rope_slots = sorted({l.kwargs["inv_freq"].i for l in exe.launches
+                         if l.op == "ost.rope" and type(l.kwargs.get("inv_freq")) is _Slot})
     segments = split_plan(exe.launches, exe.kept_slots, lambda l: l.name in torch_launches,
                           name="mlx_part_")
     # The capture's own call, part by part, recording what each part reads and what it leaves.
@@ -109,7 +116,7 @@ def capture_compiled(backend, exe, session, leaves: list, env: list, signature: 
     for seg in segments:
         produced = {o for l in seg.launches for o in l.outs if o >= 0}
         reads = sorted({s for l in seg.launches for s in _reads(l)} - produced)
-        ins = [s for s in reads if type(run_env[s]) is mx.array]
+        ins = [s for s in reads if type(run_env[s]) is mx.array and s not in rope_slots]
         if scope is None:
             seg.run(run_env)
         else:
@@ -122,12 +129,18 @@ def capture_compiled(backend, exe, session, leaves: list, env: list, signature: 
     out_slots = [x for is_slot, x in exe._outputs if is_slot]
     mx.eval([run_env[s] for s in out_slots if type(run_env[s]) is mx.array] + [a for a in news if type(a) is mx.array])
 
-    # Values fixed for this signature: everything the plan made or read that is not an array.
+    # Values fixed for this signature: everything the plan made or read that is not an array (and the
+    # RoPE frequencies, above).
     baked = [None if type(v) is mx.array else v for v in run_env]
+    for s in rope_slots:
+        baked[s] = run_env[s]
     shapeless = shapeless_ok(exe)
     token = plan_token(exe._plan)
     sig = "*" if shapeless else signature + "|" + repr([leaves[p] for p, s in enumerate(exe.program.inputs)
                                                         if s.kind == "scalar"])
+    if rope_slots:
+        freqs = b"".join(np.array(run_env[s].astype(mx.float32)).tobytes() for s in rope_slots)
+        sig += "|rope:" + hashlib.sha256(freqs).hexdigest()
     for index, part in enumerate(parts):
         if not part.eager:
             part.fn = op_graph_cache.get(("mlx.plan", token, index, sig, backend.kind),
