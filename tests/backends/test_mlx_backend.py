@@ -168,3 +168,225 @@ def test_custom_ops_run_through_torch_on_mlx(replay):
     for step in range(3):
         inputs = x * (step + 1)
         assert_same(exe(inputs), model(inputs), msg=f"step {step}:")
+
+
+# -- RoPE through mx.fast.rope (backends/mlx/rope.py) --------------------------------------------------
+@pytest.fixture
+def fast_rope_calls(monkeypatch):
+    """How many times mx.fast.rope ran (counted through the attribute the handler calls)."""
+    import mlx.core as mx
+    calls = [0]
+    real = mx.fast.rope
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+    monkeypatch.setattr(mx.fast, "rope", counting)
+    return calls
+
+
+def _fast_ropes(exe) -> int:
+    """ost.rope launches that lowering proved mx.fast.rope-able."""
+    return sum(1 for l in exe.launches if l.op == "ost.rope" and "inv_freq" in l.kwargs)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
+def test_hf_decoders_rope_through_mx_fast_rope(family, replay, fast_rope_calls):
+    """transformers' Llama/Qwen2/Gemma (from_config, random weights): every ost.rope runs mx.fast.rope,
+    over a prefill and 8 decode steps with the static cache as state, equal to eager (fp32, 1e-5)."""
+    import copy
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "models"))
+    from test_hf_decoders import VOCAB, decode_inputs, make_wrapper
+    wrapper = make_wrapper(family)
+    gen = torch.Generator().manual_seed(3)
+    ref = copy.deepcopy(wrapper)
+    prefill = {"input_ids": torch.randint(0, VOCAB, (2, 5), generator=gen), "cache_position": torch.arange(5)}
+    exe_prefill = ostinato.compile(ostinato.export(copy.deepcopy(wrapper), (), prefill, trace_strict=True),
+                                   device="mlx", replay=replay)
+    exe = ostinato.compile(ostinato.export(wrapper, (), decode_inputs(0, gen), trace_strict=True),
+                           device="mlx", replay=replay)
+    n_layers = 2
+    assert _fast_ropes(exe) == _fast_ropes(exe_prefill) == 2 * n_layers   # q and k of each layer
+
+    with torch.no_grad():
+        expected = copy.deepcopy(ref)(**prefill)
+    assert_same(exe_prefill(**prefill), expected, msg=f"{family} prefill")
+    for s in range(8):
+        kwargs = decode_inputs(s, gen)
+        with torch.no_grad():
+            expected = ref(**kwargs)
+        assert_same(exe(**kwargs), expected, msg=f"{family} step {s}")
+    if not replay:   # under replay, compiled functions may come from the cache (no trace to count)
+        assert fast_rope_calls[0] == 2 * n_layers * (1 + 8)
+
+
+class _HFRope(torch.nn.Module):
+    """transformers' LlamaRotaryEmbedding + apply_rotary_pos_emb on q, k ([B, H, L, D]); positions
+    are ``offset + arange(L)`` (contiguous) or the ``position_ids`` input (anything)."""
+
+    def __init__(self, contiguous: bool, theta: float = 10000.0):
+        super().__init__()
+        import transformers
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        config = transformers.LlamaConfig(hidden_size=128, num_attention_heads=4, rope_theta=theta,
+                                          max_position_embeddings=8192)
+        self.rotary = LlamaRotaryEmbedding(config)
+        self.contiguous = contiguous
+
+    def forward(self, q, k, positions):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+        if self.contiguous:           # positions: the offset, a 0-d tensor
+            positions = (torch.arange(q.shape[-2]) + positions)[None]
+        cos, sin = self.rotary(q, positions)
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("replay", [False, True])
+def test_rope_with_contiguous_positions_uses_mx_fast_rope(dtype, replay, fast_rope_calls):
+    """Contiguous positions at large offsets (angles in the thousands): mx.fast.rope, equal to eager
+    within DESIGN.md's tolerance for the dtype. The float16 model's inv_freq is a float16 buffer (widened
+    in the graph); the bfloat16 one keeps a float32 inv_freq, since this table rounded to bfloat16 has
+    an entry no float32 reciprocal gives back (0.056152344: that rope would stay elementwise)."""
+    model = _HFRope(contiguous=True)
+    inv = model.rotary.inv_freq.clone()
+    model = model.to(dtype)
+    if dtype == torch.bfloat16:
+        model.rotary.register_buffer("inv_freq", inv, persistent=False)
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 4, 7, 32, generator=gen).to(dtype) for _ in range(2))
+    prog = ostinato.export(model, (q, k, torch.tensor(0)))
+    exe = ostinato.compile(prog, device="mlx", replay=replay)
+    assert _fast_ropes(exe) == 2
+    for offset in (0, 1, 1000, 4093):
+        with torch.no_grad():
+            expected = model(q, k, torch.tensor(offset))
+        assert_same(exe(q, k, torch.tensor(offset)), expected, msg=f"offset {offset}")
+    if not replay:
+        assert fast_rope_calls[0] == 8
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_rope_with_arbitrary_position_ids_stays_elementwise(replay, fast_rope_calls):
+    """position_ids as a model input (not provably contiguous: here shuffled, repeated, per batch
+    row): no mx.fast.rope, and the outputs equal eager's."""
+    model = _HFRope(contiguous=False)
+    gen = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 4, 6, 32, generator=gen), torch.randn(2, 4, 6, 32, generator=gen)
+    positions = torch.tensor([[5, 3, 3, 900, 0, 17], [2, 40, 41, 7, 7, 1]])
+    exe = ostinato.compile(ostinato.export(model, (q, k, positions)), device="mlx", replay=replay)
+    assert _fast_ropes(exe) == 0
+    for pos in (positions, torch.arange(6).expand(2, 6) + 11, positions.flip(-1)):
+        with torch.no_grad():
+            expected = model(q, k, pos)
+        assert_same(exe(q, k, pos), expected)
+    assert fast_rope_calls[0] == 0
+
+
+class _Interleaved(torch.nn.Module):
+    """GPT-J style: pairs (x[2i], x[2i+1]) rotated, tables by repeat_interleave; ``layout`` "bhld"
+    ([B, H, L, D]) or "blhd" ([B, L, H, D], the tables unsqueezed at the head axis)."""
+
+    def __init__(self, d: int = 16, layout: str = "bhld", inv_freq: torch.Tensor | None = None):
+        super().__init__()
+        if inv_freq is None:
+            inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.layout = layout
+
+    def forward(self, x, offset):
+        seq = -2 if self.layout == "bhld" else -3
+        pos = torch.arange(x.shape[seq]) + offset
+        emb = torch.repeat_interleave(pos[:, None].float() * self.inv_freq, 2, dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        if self.layout == "blhd":
+            cos, sin = cos[:, None], sin[:, None]
+        rot = torch.stack([-x[..., 1::2], x[..., ::2]], -1).flatten(-2)
+        return x * cos + rot * sin
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["bhld", "blhd"])
+def test_interleaved_rope_uses_mx_fast_rope_traditional(layout, dtype, fast_rope_calls):
+    """x[..., ::2]/x[..., 1::2] pairs (ost.rope interleaved=True) through mx.fast.rope(traditional=True),
+    for x as [B, H, L, D] and as [B, L, H, D] (the sequence axis swapped to -2 around the call)."""
+    model = _Interleaved(layout=layout)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 5, 3, 16, generator=gen).to(dtype)
+    prog = ostinato.export(model, (x, torch.tensor(0)))
+    assert prog.op_counts().get("ost.rope") == 1      # the rope pass made one interleaved ost.rope
+    exe = ostinato.compile(prog, device="mlx")
+    assert [l.args[3] for l in exe.launches if l.op == "ost.rope"] == [True] and _fast_ropes(exe) == 1
+    for offset in (0, 3, 2000):
+        with torch.no_grad():
+            expected = model(x, torch.tensor(offset))
+        assert_same(exe(x, torch.tensor(offset)), expected, msg=f"offset {offset}")
+    assert fast_rope_calls[0] == 3
+
+
+def test_rope_frequencies_without_an_exact_reciprocal_stay_elementwise(fast_rope_calls):
+    """mx.fast.rope takes 1/inv_freq and inverts it back: an inv_freq no float32 reciprocal gives back
+    exactly would change the angles, so that rope stays elementwise (and still equals eager)."""
+    import numpy as np
+    candidates = np.arange(np.float32(0.999), np.float32(0.99999), np.float32(1e-7), dtype=np.float32)
+    reachable = set((np.float32(1) / (np.float32(1) / candidates.astype(np.float64)).astype(np.float32)
+                     ).tolist())
+    for delta in (-1, 0, 1):
+        reachable |= set((np.float32(1) / ((np.float32(1) / candidates).view(np.int32) + delta)
+                          .view(np.float32)).tolist())
+    lonely = next(float(c) for c in candidates if float(c) not in reachable)
+    inv = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    inv[1] = lonely
+    model = _Interleaved(inv_freq=inv)
+    x = torch.randn(2, 3, 5, 16, generator=torch.Generator().manual_seed(4))
+    exe = ostinato.compile(ostinato.export(model, (x, torch.tensor(0))), device="mlx")
+    assert _fast_ropes(exe) == 1        # the graph is the recipe; the values are what refuse it
+    for offset in (0, 3000):
+        with torch.no_grad():
+            expected = model(x, torch.tensor(offset))
+        assert_same(exe(x, torch.tensor(offset)), expected)
+    assert fast_rope_calls[0] == 0
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_llm_prefill_and_decode_rope_through_mx_fast_rope(replay, fast_rope_calls):
+    """ostinato.llm's program (positions ``pos + arange(L)``, ``pos`` a [1] input): both methods' ropes
+    are proven, and generate() gives the CPU's greedy tokens."""
+    import transformers
+
+    import ostinato.llm
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    prog = ostinato.llm.export_causal_lm(model, max_cache_len=32)
+    exe = ostinato.compile(prog, device="mlx", replay=replay)
+    assert _fast_ropes(exe) == _fast_ropes(exe.methods["prefill"]) == 4
+    ids = torch.tensor([[1, 5, 9, 30, 2]])
+    want = ostinato.compile(prog, device="cpu").generate(ids, max_new_tokens=8)
+    assert exe.generate(ids, max_new_tokens=8).tolist() == want.tolist()
+    if not replay:
+        assert fast_rope_calls[0] >= 4 * 8
+
+
+def test_rope_with_attention_scaling_uses_mx_fast_rope(fast_rope_calls):
+    """YaRN scaling: a changed inv_freq (still a constant) and cos/sin times attention_scaling (1.14):
+    the scaling multiplies mx.fast.rope's result."""
+    import transformers
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    model = _HFRope(contiguous=True)
+    model.rotary = LlamaRotaryEmbedding(transformers.LlamaConfig(
+        hidden_size=128, num_attention_heads=4, max_position_embeddings=8192,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}))
+    assert model.rotary.attention_scaling != 1.0
+    gen = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, 4, 7, 32, generator=gen), torch.randn(2, 4, 7, 32, generator=gen)
+    exe = ostinato.compile(ostinato.export(model, (q, k, torch.tensor(0))), device="mlx")
+    assert [l.kwargs.get("scaling") for l in exe.launches if l.op == "ost.rope"] == \
+        [pytest.approx(model.rotary.attention_scaling)] * 2
+    for offset in (0, 3000):
+        with torch.no_grad():
+            expected = model(q, k, torch.tensor(offset))
+        assert_same(exe(q, k, torch.tensor(offset)), expected)
+    assert fast_rope_calls[0] == 4
