@@ -252,6 +252,11 @@ def _tensors_from(mapped: mmap.mmap, data_offset: int, data_size: int, entries, 
                   method_graphs: tuple[Graph, ...] = ()):
     weights: dict[str, torch.Tensor] = {}
     state: dict[str, torch.Tensor] = {}
+    # One storage over the whole data segment, every tensor a view of it: tensors laid out one after
+    # another are then adjacent in one storage, which is what packed weights are (ir.fused_ops._packed_rows),
+    # so the runtime's packing of sibling projections copies nothing for a loaded program.
+    segment = torch.frombuffer(mapped, dtype=torch.uint8, count=data_size, offset=data_offset) \
+        if mapped is not None and data_size else None
     for name, role, dtype_name, shape, offset, nbytes in entries:
         dtype = DTYPES_BY_NAME.get(dtype_name)
         if dtype is None or role not in (TensorRole.Weight, TensorRole.StateInit):
@@ -268,7 +273,7 @@ def _tensors_from(mapped: mmap.mmap, data_offset: int, data_size: int, entries, 
         if numel == 0:
             t = torch.empty(shape, dtype=dtype)
         else:
-            t = torch.frombuffer(mapped, dtype=dtype, count=numel, offset=data_offset + offset).view(shape)
+            t = segment[offset:offset + nbytes].view(dtype).view(shape)
         (weights if role == TensorRole.Weight else state)[name] = t
     want_w = {v.name for g in (graph, *method_graphs) for v in g.constants}
     want_s = {v.name for g in (graph, *method_graphs) for v in g.state}

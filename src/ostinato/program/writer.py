@@ -160,43 +160,133 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(flat.numpy())
 
 
+def _sibling_groups(program: Program) -> list[list[str]]:
+    """The names of each ``ost.multi_linear``'s constant weights, and biases (root and methods)."""
+    out = []
+    for g in (program.graph, *(m.graph for m in program.methods.values())):
+        for node in g.nodes:
+            if node.op == "ost.multi_linear":
+                out += [[v.name for v in vals] for vals in (node.args[1], node.args[2])
+                        if vals and all(isinstance(v, Value) and v.role == "constant" for v in vals)]
+    return out
+
+
 def _layout_tensors(program: Program) -> tuple[list[tuple[str, int, torch.Tensor, int]], int]:
-    """[(name, role, tensor, offset)] and the data segment's size. Each extent starts ALIGN-aligned;
-    tied tensors (same storage and view) share one extent."""
-    entries, seen, size = [], {}, 0
+    """[(name, role, tensor, offset)] in the program's order, and the data segment's size. Each extent
+    starts ALIGN-aligned; tied tensors (same storage and view) share one extent. The extents follow the
+    program's order, except that the weights (or biases) of one ``ost.multi_linear`` are laid out one after
+    another where the first of them would be: the reader's tensors are views of one mapping, so such a
+    group is packed already when loaded (no padding between them: when each one's size is a multiple of
+    ALIGN) and the runtime copies nothing to pack it (runtime/packing.py)."""
     named = [(n, TensorRole.Weight, t) for n, t in program.weights.items()]
     named += [(n, TensorRole.StateInit, t) for n, t in program.state_init.items()]
-    for name, role, t in named:
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype) \
+
+    def key(t):
+        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype) \
             if t.numel() else None
-        if key is not None and key in seen:
-            entries.append((name, role, t, seen[key]))
+
+    # Layout order: a group moves next to its first member when its members are distinct weights
+    # (a tensor tied to another one keeps its place).
+    index = {n: i for i, (n, role, _) in enumerate(named) if role == TensorRole.Weight}
+    keys = [key(t) for _, _, t in named]
+    counts: dict = {}
+    for k in keys:
+        counts[k] = counts.get(k, 0) + 1
+    follow: dict[int, list[int]] = {}
+    moved: set[int] = set()
+    for names in _sibling_groups(program):
+        members = [index.get(n) for n in names]
+        if None in members or len(set(members)) != len(members) or moved & set(members) \
+                or any(keys[i] is None or counts[keys[i]] != 1 for i in members):
             continue
-        offset = size
+        follow[min(members)] = members
+        moved.update(members)
+    order = []
+    for i in range(len(named)):
+        if i in follow:
+            order += follow[i]
+        elif i not in moved:
+            order.append(i)
+    offsets, seen, size = [0] * len(named), {}, 0
+    for i in order:
+        t, k = named[i][2], keys[i]
+        if k is not None and k in seen:
+            offsets[i] = seen[k]
+            continue
+        offsets[i] = size
         size = align(size + t.numel() * t.element_size())
-        if key is not None:
-            seen[key] = offset
-        entries.append((name, role, t, offset))
-    return entries, size
+        if k is not None:
+            seen[k] = offsets[i]
+    return [(n, role, t, offsets[i]) for i, (n, role, t) in enumerate(named)], size
+
+
+# Large extents go to the file and to sha256 in pieces of this size, each hashed on a second thread while
+# the next is written: both release the GIL, so the hash (about 3 s for a 5 GB segment here) overlaps
+# the write (bounded by the disk) instead of following it.
+_PIECE = 32 << 20
+
+
+class _HashingWriter:
+    """``write(chunk)`` sends each chunk to ``f`` and to a sha256 that runs on a worker thread, in order.
+    Chunks are views of the tensors' own memory (no copy): the caller keeps them alive until ``digest``."""
+
+    def __init__(self, f):
+        import queue
+        import threading
+        self.f, self.h = f, hashlib.sha256()
+        self.q: queue.Queue = queue.Queue(maxsize=4)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._hash, name="ostinato-save-sha256", daemon=True)
+        self.thread.start()
+
+    def _hash(self) -> None:
+        while (chunk := self.q.get()) is not None:
+            if self.error is None:
+                try:
+                    self.h.update(chunk)
+                except BaseException as e:  # noqa: BLE001 - re-raised by digest() on the caller's thread
+                    self.error = e
+
+    def write(self, chunk) -> None:
+        for i in range(0, len(chunk), _PIECE):
+            piece = chunk[i:i + _PIECE]
+            self.q.put(piece)
+            self.f.write(piece)
+
+    def digest(self) -> bytes:
+        self.q.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.h.digest()
+
+    def abandon(self) -> None:
+        """Stop the worker after a failed write (the queue is drained, nothing more is hashed)."""
+        self.error = self.error or OstinatoError("write abandoned")
+        self.q.put(None)
+        self.thread.join()
 
 
 def _write_data(f, entries, data_size: int) -> bytes:
-    """Stream every distinct extent to ``f`` (zero padding between), returning the segment's sha256."""
-    h = hashlib.sha256()
-    pos = 0
-    for _, _, t, offset in entries:
-        if offset < pos:
-            continue  # a tied tensor: its extent is already written
-        gap = b"\0" * (offset - pos)
-        raw = _as_bytes(t)
-        for chunk in (gap, raw):
-            f.write(chunk)
-            h.update(chunk)
-        pos = offset + len(raw)
-    tail = b"\0" * (data_size - pos)
-    f.write(tail)
-    h.update(tail)
-    return h.digest()
+    """Stream every distinct extent to ``f`` (zero padding between), returning the segment's sha256. Each
+    tensor's bytes are written from its own memory (no copy when it is a contiguous CPU tensor)."""
+    out = _HashingWriter(f)
+    try:
+        pos = 0
+        for _, _, t, offset in sorted(entries, key=lambda e: e[3]):   # stable: a tie's first owner first
+            if offset < pos:
+                continue  # a tied tensor: its extent is already written
+            raw = _as_bytes(t)
+            if offset > pos:
+                out.write(b"\0" * (offset - pos))
+            out.write(raw)
+            pos = offset + len(raw)
+        if data_size > pos:
+            out.write(b"\0" * (data_size - pos))
+    except BaseException:
+        out.abandon()
+        raise
+    return out.digest()
 
 
 def _flatbuffer(program: Program, entries) -> bytes:
