@@ -18,7 +18,7 @@ from ..ir.fallback import is_fallback
 from ..program import Program
 from .codegen import compile_launches
 from .inputs import InputChecker
-from .packing import pack_sibling_weights
+from .packing import place_constants
 from .plan_cache import cached_plan
 from .segments import Segment, split_plan
 
@@ -55,11 +55,9 @@ class Executable:
         self._checker = InputChecker(program, self.device)
         # Environment template: constants placed once, shared by every call and session.
         self._template: list[Any] = [None] * self.num_slots
-        # ``placed``: weights already on the device, by name (a method gets its root's, packed).
-        for v in g.constants:
-            t = None if placed is None else placed.get(v.name)
-            self._template[v.slot] = backend.place(program.weights[v.name]) if t is None else t
-        pack_sibling_weights(g, self._template)
+        # ``placed``: weights already on the device, by name (a method gets its root's, packed). Sibling
+        # projections' weights are packed as they are placed, each byte copied at most once (packing.py).
+        place_constants(g, program.weights, backend, self._template, placed)
         self._state_slots = [(v.slot, v.name) for v in g.state]
         self._input_slots = [(pos, g.inputs[s.index].slot) for pos, s in enumerate(program.inputs)
                              if s.kind != "constant"]
