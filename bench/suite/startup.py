@@ -74,14 +74,19 @@ def peer_modes(runner_names: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def measure_startup(config: Config, workdir: str, steps: list, ref: Reference, timing: dict,
-                    torch_compile: bool, log, peers: tuple[str, ...] = (), ostinato: bool = True) -> dict[str, Any]:
-    """The fresh-process measurements, by name: ostinato's two (when ``ostinato``), torch.compile's
-    two when ``torch_compile``, and each peer's (``peers``: "aoti", "executorch") cold and warm."""
+def write_io(config: Config, workdir: str, steps: list, ref: Reference, timing: dict) -> None:
+    """WORKDIR/io.pt: what a child process reads (the configuration, steps, eager's outputs, tolerance)."""
     os.makedirs(workdir, exist_ok=True)
     to_cpu = lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x   # noqa: E731
     torch.save({"config": config.as_dict(), "steps": pytree.tree_map(to_cpu, steps), "refs": pytree.tree_map(to_cpu, ref.outputs),
                 "tolerance": ref.tolerance, "timing": timing}, os.path.join(workdir, "io.pt"))
+
+
+def measure_startup(config: Config, workdir: str, steps: list, ref: Reference, timing: dict,
+                    torch_compile: bool, log, peers: tuple[str, ...] = (), ostinato: bool = True) -> dict[str, Any]:
+    """The fresh-process measurements, by name: ostinato's two (when ``ostinato``), torch.compile's
+    two when ``torch_compile``, and each peer's (``peers``: "aoti", "executorch") cold and warm."""
+    write_io(config, workdir, steps, ref, timing)
     d = lambda name: os.path.join(workdir, name)   # noqa: E731
     ost = dict(OSTINATO_CACHE_DIR=d("ostinato-cache"))
     plan = [("ostinato_cold", _env(**ost, TRITON_CACHE_DIR=d("triton-ost-cold"))),

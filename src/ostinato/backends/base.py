@@ -143,6 +143,11 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Wait for every launch issued so far."""
 
+    def kernel_stats(self) -> dict[str, float]:
+        """Process-wide counts of the kernels this backend compiled or read from the cache (empty where
+        it compiles none)."""
+        return {}
+
     # -- the plan's edges. A backend whose values are not torch tensors (MLX arrays) converts here;
     # the defaults are torch's, identities where a plan's values are the caller's tensors.
     label: str = ""     # how the device is named to users when torch.device cannot say it ("mlx:cpu")

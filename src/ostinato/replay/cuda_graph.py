@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ..backends.cuda.runtime import awaiting_compiles
 from .regions import capture_steps, chain, write_back
 from .tape import check_capturable
 
@@ -48,7 +49,9 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
     snapshot = {name: t.clone() for name, t in state.items()}
     side = torch.cuda.Stream(device=device)
     side.wait_stream(current)
-    with torch.cuda.stream(side), torch.no_grad():
+    # The warm-up waits for kernels still compiling in workers (no op runs its reference): the capture
+    # must find every binary loaded.
+    with torch.cuda.stream(side), torch.no_grad(), awaiting_compiles():
         exe._plan(list(env0))
     current.wait_stream(side)
     with torch.no_grad():

@@ -204,7 +204,8 @@ class Executable:
         return self.outputs(env)
 
     def stats(self) -> dict[str, float]:
-        """Plan source and, with replay, captures, replays, bucket hits and plan hits/misses."""
+        """Plan source and, with replay, captures, replays, bucket hits and plan hits/misses; the backend's
+        kernel compiles (process-wide: compiled, from the cache, seconds, calls deferred, in flight)."""
         counts = {"launches": len(self.launches), "compile_seconds": self.compile_seconds,
                   "kernels": sum(1 for l in self.launches if launch_is_kernel(l)),
                   "fused_kernels": sum(1 for l in self.launches if l.op == "ost.fused"),
@@ -212,6 +213,7 @@ class Executable:
                   "torch_bridged": sum(1 for l in self.launches if getattr(l.fn, "bridged", False))}
         if self.runner is not None:
             counts.update(self.runner.stats())
+        counts.update(self.backend.kernel_stats())
         return counts
 
     def memory_report(self) -> list:

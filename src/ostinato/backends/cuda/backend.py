@@ -53,3 +53,14 @@ class CUDABackend(ConvLayouts, CPUBackend):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+
+    def kernel_stats(self) -> dict[str, float]:
+        """Binaries of Triton kernels in this process: compiled (in workers or in-process), read from a
+        cache tier, the seconds their compiles took (summed over workers: the serial equivalent), the op
+        calls that ran their reference while a compile was in flight, and the compiles in flight now."""
+        from .compile_workers import in_flight
+        from .runtime import KernelLibrary
+        c = KernelLibrary.counts
+        return {"kernels_compiled": c["compiled"], "kernels_from_cache": c["cache"],
+                "kernel_compile_seconds": c["seconds"], "kernel_calls_deferred": c["deferred"],
+                "kernel_compiles_in_flight": in_flight()}

@@ -16,6 +16,8 @@ import logging
 import os
 import struct
 import tempfile
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -27,9 +29,6 @@ log = logging.getLogger("ostinato")
 KIND = "cubin"
 SOURCE_PACKAGE = "ostinato.backends.cuda.kernels.source"
 _SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "source")
-# Launch-type letters of torch's static launcher, by Triton scalar type.
-_LAUNCH_TYPE = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u8": "B", "u16": "H", "u32": "I",
-                "u64": "K", "fp16": "f", "bf16": "f", "fp32": "f", "fp64": "d"}
 
 
 # Generated kernel modules (codegen): module name -> source text, registered before any compile.
@@ -92,25 +91,11 @@ def binary_key(module: str, kernel: str, arg_types: Sequence[str], constexprs: d
 
 @functools.lru_cache(maxsize=None)
 def _generated_module(module: str, digest: str):
-    """Import a generated module from a file (Triton's JIT reads a kernel's source back from it)."""
+    """Import a generated module from its file (Triton's JIT reads a kernel's source back from it)."""
     import importlib.util
     import sys
-    folder = os.path.join(tempfile.gettempdir(), f"ostinato-gen-{os.getuid()}")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    path = os.path.join(folder, f"{module}_{digest[:16]}.py")
-    text = _GENERATED[module]
-    try:
-        with open(path, encoding="utf-8") as f:
-            current = f.read()
-    except OSError:
-        current = None
-    if current != text:     # absent, or not what was registered (never import another's file as ours)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".py")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
     name = f"ostinato_generated_{module}_{digest[:16]}"
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, source_path(module))
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
@@ -126,71 +111,116 @@ def jit_function(module: str, kernel: str):
 
 def compile_binary(module: str, kernel: str, arg_types: Sequence[str], constexprs: dict[str, Any],
                    arch: int) -> tuple[BinaryMeta, bytes]:
-    """Compile one specialization with Triton for ``sm_<arch>``. ``arg_types`` holds one Triton type per
-    runtime parameter (``*bf16``, ``i32``, ``fp32``), with ``:D`` where the value is 16-divisible (a
-    pointer 16-byte aligned, an int a multiple of 16), or ``:1`` for an int equal to 1, compiled in as a
-    constant and not passed at launch: the specializations Triton's JIT would make."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    fn = jit_function(module, kernel)
-    runtime = [p.name for p in fn.params if not p.is_constexpr]
-    if len(runtime) != len(arg_types):
-        raise BackendError(f"Triton kernel {kernel} takes {len(runtime)} runtime arguments "
-                           f"({', '.join(runtime)}), got {len(arg_types)}")
-    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs and p.name != "num_warps"]
-    if missing:
-        raise BackendError(f"Triton kernel {kernel}: no value for constexpr {', '.join(missing)}")
-    signature, attrs, constexprs = {}, {}, dict(constexprs)
-    options = {"num_warps": constexprs.pop("num_warps")} if "num_warps" in constexprs else {}
-    for p in fn.params:
-        if p.is_constexpr:
-            signature[p.name] = "constexpr"
-    for name, ty in zip(runtime, arg_types):
-        base, _, hint = ty.partition(":")
-        signature[name] = base
-        if hint == "D":
-            attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
-        elif hint == "1":
-            signature[name] = "constexpr"
-            constexprs[name] = 1
-    signature = {p.name: signature[p.name] for p in fn.params}
+    """Compile one specialization with Triton for ``sm_<arch>``, in this process (triton_compile.py says
+    what ``arg_types`` holds: one Triton type per runtime parameter, ``:D`` and ``:1`` hints)."""
+    from .triton_compile import CompileError, compile_function
     try:
-        compiled = triton.compile(ASTSource(fn, signature, dict(constexprs), attrs),
-                                  target=GPUTarget("cuda", arch, 32), options=options)
-    except Exception as e:  # noqa: BLE001 - re-raised naming the kernel; the cause is chained
-        spec = ", ".join(f"{k}={v}" for k, v in constexprs.items())
-        raise BackendError(f"Triton kernel {kernel} [{spec}] for sm_{arch} failed to compile: "
-                           f"{type(e).__name__}: {first_line(e)}") from e
-    md = compiled.metadata
-    if getattr(md, "num_ctas", 1) != 1:
-        raise BackendError(f"Triton kernel {kernel}: num_ctas {md.num_ctas} is not supported")
-    letters = "".join("O" if t.startswith("*") else _LAUNCH_TYPE[t.partition(":")[0]]
-                      for t in arg_types if not t.endswith(":1"))
-    for scratch in ("global_scratch_size", "profile_scratch_size"):
-        if hasattr(md, scratch):
-            if getattr(md, scratch) > 0:   # the launcher would have to allocate it: not for these kernels
-                raise BackendError(f"Triton kernel {kernel} needs {scratch}={getattr(md, scratch)}")
-            letters += "O"      # the parameter exists; a null pointer fills it
-    return BinaryMeta(md.name, int(md.num_warps), int(md.shared), letters), compiled.asm["cubin"]
+        meta, cubin = compile_function(jit_function(module, kernel), kernel, arg_types, constexprs, arch)
+    except CompileError as e:
+        raise BackendError(str(e)) from e.__cause__
+    return BinaryMeta(**meta), cubin
+
+
+def source_path(module: str) -> str:
+    """The file a kernel module's source is in (a generated one written first, atomically)."""
+    if module not in _GENERATED:
+        return os.path.join(_SOURCE_DIR, f"{module}.py")
+    folder = os.path.join(tempfile.gettempdir(), f"ostinato-gen-{os.getuid()}")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, f"{module}_{source_digest(module)[:16]}.py")
+    text = _GENERATED[module]
+    try:
+        with open(path, encoding="utf-8") as f:
+            current = f.read()
+    except OSError:
+        current = None
+    if current != text:     # absent, or not what was registered (never import another's file as ours)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".py")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    return path
+
+
+def cached_binary(module: str, kernel: str, arg_types: Sequence[str], constexprs: dict[str, Any],
+                  arch: int) -> tuple[BinaryMeta, bytes] | None:
+    """The binary from ostinato's cache tiers, or None (a malformed entry is a miss)."""
+    key = binary_key(module, kernel, arg_types, constexprs, arch)
+    blob = get_cache().get(key)
+    if blob is not None:
+        try:
+            return unpack(blob)
+        except Exception as e:  # noqa: BLE001 - a malformed entry is a miss
+            log.warning("ostinato cache: discarding cubin entry %s: %s", key.digest[:12], e)
+    return None
+
+
+# Compiles in flight in worker processes, by binary key: one per key however many kernels ask.
+_IN_FLIGHT: dict[str, Future] = {}
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
+def submit_binary(module: str, kernel: str, arg_types: Sequence[str], constexprs: dict[str, Any],
+                  arch: int) -> Future | None:
+    """A Future of (meta, cubin, worker seconds) compiled in a worker process (compile_workers.py) and put
+    in the cache tiers as it arrives; its exception is a BackendError (the kernel does not compile) or
+    WorkerDied (compile it in-process). None where compiles run in-process (no workers, or constexprs
+    a request cannot carry)."""
+    from .compile_workers import pool
+    workers = pool()
+    if workers is None:
+        return None
+    request = {"path": source_path(module), "kernel": kernel, "arg_types": list(arg_types),
+               "constexprs": constexprs, "arch": arch}
+    try:
+        json.dumps(request)
+    except (TypeError, ValueError):
+        return None
+    key = binary_key(module, kernel, arg_types, constexprs, arch)
+    with _IN_FLIGHT_LOCK:
+        fut = _IN_FLIGHT.get(key.digest)
+        if fut is not None:
+            return fut
+        fut = _IN_FLIGHT[key.digest] = Future()
+    fut.set_running_or_notify_cancel()
+
+    def arrived(answer: Future) -> None:
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT.pop(key.digest, None)
+        e = answer.exception()
+        if e is not None:
+            fut.set_exception(e)
+            return
+        head, cubin = answer.result()
+        if not head["ok"]:
+            fut.set_exception(BackendError(head["error"]))
+            return
+        meta = BinaryMeta(**head["meta"])
+        try:
+            put_binary(module, kernel, arg_types, constexprs, arch, meta, cubin)
+        except Exception as e:  # noqa: BLE001 - the binary still runs; the next process compiles it again
+            log.warning("ostinato cache: could not store cubin %s: %s", key.digest[:12], e)
+        fut.set_result((meta, cubin, float(head["seconds"])))
+
+    workers.submit(request).add_done_callback(arrived)
+    return fut
 
 
 def get_binary(module: str, kernel: str, arg_types: Sequence[str], constexprs: dict[str, Any],
                arch: int) -> tuple[BinaryMeta, bytes, str]:
-    """(meta, cubin, where from: "cache" | "compiled") through ostinato's cache tiers."""
-    key = binary_key(module, kernel, arg_types, constexprs, arch)
-    cache = get_cache()
-    blob = cache.get(key)
-    if blob is not None:
-        try:
-            meta, cubin = unpack(blob)
-            return meta, cubin, "cache"
-        except Exception as e:  # noqa: BLE001 - a malformed entry is a miss
-            log.warning("ostinato cache: discarding cubin entry %s: %s", key.digest[:12], e)
+    """(meta, cubin, where from: "cache" | "compiled") through ostinato's cache tiers, compiled in-process
+    on a miss."""
+    found = cached_binary(module, kernel, arg_types, constexprs, arch)
+    if found is not None:
+        return (*found, "cache")
     meta, cubin = compile_binary(module, kernel, arg_types, constexprs, arch)
-    cache.put(key, pack(meta, cubin))
+    put_binary(module, kernel, arg_types, constexprs, arch, meta, cubin)
     return meta, cubin, "compiled"
+
+
+def put_binary(module: str, kernel: str, arg_types: Sequence[str], constexprs: dict[str, Any], arch: int,
+               meta: BinaryMeta, cubin: bytes) -> None:
+    get_cache().put(binary_key(module, kernel, arg_types, constexprs, arch), pack(meta, cubin))
 
 
 @functools.lru_cache(maxsize=1)

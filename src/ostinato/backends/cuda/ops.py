@@ -21,8 +21,10 @@ def triton_kernels() -> dict[str, Callable]:
     if importlib.util.find_spec("triton") is None:
         log.warning("ostinato: Triton is not installed; fused ops run their torch references on CUDA")
         return {}
+    from ...ir import get_op
     from .kernels import attention, elementwise, fused, norms
-    return {
+    from .runtime import deferring
+    launchers = {
         "ost.fused": fused.run_fused,
         "ost.rms_norm": norms.rms_norm,
         "ost.add_rms_norm": norms.add_rms_norm,
@@ -38,3 +40,5 @@ def triton_kernels() -> dict[str, Callable]:
         "ost.decode_attention_": attention.decode_attention_,
         "ost.linear": elementwise.linear,
     }
+    # While a cold kernel compiles in a worker process, its op runs its torch reference (runtime.py).
+    return {op: deferring(fn, get_op(op).target) for op, fn in launchers.items()}

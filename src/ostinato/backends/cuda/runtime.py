@@ -6,6 +6,8 @@ ostinato's cache tiers and launched without Triton's runtime (binaries.py).
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 import time
@@ -14,7 +16,11 @@ from typing import Any
 import torch
 
 from ...errors import BackendError, first_line
-from .binaries import LoadedBinary, get_binary, jit_function, static_launcher
+
+log = logging.getLogger("ostinato")
+from .binaries import (LoadedBinary, cached_binary, compile_binary, get_binary, jit_function, put_binary,
+                       static_launcher, submit_binary)
+from .compile_workers import WorkerDied
 
 
 class Stream:
@@ -73,6 +79,45 @@ def arg_type(a: Any) -> str:
     raise BackendError(f"a Triton kernel argument of type {type(a).__name__} ({a!r}) has no launch type")
 
 
+class CompilePending(Exception):
+    """A kernel's binary is still compiling in a worker process: the op runs its torch reference this time."""
+
+
+# Per thread: whether the op being run may still fall back to its reference (deferring() sets it; a launch
+# clears it, so an op never runs half on kernels and half on its reference).
+_op_scope = threading.local()
+
+
+def deferring(launcher, reference):
+    """``launcher`` (an op's Triton launcher) that runs ``reference`` (the op's torch reference) instead
+    while one of its kernels is compiling in a worker (a cold cache): the first calls give their outputs
+    without waiting for the compiles, the later ones launch the compiled kernels."""
+    def run(*args, **kwargs):
+        _op_scope.deferrable = not getattr(_op_scope, "block", False)
+        try:
+            return launcher(*args, **kwargs)
+        except CompilePending:
+            return reference(*args, **kwargs)
+        finally:
+            _op_scope.deferrable = False
+    run.multi_output = getattr(launcher, "multi_output", False)
+    run.__name__ = getattr(launcher, "__name__", "launcher")
+    run.__wrapped__ = launcher
+    return run
+
+
+@contextlib.contextmanager
+def awaiting_compiles():
+    """Within: ops wait for their kernels' compiles instead of running their references (the warm-up
+    before a CUDA graph's capture, which must load every kernel it will capture)."""
+    before = getattr(_op_scope, "block", False)
+    _op_scope.block = True
+    try:
+        yield
+    finally:
+        _op_scope.block = before
+
+
 class Kernel:
     """One Triton kernel with its constexprs fixed: ``kernel(*args, grid=...)`` launches it on the current
     stream. Each set of argument types gets a binary, compiled once for the device's arch and kept in
@@ -84,6 +129,7 @@ class Kernel:
         self.library, self.name, self.specialization = library, name, dict(specialization)
         self.launches = 0
         self._binaries: dict[tuple, LoadedBinary] = {}
+        self._pending: dict[tuple, Any] = {}    # types -> Future of a worker's compile
         self._lock = threading.Lock()
 
     def _fail(self, e: Exception, what: str) -> BackendError:
@@ -93,16 +139,48 @@ class Kernel:
                             "the op's reference runs on torch (set OSTINATO_CUDA_REFERENCE=1)")
 
     def _binary(self, types: tuple, device: torch.device) -> LoadedBinary:
+        """The loaded binary for ``types``: from this kernel, a cache tier, a worker's compile (submitted
+        on a miss) or an in-process compile. While a worker compiles it, raises CompilePending where the
+        current op may run its reference instead (deferring(): nothing launched yet in this op, no CUDA
+        graph being captured); otherwise waits for it."""
         with self._lock:
             b = self._binaries.get(types)
-            if b is None:
-                index = device.index if device.index is not None else torch.cuda.current_device()
-                major, minor = torch.cuda.get_device_capability(index)
+            if b is not None:
+                return b
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            major, minor = torch.cuda.get_device_capability(index)
+            module, fn, arch = self.library.module, self.library.function_name(self.name), major * 10 + minor
+            job = self._pending.get(types)
+            if job is None:
                 t0 = time.perf_counter()
-                meta, cubin, origin = get_binary(self.library.module, self.library.function_name(self.name),
-                                                 types, self.specialization, major * 10 + minor)
-                b = self._binaries[types] = LoadedBinary(meta, cubin, index, types)
-                self.library.count(origin, time.perf_counter() - t0)
+                found = cached_binary(module, fn, types, self.specialization, arch)
+                if found is not None:
+                    b = self._binaries[types] = LoadedBinary(*found, index, types)
+                    self.library.count("cache", time.perf_counter() - t0)
+                    return b
+                job = self._pending[types] = submit_binary(module, fn, types, self.specialization, arch)
+                if job is None:     # compiles run in-process
+                    del self._pending[types]
+                    meta, cubin, origin = get_binary(module, fn, types, self.specialization, arch)
+                    b = self._binaries[types] = LoadedBinary(meta, cubin, index, types)
+                    self.library.count(origin, time.perf_counter() - t0)
+                    return b
+            if not job.done() and getattr(_op_scope, "deferrable", False) \
+                    and not torch.cuda.is_current_stream_capturing():
+                KernelLibrary.counts["deferred"] += 1
+                raise CompilePending(self.name)
+            try:
+                meta, cubin, seconds = job.result()
+            except WorkerDied as e:
+                log.warning("ostinato: %s; compiling %s in this process", e, self.name)
+                t0 = time.perf_counter()
+                meta, cubin = compile_binary(module, fn, types, self.specialization, arch)
+                put_binary(module, fn, types, self.specialization, arch, meta, cubin)
+                seconds = time.perf_counter() - t0
+            finally:
+                del self._pending[types]
+            b = self._binaries[types] = LoadedBinary(meta, cubin, index, types)
+            self.library.count("compiled", seconds)
             return b
 
     def __call__(self, *args, grid: tuple[int, ...]) -> None:
@@ -116,7 +194,8 @@ class Kernel:
             if b is None:
                 b = self._binary(types, first.device)
             b.launch(grid, args, torch.cuda.current_stream(first.device).cuda_stream)
-        except BackendError:
+            _op_scope.deferrable = False
+        except (BackendError, CompilePending):
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the kernel named; the cause is chained
             raise self._fail(e, "compile or launch") from e
@@ -138,7 +217,8 @@ class KernelLibrary:
 
     # Binaries obtained in this process over all libraries: compiled, or read from a cache tier, and the
     # seconds spent getting and loading them (the cold-start report's "kernel compilation").
-    counts = {"compiled": 0, "cache": 0, "seconds": 0.0}
+    # "deferred": op calls that ran their reference while a kernel compiled in a worker.
+    counts = {"compiled": 0, "cache": 0, "seconds": 0.0, "deferred": 0}
 
     def __init__(self, module: str, functions: dict[str, str]):
         self.module = module
