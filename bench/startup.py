@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -170,6 +171,8 @@ def main() -> None:
                          "graph, or the CPU tape: the plan run about three times) in the first output")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per process (default 600)")
     ap.add_argument("--out", "--json", dest="out", help="write the JSON report here")
+    ap.add_argument("--keep-work", action="store_true",
+                    help="keep the temporary folder of program files and caches (about 10 GB per 1B configuration)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ostinato-startup-")
     base = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -192,11 +195,15 @@ def main() -> None:
               "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d"),
               "cpu_threads": torch.get_num_threads(), "results": {}}
     print(json.dumps({k: v for k, v in report.items() if k != "results"}), flush=True)
-    for name, config in configurations(args):
-        report["results"][name] = run_config(name, config, args, work, base, log)
-        if args.out:   # written after every configuration: a run cut short keeps what it measured
-            with open(args.out, "w") as f:
-                json.dump(report, f, indent=2)
+    try:
+        for name, config in configurations(args):
+            report["results"][name] = run_config(name, config, args, work, base, log)
+            if args.out:   # written after every configuration: a run cut short keeps what it measured
+                with open(args.out, "w") as f:
+                    json.dump(report, f, indent=2)
+    finally:
+        if not args.keep_work:
+            shutil.rmtree(work, ignore_errors=True)
     rows = [(n, r) for n, r in report["results"].items()]
     print(f"\n{'model':24s} {'cold s':>8s} {'export s':>9s} {'hit export s':>13s} {'t.compile s':>12s} {'ratio':>7s}")
     for n, r in rows:
