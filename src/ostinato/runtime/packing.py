@@ -13,8 +13,9 @@ Placing and packing are one step (``place_constants``), so each weight byte is c
   copied into one buffer only up to ``CPU_PACK_COPY_LIMIT`` bytes. Past that the matmuls take long
   enough that the launches packing saves matter little (the Llama-3.2-1B-shaped model's prefill of 16
   tokens: 1.16 s packed, 1.19 s not, best of 8, docs/startup.md), while the copy allocates fresh memory
-  for every such weight (2.5 GB there: 1.2-4.7 s of compile on a 2-core VM) and doubles their memory as
-  long as the model keeps its own. ``multi_linear`` runs one matmul per weight then.
+  for every such weight (2.5 GB there: 4.5-7.0 s of a fresh process's compile on a 2-core VM short of
+  free memory) and doubles their memory as long as the model keeps its own. ``multi_linear`` runs one
+  matmul per weight then.
 """
 from __future__ import annotations
 
