@@ -1,7 +1,8 @@
 """Capturing a Plan into CUDA graphs (through torch.cuda.CUDAGraph).
 
 The Plan's generated function runs once on a side stream to warm up (library handles, lazy kernel
-loads; the state is saved before and restored after, so the warm-up leaves no trace), then under
+loads; the state is saved before and restored after, so the warm-up leaves no trace; twice where
+kernels were still compiling in worker processes), then under
 capture on that stream into the memory pool of the session: temporaries are freed after their last use inside
 the capture, so the caching allocator reuses their blocks there, as the CPU tape's arena does.
 
@@ -25,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from ..backends.cuda.runtime import awaiting_compiles
+from ..backends.cuda.compile_workers import wait_for_compiles
+from ..backends.cuda.runtime import KernelLibrary, awaiting_compiles
 from .regions import capture_steps, chain, write_back
 from .tape import check_capturable
 
@@ -48,15 +50,25 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
     current = torch.cuda.current_stream(device)
     snapshot = {name: t.clone() for name, t in state.items()}
     side = torch.cuda.Stream(device=device)
-    side.wait_stream(current)
-    # The warm-up waits for kernels still compiling in workers (no op runs its reference): the capture
-    # must find every binary loaded.
-    with torch.cuda.stream(side), torch.no_grad(), awaiting_compiles():
-        exe._plan(list(env0))
-    current.wait_stream(side)
-    with torch.no_grad():
-        for name, t in snapshot.items():
-            state[name].copy_(t)
+
+    def warm_up() -> None:
+        side.wait_stream(current)
+        with torch.cuda.stream(side), torch.no_grad():
+            exe._plan(list(env0))
+        current.wait_stream(side)
+        with torch.no_grad():
+            for name, t in snapshot.items():
+                state[name].copy_(t)
+
+    # A cold cache: the first warm-up submits every missing kernel to the compile workers at once (its
+    # ops run their references meanwhile), then a second one, once they are all done, loads them: the
+    # capture must find every binary loaded, and the compiles ran in parallel rather than one by one.
+    deferred = KernelLibrary.counts["deferred"]
+    warm_up()
+    if KernelLibrary.counts["deferred"] != deferred:
+        wait_for_compiles()
+        with awaiting_compiles():
+            warm_up()
     del snapshot
     torch.cuda.synchronize(device)
     graphs: list[torch.cuda.CUDAGraph] = []
