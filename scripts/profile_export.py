@@ -1,0 +1,55 @@
+"""Where a cold ``ostinato.export`` spends its time, for one suite configuration, in a fresh process
+with an empty cache: cProfile's functions by cumulative time, and the export report's stages.
+
+    PYTHONPATH=src:. python3 scripts/profile_export.py gpu/tiny-decoder-h128-l32 [--top 40] [--out F.json]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config")
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    os.environ["OSTINATO_CACHE_DIR"] = tempfile.mkdtemp(prefix="ostinato-profile-export-")
+    import torch
+    from bench.suite import configs, workloads
+    cfg = configs.by_name(args.config)
+    if cfg.device == "cuda":
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+    wl = workloads.build(cfg.builder, cfg.params, cfg.device, cfg.dtype)
+    a, kw = wl.steps[0]
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    import ostinato
+    prog = ostinato.export(wl.model, a, kw, **wl.export_options)
+    prof.disable()
+    seconds = time.perf_counter() - t0
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(args.top)
+    report = {"config": args.config, "export_s": seconds, "export_report": prog.export_report}
+    print(json.dumps(report, indent=1, default=str))
+    print(text.getvalue())
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({**report, "profile": text.getvalue()}, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
