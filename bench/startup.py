@@ -4,7 +4,8 @@ export cache's hit (the same architecture with new weights: the graph is reused,
 
 Models are written outside this repository: transformers' LlamaForCausalLM from a config, random weights
 (hidden 128 at 16/32/64/128 layers by default, and a Llama-3.2-1B-shaped one). Each measurement is its
-own process with private, empty caches (ostinato's, Triton's, Inductor's); clocks start after
+own process with private, empty caches (ostinato's, Triton's, Inductor's; Python's bytecode cache is
+primed first, bench/bytecode.py); clocks start after
 ``import torch``, CUDA initialisation and the model's construction, so ``import ostinato`` is inside
 them, as torch.compile's imports are. Per configuration, in order:
 
@@ -170,6 +171,10 @@ def main() -> None:
                     help="ostinato.compile(..., replay=): on (default) includes the first call's capture (a CUDA "
                          "graph, or the CPU tape: the plan run about three times) in the first output")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per process (default 600)")
+    ap.add_argument("--cold-bytecode", action="store_true",
+                    help="leave Python's bytecode cache as the machine has it (default: one process fills a "
+                         "private one first, bench/bytecode.py: a machine without .pyc files would otherwise "
+                         "time the bytecode compiler in every fresh process)")
     ap.add_argument("--out", "--json", dest="out", help="write the JSON report here")
     ap.add_argument("--keep-work", action="store_true",
                     help="keep the temporary folder of program files and caches (about 10 GB per 1B configuration)")
@@ -178,6 +183,11 @@ def main() -> None:
     base = dict(os.environ, PYTHONUNBUFFERED="1")
     base.pop("OSTINATO_REDIS_URL", None)
     base["PYTHONPATH"] = os.path.join(ROOT, "src") + os.pathsep + base.get("PYTHONPATH", "")
+    bytecode = None
+    if not args.cold_bytecode:
+        sys.path.insert(0, ROOT)
+        from bench.bytecode import prime
+        bytecode = prime(base, os.path.join(work, "pycache"))
 
     def log(name, mode, r):
         if r.get("status") != "ok":
@@ -193,7 +203,8 @@ def main() -> None:
               "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
               "dtype": args.dtype, "seq": args.seq, "replay": args.replay, "torch": torch.__version__,
               "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d"),
-              "cpu_threads": torch.get_num_threads(), "results": {}}
+              "cpu_threads": torch.get_num_threads(), "bytecode": bytecode or "not primed (--cold-bytecode)",
+              "results": {}}
     print(json.dumps({k: v for k, v in report.items() if k != "results"}), flush=True)
     try:
         for name, config in configurations(args):
