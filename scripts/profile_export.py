@@ -2,6 +2,7 @@
 with an empty cache: cProfile's functions by cumulative time, and the export report's stages.
 
     PYTHONPATH=src:. python3 scripts/profile_export.py gpu/tiny-decoder-h128-l32 [--top 40] [--out F.json]
+        [--first-call]     (compile(replay=True) and the first call too)
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def main() -> None:
     ap.add_argument("config")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--out")
+    ap.add_argument("--first-call", action="store_true",
+                    help="also compile(replay=True) and make the first call, inside the profile")
     args = ap.parse_args()
     os.environ["OSTINATO_CACHE_DIR"] = tempfile.mkdtemp(prefix="ostinato-profile-export-")
     import torch
@@ -39,11 +42,24 @@ def main() -> None:
     prof.enable()
     import ostinato
     prog = ostinato.export(wl.model, a, kw, **wl.export_options)
-    prof.disable()
     seconds = time.perf_counter() - t0
+    stages = {"export_s": seconds}
+    if args.first_call:
+        t1 = time.perf_counter()
+        exe = ostinato.compile(prog, device=cfg.device, replay=True)
+        stages["compile_s"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        with torch.no_grad():
+            exe(*a, **kw)
+        if cfg.device == "cuda":
+            torch.cuda.synchronize()
+        stages["first_call_s"] = time.perf_counter() - t1
+        stages["kernels"] = {k: v for k, v in exe.stats().items() if k.startswith("kernel")}
+    prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(args.top)
-    report = {"config": args.config, "export_s": seconds, "export_report": prog.export_report}
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(args.top)
+    report = {"config": args.config, **stages, "export_report": prog.export_report}
     print(json.dumps(report, indent=1, default=str))
     print(text.getvalue())
     if args.out:
