@@ -146,12 +146,13 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
         return sp is not None and not sp.split and tuple(sp.shape) == shape and (
             sp.red == () or (not pointwise and sp.red == (len(shape) - 1,)))
 
+    owner, holder = item_of()       # kept up to date as groups replace items (each node is in one item)
+    keys = [run_at(it) for it in items]
     for node in [it for it in items if isinstance(it, Node) and it.op in LINEAR_OPS]:
         parts = linear_parts(node)
         if parts is None:
             continue
         x, weights, biases, activation = parts
-        owner, holder = item_of()
         outs = list(node.outputs)
         pro = owner.get(x.id)
         if pro is not None and not row_space(pro, tuple(x.meta.shape), pointwise=False):
@@ -174,18 +175,25 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
         if pro is None and epi is None:
             continue        # (an activation alone: ost.linear's cuBLAS + epilogue kernel already)
         group = _merge(node, x, weights, biases, pro, epi, act, members, run_at, position, impure, users,
-                       graph_reads, items)
+                       graph_reads, items, keys)
         if group is None:
             continue
         at = items.index(epi if epi is not None else node)
         items[at] = group
-        items = [it for it in items if it is not pro and it is not node and it is not epi or it is group]
+        kept = [k for k, it in enumerate(items) if it is not pro and it is not node and it is not epi or it is group]
+        items, keys = [items[k] for k in kept], [keys[k] for k in kept]   # the group launches where it stood
+        for n in group.nodes:
+            holder[id(n)] = group
+            for v in n.outputs:
+                if v is not None:
+                    owner[v.id] = group
     return items
 
 
-def _merge(node, x, weights, biases, pro, epi, act, members, run_at, position, impure, users, graph_reads, items):
+def _merge(node, x, weights, biases, pro, epi, act, members, run_at, position, impure, users, graph_reads, items,
+           keys):
     """The LinearGroup of ``node`` with ``pro``/``epi`` (None when moving them together is not legal);
-    ``act``: ost.linear's activation node, the epilogue then."""
+    ``act``: ost.linear's activation node, the epilogue then; ``keys``: each item's ``run_at``."""
     pro_nodes = members(pro) if pro is not None else []
     epi_nodes = members(epi) if epi is not None else [act] if act is not None else []
     results = [act.args[0]] if act is not None else list(node.outputs)   # the projection's own values
@@ -194,8 +202,8 @@ def _merge(node, x, weights, biases, pro, epi, act, members, run_at, position, i
     if any(first < p < launch for p in impure):
         return None         # a state write between: the prologue's reads must not move across it
     made = {v.id for n in (*pro_nodes, node) for v in n.outputs if v is not None}
-    for it in items:
-        if it is pro or it is epi or it is node or not first <= run_at(it) < launch:
+    for it, at in zip(items, keys):
+        if not first <= at < launch or it is pro or it is epi or it is node:
             continue
         if any(v.id in made for n in members(it) for v in n.inputs):
             return None     # read before the merged kernel makes it

@@ -409,8 +409,11 @@ def write(program: Program, f) -> None:
     f.write(b"\0" * (data_offset - fb_offset - len(fb)))
     data_sha = _write_data(f, entries, data_size)
     end = f.tell()
-    header = Header(SCHEMA_VERSION, fb_offset, len(fb), data_offset, data_size, hashlib.sha256(fb).digest(),
-                    data_sha)
+    fb_sha = hashlib.sha256(fb).digest()
+    header = Header(SCHEMA_VERSION, fb_offset, len(fb), data_offset, data_size, fb_sha, data_sha)
+    # the plan cache's key of this program (runtime/plan_cache.program_hash), so a compile after a save
+    # does not build the FlatBuffer again (~1 s for a 64-layer decoder on the lent GPU machine's CPU)
+    program._graph_hash = fb_sha.hex()
     f.seek(start)
     f.write(header.pack())
     f.seek(end)
