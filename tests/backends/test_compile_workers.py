@@ -196,3 +196,12 @@ def test_worker_script_imports_no_torch():
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_worker_that_cannot_start_is_a_dead_worker(workers, monkeypatch):
+    monkeypatch.setattr(compile_workers, "_SCRIPT", "/nonexistent/ostinato-worker.py")
+    monkeypatch.setattr(compile_workers.sys, "executable", "/nonexistent/python")
+    fut = compile_workers.pool().submit({"path": binaries.source_path("norms"), "kernel": "rms_norm_kernel",
+                                         "arg_types": NORM_TYPES, "constexprs": _norm_flags(64), "arch": 90})
+    with pytest.raises(compile_workers.WorkerDied, match="no compile worker could start"):
+        fut.result(timeout=60)

@@ -5,8 +5,8 @@ Triton only, no torch), answered with its cubin; several compile at once, one pe
 process goes on (binaries.py puts each result in the cache tiers as it arrives; runtime.py runs the op's
 torch reference until then). Workers start on the first request (up to ``OSTINATO_COMPILE_WORKERS``,
 default: the cores less one, at most 8; ``0`` compiles in-process, one kernel at a time, as before) and
-leave after 30 s without work. At exit the process waits for the compiles in flight, so their cubins
-reach the cache for the next process.
+leave after 30 s without work. At exit the process waits for the compiles in flight (at most 10
+minutes), so their cubins reach the cache for the next process.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import queue
 import subprocess
 import sys
 import threading
+from concurrent import futures
 from concurrent.futures import Future
 from typing import Any
 
@@ -25,6 +26,7 @@ log = logging.getLogger("ostinato")
 
 _SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_compile.py")
 _IDLE_S = 30.0
+EXIT_WAIT_S = 600.0     # at exit, wait at most this long for compiles in flight (a hung worker never blocks exit)
 
 
 class WorkerDied(Exception):
@@ -47,8 +49,11 @@ class _Worker:
 
     def __init__(self):
         flags = ["-P"] if sys.version_info >= (3, 11) else []   # no script folder on sys.path (ops.py, …)
-        self.proc = subprocess.Popen([sys.executable, *flags, _SCRIPT], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=None, close_fds=True)
+        try:
+            self.proc = subprocess.Popen([sys.executable, *flags, _SCRIPT], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=None, close_fds=True)
+        except OSError as e:    # no interpreter to start (an embedded Python): compile in-process
+            raise WorkerDied(f"no compile worker could start ({sys.executable}): {e}") from e
 
     def ask(self, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         try:
@@ -135,14 +140,10 @@ class Pool:
                 worker.close()
 
     def wait(self, timeout: float | None = None) -> int:
-        """Wait for every request in flight; how many were."""
+        """Wait for every request in flight (at most ``timeout`` seconds in all); how many were."""
         with self._lock:
             pending = list(self._in_flight)
-        for fut in pending:
-            try:
-                fut.exception(timeout=timeout)
-            except Exception:  # noqa: BLE001 - a timeout leaves the rest to the daemon threads
-                break
+        futures.wait(pending, timeout=timeout)
         return len(pending)
 
 
@@ -159,7 +160,7 @@ def pool() -> Pool | None:
     with _POOL_LOCK:
         if _POOL is None or _POOL.size != size:
             _POOL = Pool(size)
-            atexit.register(_POOL.wait)
+            atexit.register(_POOL.wait, EXIT_WAIT_S)
         return _POOL
 
 
