@@ -18,8 +18,8 @@ import torch
 from ...errors import BackendError, first_line
 
 log = logging.getLogger("ostinato")
-from .binaries import (LoadedBinary, cached_binary, compile_binary, get_binary, jit_function, put_binary,
-                       static_launcher, submit_binary)
+from .binaries import (LoadedBinary, cached_binary, compile_binary, jit_function, put_binary, static_launcher,
+                       submit_binary)
 from .compile_workers import WorkerDied
 
 
@@ -159,11 +159,12 @@ class Kernel:
                     self.library.count("cache", time.perf_counter() - t0)
                     return b
                 job = self._pending[types] = submit_binary(module, fn, types, self.specialization, arch)
-                if job is None:     # compiles run in-process
+                if job is None:     # compiles run in-process (the cache was just asked: no second lookup)
                     del self._pending[types]
-                    meta, cubin, origin = get_binary(module, fn, types, self.specialization, arch)
+                    meta, cubin = compile_binary(module, fn, types, self.specialization, arch)
+                    put_binary(module, fn, types, self.specialization, arch, meta, cubin)
                     b = self._binaries[types] = LoadedBinary(meta, cubin, index, types)
-                    self.library.count(origin, time.perf_counter() - t0)
+                    self.library.count("compiled", time.perf_counter() - t0)
                     return b
             if not job.done() and getattr(_op_scope, "deferrable", False) \
                     and not torch.cuda.is_current_stream_capturing():
