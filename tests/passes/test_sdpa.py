@@ -252,3 +252,69 @@ def test_dynamic_length(expand):
     assert str(q_pos.meta.shape[0]) == str(node.args[0].meta.shape[2]) != "5"
     assert not {"aten.le.Tensor", "aten.repeat_interleave.self_int"} & set(prog.op_counts())
 
+
+
+class ConstantMask(Attention):
+    """A mask built from aranges and literals alone: transformers' traced bidirectional mask
+    (``arange(T)[..., None] >= 0`` expanded, all True), a float mask of zeros, or ones that hide keys."""
+
+    def __init__(self, form):
+        super().__init__()
+        self.form = form
+
+    def forward(self, x):
+        q, k, v = self.project(x)
+        b, t = x.shape[:2]
+        pos = torch.arange(t)
+        if self.form == "bidirectional":      # all True, stride 0 on the key dim once expanded
+            mask = (pos[None, None, :, None] >= 0).expand(b, -1, t, t)
+        elif self.form == "zeros":            # all zero, added to the scores
+            mask = torch.zeros(1, 1, 1, t).expand(b, 1, t, t)
+        elif self.form == "lt-end":           # all True: every position is below the length
+            mask = (pos < t)[None, None, None, :]
+        elif self.form == "causal":           # constant, but hides keys: kept
+            mask = pos[None, :] <= pos[:, None]
+        else:                                 # "shifted": hides the first key from every query: kept
+            mask = (pos >= 1)[None, None, None, :].expand(b, 1, t, t)
+        return F.scaled_dot_product_attention(q, self.repeat(k), self.repeat(v), attn_mask=mask)
+
+
+@pytest.mark.parametrize("form, dropped", [("bidirectional", True), ("zeros", True), ("lt-end", True),
+                                           ("causal", False), ("shifted", False)])
+def test_mask_that_hides_nothing_is_dropped(form, dropped):
+    gen = torch.Generator().manual_seed(3)
+    inputs = [(torch.randn(2, 6, 16, generator=gen),) for _ in range(3)]
+    prog, _ = export_and_compare(ConstantMask(form), inputs[0], more_inputs=inputs[1:])
+    (node,) = sdpa_nodes(prog)
+    assert (node.args[3] is None and node.args[4] is None) == dropped, node.args[3:5]
+
+
+def test_input_mask_is_never_dropped():
+    """An all-True mask given as an input is data: it may change between calls, so it stays."""
+    x, m = torch.randn(2, 5, 16), torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    prog, _ = export_and_compare(Masked("repeat_kv"), (x, m), more_inputs=[(x, torch.rand(2, 1, 5, 5) > 0.5)])
+    (node,) = sdpa_nodes(prog)
+    assert node.args[3] is prog.graph.inputs[1]
+
+
+def test_hf_bert_traced_mask_is_dropped():
+    """transformers' BERT, traced, builds an all-True [B, 1, T, T] mask where eager passes none."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, vocab_size=100)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids).last_hidden_state
+
+    gen = torch.Generator().manual_seed(0)
+    ids = [torch.randint(0, 100, (3, 12), generator=gen) for _ in range(2)]
+    prog, _ = export_and_compare(Hidden(model), (ids[0],), more_inputs=[(ids[1],)])
+    nodes = sdpa_nodes(prog)
+    assert len(nodes) == 2 and all(n.args[3] is None and n.args[4] is None for n in nodes)

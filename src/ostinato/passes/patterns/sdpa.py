@@ -15,7 +15,15 @@ exactly as the mask they produce), where KV is
 ``arange(0, S)`` viewed as [1, ..., 1, S] with S the key length and Q is shaped [..., T or 1, 1]. The
 fused op gets ``q_pos=Q`` and no mask; its reference computes ``arange(S) <= Q``, the same values up to
 leading singleton dims. The mask nodes are not removed here: they are usually shared by all layers, and
-the pipeline's dce_after_fusion drops them once nothing reads them. Any other mask is passed as ``mask``.
+the pipeline's dce_after_fusion drops them once nothing reads them.
+
+Dropped: a mask that lets every query see every key whatever the inputs: computed from aranges and
+literals alone (no input, weight or state), of static shape, and all True (bool) or all zero (float).
+transformers builds such a bidirectional mask when traced (``arange(S)[..., None] >= 0`` expanded),
+where eager passes none; torch's fused attention kernels refuse its stride-0 last dim, so the
+attention would run the math path (fp32 matmuls and softmax) instead of cuDNN's or flash.
+
+Any other mask is passed as ``mask``.
 """
 from __future__ import annotations
 
@@ -188,6 +196,67 @@ def _query_positions(mask: Value, q: Value, k: Value) -> Value | None:
     return qp
 
 
+# -- masks that hide nothing ----------------------------------------------------------------------
+# Pure ops a constant mask is built from (values computed on the CPU at export, small).
+_CONST_OPS = frozenset("""aten.arange aten.arange.start aten.arange.start_step aten.full aten.ones aten.zeros
+    aten.unsqueeze aten.view aten.reshape aten._unsafe_view aten.expand aten.permute aten.transpose.int
+    aten.slice.Tensor aten.select.int aten.squeeze.dim aten._to_copy aten.clone aten.alias
+    aten.ge.Scalar aten.gt.Scalar aten.le.Scalar aten.lt.Scalar aten.eq.Scalar aten.ne.Scalar
+    aten.ge.Tensor aten.gt.Tensor aten.le.Tensor aten.lt.Tensor aten.eq.Tensor aten.ne.Tensor
+    aten.logical_and aten.logical_or aten.logical_not aten.bitwise_and.Tensor aten.bitwise_or.Tensor
+    aten.bitwise_not aten.add.Tensor aten.sub.Tensor aten.mul.Tensor aten.where.self aten.where.ScalarOther
+    aten.where.ScalarSelf aten.masked_fill.Scalar""".split())
+_CONST_LIMIT = 1 << 22   # elements of one materialised intermediate
+
+
+def _static(shape) -> bool:
+    return all(_int(d) is not None for d in shape)
+
+
+def _constant(v, memo: dict, depth: int = 0):
+    """``v``'s value as a CPU tensor (or Python scalar) when it depends on aranges and literals alone;
+    None when it reads an input, a weight or state, a dynamic size, or an op outside _CONST_OPS."""
+    if not isinstance(v, Value):
+        if isinstance(v, (list, tuple)):
+            items = [_constant(x, memo, depth) for x in v]
+            return None if any(x is None for x in items) else type(v)(items)
+        return v if isinstance(v, (bool, int, float)) or v is None else None
+    if v.id in memo:
+        return memo[v.id]
+    node = v.producer
+    memo[v.id] = None
+    if node is None or node.op not in _CONST_OPS or depth > 64 or len(node.outputs) != 1 \
+            or not isinstance(v.meta, TensorMeta) or not _static(v.meta.shape):
+        return None
+    args = [_constant(a, memo, depth + 1) for a in node.args]
+    if any(a is None and b is not None for a, b in zip(args, node.args)):
+        return None
+    kwargs = {k: x for k, x in node.kwargs.items() if k not in ("device", "pin_memory", "layout")}
+    if any(isinstance(x, (Value, list, tuple)) for x in kwargs.values()):
+        return None
+    if node.op.startswith("aten.arange") or node.op in ("aten.full", "aten.ones", "aten.zeros"):
+        kwargs["device"] = "cpu"
+    try:
+        from ...ir.ops import resolve_aten
+        out = resolve_aten(node.op)(*args, **kwargs)
+    except Exception:       # an op torch refuses here: not provably constant
+        return None
+    if not isinstance(out, torch.Tensor) or out.numel() > _CONST_LIMIT:
+        return None
+    memo[v.id] = out
+    return out
+
+
+def _hides_nothing(mask: Value, memo: dict) -> bool:
+    """``mask`` is a constant that masks nothing: all True (bool) or all zero (added to the scores)."""
+    if not _static(mask.meta.shape):
+        return False
+    m = _constant(mask, memo)
+    if not isinstance(m, torch.Tensor):
+        return False
+    return bool(m.all()) if m.dtype == torch.bool else bool((m == 0).all())
+
+
 # -- the pass -------------------------------------------------------------------------------------
 def _match(node: Node, users, pinned: set[int], masks: dict) -> tuple[tuple, list[Node]] | None:
     a = _bind(node)
@@ -208,6 +277,8 @@ def _match(node: Node, users, pinned: set[int], masks: dict) -> tuple[tuple, lis
         n_rep *= ek[1]  # repeat_interleave twice is repeat_interleave by the product
         absorbed = ek[2] + [n for n in ev[2] if all(n is not m for m in ek[2])]
     q_pos = None
+    if mask is not None and _hides_nothing(mask, masks.setdefault("constants", {})):
+        mask = None
     if mask is not None:
         key = (mask.id, str(q.meta.shape[-2]), str(k.meta.shape[-2]), q.meta.rank)
         if key not in masks:  # layers share one mask: look at its chain once

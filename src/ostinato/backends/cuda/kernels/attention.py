@@ -59,6 +59,18 @@ def _decode_plan(q, k, v, mask, q_pos, is_causal) -> tuple | None:
     return (64, block_for(q.shape[-1])) if decode else None
 
 
+def _dense_last(mask):
+    """``mask`` with a unit stride on its last dim, as torch's fused attention kernels (cuDNN, flash,
+    memory-efficient) require; given anything else torch runs the math path (fp32 matmuls and a
+    softmax kernel: T5's position bias, permuted, took it in eager too). Dims broadcast with stride 0
+    stay broadcast: only the distinct values are copied."""
+    if mask is None or mask.dim() == 0 or mask.stride(-1) == 1 or mask.shape[-1] == 1:
+        return mask
+    last = mask.dim() - 1
+    base = mask[tuple(slice(0, 1) if d != last and mask.stride(d) == 0 else slice(None) for d in range(mask.dim()))]
+    return base.contiguous().expand(mask.shape)
+
+
 def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, *, out=None):
     """ost.sdpa on CUDA: the decode case runs the Triton kernel; every other case runs the reference
     (torch's SDPA). The choice is made once per shapes and layout (the op-level graph cache)."""
@@ -67,7 +79,7 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, *
     plan = op_graph_cache.get(key, lambda: _decode_plan(q, k, v, mask, q_pos, is_causal))
     if plan is None:
         from ....ir.fused_ops import sdpa as reference
-        res = reference(q, k, v, mask, q_pos, scale, n_rep, is_causal)
+        res = reference(q, k, v, _dense_last(mask), q_pos, scale, n_rep, is_causal)
         return res if out is None else out.copy_(res)
     block_n, block_d = plan
     B, Hq, _, D = q.shape
