@@ -46,6 +46,11 @@ def _r(g, shape, dtype, device, scale=1.0):
 
 
 _ROPE_TOL = {torch.float16: 2.5e-3}
+
+
+def _slices(packed, cols, *extra):
+    """(gate, up) as the two column slices of one packed projection's output."""
+    return (packed[..., :cols], packed[..., cols:2 * cols], *extra), {}
 _LONGEST = (1 << 16) - 3     # backends/cuda/kernels/common.MAX_BLOCK - 3: the longest row, off a power of two
 
 CASES = [
@@ -78,6 +83,14 @@ CASES = [
     KernelCase("ost.rope", "3d", lambda g, dt, dev: ((_r(g, (6, 3, 8), dt, dev), _r(g, (6, 1, 8), dt, dev),
                                                       _r(g, (6, 1, 8), dt, dev)), {})),
     KernelCase("ost.swiglu", "", lambda g, dt, dev: ((_r(g, (3, 7, 40), dt, dev), _r(g, (3, 7, 40), dt, dev)), {})),
+    # a packed sibling projection's slices and a head view of one: read where they lie, no copy
+    KernelCase("ost.swiglu", "packed-slices", lambda g, dt, dev: _slices(_r(g, (3, 7, 80), dt, dev), 40)),
+    KernelCase("ost.swiglu", "dense-and-slice", lambda g, dt, dev: ((_r(g, (3, 7, 40), dt, dev),
+                                                                     _r(g, (3, 7, 96), dt, dev)[..., 50:90]), {})),
+    KernelCase("ost.geglu", "packed-slices", lambda g, dt, dev: _slices(_r(g, (2, 3, 66), dt, dev), 33, "tanh")),
+    KernelCase("ost.rope", "head-view", lambda g, dt, dev: ((_r(g, (2, 5, 12, 32), dt, dev)[:, :, 4:8].permute(0, 2, 1, 3),
+                                                             _r(g, (5, 32), dt, dev), _r(g, (5, 32), dt, dev)), {}),
+               tol=_ROPE_TOL),
     KernelCase("ost.geglu", "tanh", lambda g, dt, dev: ((_r(g, (5, 33), dt, dev), _r(g, (5, 33), dt, dev), "tanh"), {})),
     KernelCase("ost.geglu", "erf", lambda g, dt, dev: ((_r(g, (5, 33), dt, dev), _r(g, (5, 33), dt, dev)), {})),
     KernelCase("ost.swiglu_packed", "", lambda g, dt, dev: ((_r(g, (2, 3, 64), dt, dev),), {})),

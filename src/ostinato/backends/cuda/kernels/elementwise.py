@@ -13,24 +13,38 @@ def _act(name: str, approximate: str = "none") -> int:
     return 0 if name == "silu" else (2 if approximate == "tanh" else 1)
 
 
+def _rows(t: torch.Tensor, cols: int) -> tuple[torch.Tensor, int]:
+    """``t`` as rows of ``cols`` dense elements at one row stride, and that stride: a slice of a packed
+    projection's output is read where it lies; anything else is copied dense first."""
+    if t.stride(-1) == 1 or t.shape[-1] == 1:
+        try:
+            r = t.view(-1, t.shape[-1])
+            if r.shape[0] <= 1 or r.stride(0) >= cols:
+                return t, (r.stride(0) if r.shape[0] > 1 else cols)
+        except RuntimeError:
+            pass
+    return t.contiguous(), t.shape[-1]
+
+
 def _gated(gate: torch.Tensor, up: torch.Tensor, act: int, out: torch.Tensor | None, packed: bool) -> torch.Tensor:
     cols = gate.shape[-1] // 2 if packed else gate.shape[-1]
     shape = (*gate.shape[:-1], cols)
     out = torch.empty(shape, dtype=gate.dtype, device=gate.device) if out is None else out
     n = out.numel()
     if n:
-        stride = 2 * cols if packed else cols
-        LIBRARY.kernel("gated", ACT=act, BLOCK=_BLOCK)(gate, up, out, n, cols, stride, grid=(cdiv(n, _BLOCK),))
+        if packed:
+            gs = us = 2 * cols
+        else:
+            (gate, gs), (up, us) = _rows(gate, cols), _rows(up, cols)
+        LIBRARY.kernel("gated", ACT=act, BLOCK=_BLOCK)(gate, up, out, n, cols, gs, us, grid=(cdiv(n, _BLOCK),))
     return out
 
 
 def swiglu(gate, up, *, out=None):
-    gate, up = gate.contiguous(), up.contiguous()
     return _gated(gate, up, 0, out, False)
 
 
 def geglu(gate, up, approximate: str = "none", *, out=None):
-    gate, up = gate.contiguous(), up.contiguous()
     return _gated(gate, up, _act("gelu", approximate), out, False)
 
 
@@ -50,8 +64,10 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     if x.dim() > 4:
         from ....ir.fused_ops import rope as reference
         return reference(x, cos, sin, interleaved, out=out)
-    x = x.contiguous()
+    if x.stride(-1) != 1 and x.shape[-1] > 1:
+        x = x.contiguous()
     shape = (1,) * (4 - x.dim()) + tuple(x.shape)
+    xs = (0,) * (4 - x.dim()) + tuple(x.stride())
     out_dtype = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device) if out is None else out
     c = cos.contiguous().expand(x.shape)   # broadcast dims get stride 0; the last dim stays dense
@@ -61,7 +77,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     rows = shape[0] * shape[1] * shape[2]
     if rows and shape[3]:
         LIBRARY.kernel("rope", INTERLEAVED=bool(interleaved), BLOCK=block_for(shape[3]))(
-            x, c, s, out, shape[3], shape[1], shape[2], cs[0], cs[1], cs[2], ss[0], ss[1], ss[2], grid=(rows,))
+            x, c, s, out, shape[3], shape[1], shape[2], xs[0], xs[1], xs[2], cs[0], cs[1], cs[2], ss[0], ss[1], ss[2],
+            grid=(rows,))
     return out
 
 

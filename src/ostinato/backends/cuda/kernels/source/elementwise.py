@@ -14,15 +14,16 @@ def _gelu(g, TANH: tl.constexpr):
 
 
 @triton.jit
-def gated_kernel(gate_ptr, up_ptr, out_ptr, n, cols, gate_stride, ACT: tl.constexpr, BLOCK: tl.constexpr):
-    """out[r, c] = act(gate[r, c]) * up[r, c]; ``gate_stride`` is the row stride of gate and up (cols
-    for separate tensors, 2 * cols for one packed projection, up then starting at gate + cols)."""
+def gated_kernel(gate_ptr, up_ptr, out_ptr, n, cols, gate_stride, up_stride, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    """out[r, c] = act(gate[r, c]) * up[r, c]; ``gate_stride`` and ``up_stride`` are the row strides of
+    gate and up (cols for dense tensors, 2 * cols for one packed projection or the slices of a packed
+    sibling projection, up then starting at gate + cols); out is dense."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     r = offs // cols
     c = offs % cols
     g = tl.load(gate_ptr + r * gate_stride + c, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + r * gate_stride + c, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + r * up_stride + c, mask=mask, other=0.0).to(tl.float32)
     if ACT == 0:
         a = g * tl.sigmoid(g)
     elif ACT == 1:
@@ -35,13 +36,15 @@ def gated_kernel(gate_ptr, up_ptr, out_ptr, n, cols, gate_stride, ACT: tl.conste
 
 
 @triton.jit
-def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_cols, d1, d2, c0, c1, c2, s0, s1, s2,
+def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_cols, d1, d2, x0, x1, x2, c0, c1, c2, s0, s1, s2,
                 INTERLEAVED: tl.constexpr, BLOCK: tl.constexpr):
-    """One row of x ([d0, d1, d2, n_cols] contiguous); cos/sin read through broadcast strides."""
+    """One row of x ([d0, d1, d2, n_cols], rows at strides x0, x1, x2, the last dim dense; a head view of
+    a packed projection needs no copy); cos/sin read through broadcast strides; out is dense."""
     row = tl.program_id(0).to(tl.int64)
     i2 = row % d2
     i1 = (row // d2) % d1
     i0 = row // (d1 * d2)
+    x_row = x_ptr + i0 * x0 + i1 * x1 + i2 * x2
     cos_row = cos_ptr + i0 * c0 + i1 * c1 + i2 * c2
     sin_row = sin_ptr + i0 * s0 + i1 * s1 + i2 * s2
     cols = tl.arange(0, BLOCK)
@@ -53,8 +56,8 @@ def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_cols, d1, d2, c0, c1, c2, s0
     else:             # pairs (i, i + d/2): rotate = cat(-x2, x1)
         partner = tl.where(cols < half, cols + half, cols - half)
         sign = tl.where(cols < half, -1.0, 1.0)
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    xr = tl.load(x_ptr + row * n_cols + partner, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    xr = tl.load(x_row + partner, mask=mask, other=0.0).to(tl.float32)
     c = tl.load(cos_row + cols, mask=mask, other=0.0).to(tl.float32)
     s = tl.load(sin_row + cols, mask=mask, other=0.0).to(tl.float32)
     dt = out_ptr.dtype.element_ty
