@@ -205,3 +205,17 @@ def test_a_worker_that_cannot_start_is_a_dead_worker(workers, monkeypatch):
                                          "arg_types": NORM_TYPES, "constexprs": _norm_flags(64), "arch": 90})
     with pytest.raises(compile_workers.WorkerDied, match="no compile worker could start"):
         fut.result(timeout=60)
+
+
+def test_a_worker_whose_parent_has_gone_exits_quietly():
+    """The parent stops reading (it exited, or gave up): the worker ends without a traceback."""
+    import subprocess
+    import sys
+    from ostinato.backends.cuda import triton_compile
+    p = subprocess.Popen([sys.executable, triton_compile.__file__], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()                      # nobody will read the answer
+    p.stdin.write(b'{"path": "/nonexistent.py", "kernel": "k"}\n')
+    p.stdin.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0 and "BrokenPipe" not in err and "Traceback" not in err, err

@@ -111,8 +111,11 @@ def serve(requests, answers) -> None:
             head = {"ok": False, "error": str(e) if isinstance(e, CompileError)
                     else f"{type(e).__name__}: {_first_line(e)}"}
         head.update(seconds=time.perf_counter() - t0, nbytes=len(cubin))
-        answers.write(json.dumps(head).encode() + b"\n" + cubin)
-        answers.flush()
+        try:
+            answers.write(json.dumps(head).encode() + b"\n" + cubin)
+            answers.flush()
+        except BrokenPipeError:     # the parent has gone (it exited, or gave up waiting): nobody to answer
+            return
 
 
 def main() -> None:
