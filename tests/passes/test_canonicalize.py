@@ -155,3 +155,40 @@ def test_symbolic_shapes_compare_by_text():
     exe = ostinato.compile(prog)
     for inp in (x, torch.randn(9, 12)):
         assert_same(exe(inp), model(inp))
+
+
+class PartialRotary(torch.nn.Module):
+    """Phi-3's rotary form: the rotated part cat'ed with the pass-through part, empty here."""
+
+    def __init__(self, rotary: int):
+        super().__init__()
+        self.rotary = rotary
+
+    def forward(self, q, cos, sin):
+        rot, keep = q[..., :self.rotary], q[..., self.rotary:]
+        half = rot.shape[-1] // 2
+        rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+        return torch.cat([rot * cos + rotated * sin, keep], dim=-1) * 2
+
+
+def test_cat_with_empty_parts_is_its_one_part():
+    gen = torch.Generator().manual_seed(0)
+    for rotary, cats in ((8, 1), (6, 2)):     # whole head: the outer cat goes; a real pass-through: stays
+        inputs = [(torch.randn(2, 3, 5, 8, generator=gen), torch.randn(5, rotary, generator=gen),
+                   torch.randn(5, rotary, generator=gen)) for _ in range(2)]
+        model = PartialRotary(rotary)
+        prog = ostinato.export(model, inputs[0], passes=[("canonicalize", canonicalize), ("dce", dce)])
+        assert prog.op_counts().get("aten.cat", 0) == cats, prog.op_counts()
+        exe = ostinato.compile(prog)
+        for a in inputs:
+            assert_same(exe(*a), model(*a))
+
+
+def test_cat_with_an_empty_part_stays_as_an_output():
+    """The one part is an input (not a temp): the cat is the output's own copy, so it stays."""
+    g = Graph()
+    x = g.new_value("x", f32(2, 3), "input")
+    e = g.new_value("e", f32(2, 0), "input")
+    g.outputs = [op(g, "aten.cat", ([x, e], 1), f32(2, 3))]
+    _run_both(g, {"x": torch.randn(2, 3), "e": torch.randn(2, 0)})
+    assert g.op_counts() == {"aten.cat": 1}

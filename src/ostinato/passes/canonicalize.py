@@ -134,6 +134,31 @@ def _removable_copy(node: Node, ctx: _Context) -> Value | None:
     return x
 
 
+def _cat(node: Node, ctx: _Context) -> Any:
+    """cat of one tensor and empty ones (size 0 along the dim, static): that tensor, when it could stand
+    for a copy of itself (as a removable clone). Phi-3's rotary embedding cats the rotated part with the
+    pass-through part, empty when the rotary dim is the whole head (every Phi-3-mini layer)."""
+    parts = node.args[0] if node.args else None
+    dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+    if not isinstance(parts, (list, tuple)) or not isinstance(dim, int):
+        return _KEEP
+    out = node.outputs[0]
+    kept = []
+    for p in parts:
+        if not isinstance(p, Value) or not isinstance(p.meta, TensorMeta):
+            return _KEEP
+        size = p.meta.shape[dim] if -p.meta.rank <= dim < p.meta.rank else None
+        if not (isinstance(size, int) and size == 0):
+            kept.append(p)
+    if len(kept) != 1 or len(parts) == 1:
+        return _KEEP
+    x = kept[0]
+    if x.role != "temp" or not _same_meta(x, out) or x.id in ctx.pinned or out.id in ctx.pinned \
+            or x.id in ctx.volatile or out.id in ctx.volatile or _reaches_layout_sensitive(out, ctx):
+        return _KEEP
+    return x
+
+
 def _preserves_format(kwargs: dict) -> bool:
     return kwargs.get("memory_format") in (None, torch.preserve_format)
 
@@ -217,6 +242,7 @@ def _identity_arith(node: Node, ctx: _Context) -> Any:
 
 
 RULES: dict[str, Callable[[Node, _Context], Any]] = {
+    "aten.cat": _cat,
     **{op: _identity_arith for op in ("aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor",
                                       "aten.div.Tensor")},
     **{op: _reshape for op in _RESHAPES},
