@@ -17,6 +17,7 @@ from ..ir.ops import does_device_work
 from ..ir.fallback import is_fallback
 from ..program import Program
 from .codegen import compile_launches
+from .folding import fold_constants
 from .inputs import InputChecker
 from .packing import place_constants
 from .plan_cache import cached_plan
@@ -69,15 +70,27 @@ class Executable:
         def lower() -> list[Launch]:
             return backend.lower_graph(g)
 
+        # Launches reading only weights run once here, into the template (folding.py): the plan runs the
+        # rest. The same rule gives the same split for a plan the cache or this process compiled before.
+        constant_slots = {v.slot for v in g.constants}
+        folded: list[list[Launch]] = []
+
+        def fold(launches: list[Launch]) -> list[Launch]:
+            if not folded:
+                folded.append(fold_constants(launches, self._template, constant_slots, keep, backend)[0])
+            return folded[0]
+
         def build(launches: list[Launch], keep: set[int]):
-            return compile_launches(launches, keep, name="run_" + backend.name)
+            return compile_launches(fold(launches), keep, name="run_" + backend.name)
 
         if cache:
-            self.launches, self._plan, self.plan_source = cached_plan(program, backend, self.num_slots, keep,
-                                                                      lower, build)
+            launches, self._plan, self.plan_source = cached_plan(program, backend, self.num_slots, keep, lower, build)
         else:
-            self.launches = lower()
-            self._plan, self.plan_source = build(self.launches, keep), "compiled"
+            launches = lower()
+            self._plan, self.plan_source = build(launches, keep), "compiled"
+        # the launches one call runs (a plan this process built before was folded then: fold again here)
+        self.launches = fold(launches)
+        self.folded_launches = len(launches) - len(self.launches)
         self.compile_seconds = time.perf_counter() - t0
         # Slots read after a plan runs: its outputs and the values state and inputs must take.
         self.kept_slots = keep
@@ -207,6 +220,7 @@ class Executable:
         """Plan source and, with replay, captures, replays, bucket hits and plan hits/misses; the backend's
         kernel compiles (process-wide: compiled, from the cache, seconds, calls deferred, in flight)."""
         counts = {"launches": len(self.launches), "compile_seconds": self.compile_seconds,
+                  "folded_launches": self.folded_launches,
                   "kernels": sum(1 for l in self.launches if launch_is_kernel(l)),
                   "fused_kernels": sum(1 for l in self.launches if l.op == "ost.fused"),
                   # launches a backend runs through torch instead of its own kernels (MLX's bridge)

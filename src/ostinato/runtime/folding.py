@@ -1,0 +1,133 @@
+"""Constant folding at compile: launches whose every input is a weight (or made from weights and
+literals alone) run once when the executable is built, and their results join its constants.
+
+A model's forward often recomputes, on every call, values that depend on its weights only: T5's
+relative position bias (the buckets of an arange, an embedding, a permute), DeBERTa's position keys
+and queries (each layer's projections of the shared relative embeddings, their head splits), tables
+built from aranges. Inductor folds such values only under ``freezing``; torch.compile's default does
+not. ostinato folds them when it builds the executable, on the target device with the backend's own
+kernels, so a step launches only what depends on its inputs or state.
+
+What folds: a launch of a pure, deterministic op (no random draws, no host reads, no in-place writes,
+no op run through eager torch for lack of a kernel) reading only constants, literals and results of
+launches folded before it. Not folded, so that memory stays as eager's: a launch whose results are
+more than twice as large as its largest input (plus 1 MiB; 16 MiB for creation ops without inputs),
+which would keep a broadcast or a ``repeat`` materialised (DeBERTa's position keys repeated over the
+batch stay a per-step copy of a folded value); anything once 1 GiB has been folded; and a value the
+plan returns or writes back (the caller could modify what it receives). Folded values that only other
+folded launches read are dropped after folding.
+
+Deterministic for a given program and device: a cached plan built by the same rule runs the same
+launches. ``OSTINATO_FOLD_CONSTANTS=0`` turns folding off (the A/B switch).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from ..backends.base import Launch, _Slot, _SlotList
+from ..ir import get_op
+
+log = logging.getLogger("ostinato")
+
+_FUSED = ("ost.fused",)             # generated groups: pure by construction (groups close at impure nodes)
+_GROWTH_SLACK = 1 << 20
+_CREATION_LIMIT = 16 << 20
+_TOTAL_LIMIT = 1 << 30
+
+
+def folding_enabled() -> bool:
+    return os.environ.get("OSTINATO_FOLD_CONSTANTS", "1") != "0"
+
+
+def _foldable_op(op: str) -> bool:
+    if op in _FUSED:
+        return True
+    if op.startswith("fallback."):
+        return False
+    d = get_op(op)
+    return d is not None and d.pure and not d.random and not d.host_sync and d.category != "inplace"
+
+
+def _slots(a: Any):
+    if type(a) is _Slot:
+        yield a.i
+    elif type(a) is _SlotList:
+        for x in a.items:
+            if type(x) is _Slot:
+                yield x.i
+
+
+def _value(a: Any, env: list) -> Any:
+    if type(a) is _Slot:
+        return env[a.i]
+    if type(a) is _SlotList:
+        return [env[x.i] if type(x) is _Slot else x for x in a.items]
+    return a
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(t) for t in x)
+    return 0
+
+
+def fold_constants(launches: list[Launch], template: list, constant_slots: set[int], keep: set[int],
+                   backend) -> tuple[list[Launch], int]:
+    """Run the foldable launches of ``launches`` (in order) into ``template``; return the launches left
+    to run per call and the bytes of folded values kept. ``constant_slots``: the slots ``template``
+    holds weights in; ``keep``: slots the plan returns or writes back (never folded)."""
+    if not folding_enabled():
+        return launches, 0
+    known = set(constant_slots)
+    folded: set[int] = set()          # launch indices
+    made: set[int] = set()            # slots produced by folded launches
+    total = 0
+    for k, launch in enumerate(launches):
+        reads = [i for a in (*launch.args, *launch.kwargs.values()) for i in _slots(a)]
+        outs = [o for o in launch.outs if o >= 0]
+        if not outs or any(o in keep for o in outs) or not all(i in known for i in reads) \
+                or not _foldable_op(launch.op):
+            continue
+        args = [_value(a, template) for a in launch.args]
+        kwargs = {name: _value(a, template) for name, a in launch.kwargs.items()}
+        try:
+            with torch.no_grad():
+                result = launch.fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - a launch that cannot run here runs per call, as before
+            log.debug("ostinato: %s (%s) not folded: %s", launch.name, launch.op, e)
+            continue
+        results = list(result) if launch.unpack else [result]
+        if len(results) != len(launch.outs) or any(
+                r is not None and not isinstance(r, (torch.Tensor, int, float, bool)) for r in results):
+            continue
+        largest = max((_nbytes(template[i]) for i in reads), default=0)
+        size = sum(_nbytes(r) for r in results)
+        limit = 2 * largest + _GROWTH_SLACK if reads else _CREATION_LIMIT
+        if size > limit or total + size > _TOTAL_LIMIT:
+            continue
+        total += size
+        for o, r in zip(launch.outs, results):
+            if o >= 0:
+                template[o] = r
+                known.add(o)
+                made.add(o)
+        folded.add(k)
+    if not folded:
+        return launches, 0
+    rest = [l for k, l in enumerate(launches) if k not in folded]
+    read_later = {i for l in rest for a in (*l.args, *l.kwargs.values()) for i in _slots(a)}
+    kept = 0
+    for o in made:
+        if o in read_later:
+            kept += _nbytes(template[o])
+        else:
+            template[o] = None      # read only by other folded launches
+    backend.synchronize()
+    log.debug("ostinato: %d launches folded into constants (%d bytes kept)", len(folded), kept)
+    return rest, kept

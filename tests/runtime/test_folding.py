@@ -1,0 +1,119 @@
+"""Constant folding at compile (runtime/folding.py): launches that read only weights run once when the
+executable is built; a step runs the rest. Checked against eager on random inputs, with folding on and
+off, on modules in the forms models use (a relative position bias, per-layer projections of a shared
+table, a repeat over the batch) and on transformers' T5 and DeBERTa-v2 encoders."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import ostinato
+from helpers import assert_same
+
+
+class RelativeBias(torch.nn.Module):
+    """T5's form: buckets of aranges, an embedding, a permute; added to input-dependent scores. Plus
+    DeBERTa's: a projection of a shared table (weights only), then split into heads and repeated."""
+
+    def __init__(self, t=6, heads=2, dim=8, repeat=False):
+        super().__init__()
+        self.bias = torch.nn.Embedding(16, heads)
+        self.table = torch.nn.Parameter(torch.randn(2 * t, dim))
+        self.proj = torch.nn.Linear(dim, dim)
+        self.q = torch.nn.Linear(dim, dim)
+        self.t, self.heads, self.repeat = t, heads, repeat
+
+    def forward(self, x):                     # x: [B, T, dim]
+        pos = torch.arange(self.t)
+        rel = (pos[None, :] - pos[:, None]).abs().clamp(max=15)
+        bias = self.bias(rel).permute(2, 0, 1)[None]               # [1, H, T, T]: weights only
+        keys = self.proj(torch.nn.functional.layer_norm(self.table, (self.table.shape[-1],)))
+        keys = keys.view(2 * self.t, self.heads, -1).transpose(0, 1)   # [H, 2T, D/H]: weights only
+        if self.repeat:
+            keys = keys.repeat(x.shape[0], 1, 1)                    # [B*H, 2T, D/H]: grows with the batch
+        q = self.q(x).view(x.shape[0], self.t, self.heads, -1).transpose(1, 2)
+        k = keys.reshape(x.shape[0] if self.repeat else 1, self.heads, 2 * self.t, -1)
+        scores = q @ k[..., :self.t, :].transpose(-1, -2) + bias
+        return scores.softmax(-1)
+
+
+def _run(model, inputs, monkeypatch, fold: bool):
+    monkeypatch.setenv("OSTINATO_FOLD_CONSTANTS", "1" if fold else "0")
+    prog = ostinato.export(copy.deepcopy(model), inputs[0])
+    exe = ostinato.compile(prog, cache=False)
+    for a in inputs:
+        with torch.no_grad():
+            assert_same(exe(*a), model(*a))
+    return exe
+
+
+@pytest.mark.parametrize("repeat", [False, True])
+def test_weight_only_values_fold_and_match(monkeypatch, repeat):
+    from ostinato.runtime import folding
+    monkeypatch.setattr(folding, "_GROWTH_SLACK", 4096)    # the model's tensors are a few hundred bytes
+    torch.manual_seed(0)
+    model = RelativeBias(repeat=repeat).eval()
+    gen = torch.Generator().manual_seed(1)
+    inputs = [(torch.randn(64, 6, 8, generator=gen),) for _ in range(3)]
+    on = _run(model, inputs, monkeypatch, fold=True)
+    off = _run(model, inputs, monkeypatch, fold=False)
+    assert off.stats()["folded_launches"] == 0
+    assert on.stats()["folded_launches"] >= 5            # aranges, buckets, embedding, norm, projection, ...
+    assert on.stats()["kernels"] < off.stats()["kernels"]
+    repeats = [l for l in on.launches if l.op == "aten.repeat"]
+    assert len(repeats) == (1 if repeat else 0)           # a copy 64x its input stays a per-step launch
+
+
+class ReturnsATable(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return x + 1, self.w * 2          # the second output depends on the weight only
+
+
+def test_a_returned_value_is_never_folded(monkeypatch):
+    model = ReturnsATable().eval()
+    exe = _run(model, [(torch.randn(4),)], monkeypatch, fold=True)
+    first = exe(torch.randn(4))[1]
+    first.add_(100.0)                     # the caller owns what it receives
+    assert_same(exe(torch.randn(4))[1], model.w.detach() * 2)
+
+
+def _hf(name):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if name == "t5":
+        config = transformers.T5Config(d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4, vocab_size=100)
+        model = transformers.T5EncoderModel(config)
+    else:
+        config = transformers.DebertaV2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                              intermediate_size=64, vocab_size=100, relative_attention=True,
+                                              position_buckets=16, norm_rel_ebd="layer_norm", share_att_key=True,
+                                              pos_att_type=["p2c", "c2p"], max_relative_positions=-1,
+                                              position_biased_input=False)
+        model = transformers.DebertaV2Model(config)
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids).last_hidden_state
+
+    return Hidden(model).eval()
+
+
+@pytest.mark.parametrize("name", ["t5", "deberta"])
+def test_transformers_encoders_fold_their_position_tables(monkeypatch, name):
+    model = _hf(name)
+    gen = torch.Generator().manual_seed(2)
+    inputs = [(torch.randint(3, 100, (2, 12), generator=gen),) for _ in range(2)]
+    on = _run(model, inputs, monkeypatch, fold=True)
+    off = _run(model, inputs, monkeypatch, fold=False)
+    assert on.stats()["folded_launches"] > 0
+    assert on.stats()["kernels"] < off.stats()["kernels"], (on.stats()["kernels"], off.stats()["kernels"])
