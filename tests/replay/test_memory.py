@@ -113,8 +113,10 @@ def test_memory_report_per_signature():
     assert [r.signature for r in reports] == [f"{symbol}=1", f"{symbol}=2"]
     one, two = reports
     assert one.temporaries == two.temporaries
-    # Nearly every temporary scales with the batch (not the position table), so batch 2 needs more
-    # bytes, but at most twice as many.
-    assert one.naive_bytes < two.naive_bytes <= 2 * one.naive_bytes
-    assert one.arena_bytes < two.arena_bytes <= 2 * one.arena_bytes
+    # Every temporary scales with the batch (the position table, weights only, is folded into a
+    # constant at compile), so batch 2 needs more bytes, about twice as many (up to each buffer's
+    # 64-byte alignment).
+    slack = 64 * one.temporaries
+    assert one.naive_bytes < two.naive_bytes <= 2 * one.naive_bytes + slack
+    assert one.arena_bytes < two.arena_bytes <= 2 * one.arena_bytes + slack
     assert all(r.arena_bytes < r.naive_bytes for r in reports)

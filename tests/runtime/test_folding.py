@@ -117,3 +117,19 @@ def test_transformers_encoders_fold_their_position_tables(monkeypatch, name):
     off = _run(model, inputs, monkeypatch, fold=False)
     assert on.stats()["folded_launches"] > 0
     assert on.stats()["kernels"] < off.stats()["kernels"], (on.stats()["kernels"], off.stats()["kernels"])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["t5", "deberta"])
+def test_folding_on_the_gpu(monkeypatch, name):
+    """The same encoders compiled for CUDA (generated kernels folded too), step and replay, bf16."""
+    model = _hf(name).to("cuda", torch.bfloat16)
+    gen = torch.Generator().manual_seed(3)
+    inputs = [(torch.randint(3, 100, (2, 12), generator=gen).cuda(),) for _ in range(3)]
+    prog = ostinato.export(copy.deepcopy(model), inputs[0])
+    for replay in (False, True):
+        exe = ostinato.compile(prog, device="cuda", replay=replay, cache=False)
+        assert exe.stats()["folded_launches"] > 0
+        for a in inputs:
+            with torch.no_grad():
+                assert_same(exe(*a), model(*a), tol=3e-2)
