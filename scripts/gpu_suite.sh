@@ -2,13 +2,13 @@
 # The benchmark suite on the lent GPU machine, from the repository root, results under $OUT.
 #
 #   scripts/gpu_suite.sh              the quick subset (under 8 minutes on one H100; no AOTInductor)
-#   scripts/gpu_suite.sh 3/21 [ARGS]  part 3 of 21 of the full CUDA matrix (ARGS go to bench/run_suite.py,
+#   scripts/gpu_suite.sh 3/36 [ARGS]  part 3 of 36 of the full CUDA matrix (ARGS go to bench/run_suite.py,
 #                                     e.g. --startup-configs representative: one configuration per category)
 #   scripts/gpu_suite.sh list [ARGS]  the CUDA configurations, their estimates and the parts they need
 #
 # The full matrix (64 configurations, every runner: eager, CUDA graph of eager, torch.compile default and
 # reduce-overhead, ostinato with and without replay, AOTInductor with and without a CUDA graph) is about
-# 21 parts with --startup-configs representative (`list --startup-configs representative` says). A
+# 36 parts with --startup-configs representative (`list --startup-configs representative` says). A
 # configuration estimated above one part's budget gets a part of its own and may not fit 10 minutes:
 # run its runners in two calls (e.g. `1/1 --configs NAME --runners aoti,aoti_cuda_graph --no-startup`
 # and `1/1 --configs NAME --runners eager,cuda_graph_eager,torch_compile,torch_compile_ro,ostinato,ostinato_replay`);
