@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 CATEGORIES = ("dispatch-heavy", "small-llm", "diffusion", "gpu-bound", "speech-vision", "user-written", "encoder",
               "vision", "state-space")
@@ -190,6 +190,10 @@ def _gpu_families() -> list[Config]:
         ("mamba-130m-b8-t32", "state-space", "mamba", "mamba-130m", {"batch": 8, "tokens": 32}, (4, 60, 120, 0.06)),
     )
     out += _hf_configs("cuda", "bfloat16", dec, family, one)
+    # Mamba runs in fp32: in bf16 its eager reference (transformers' sequential scan, no mamba_ssm) is
+    # off its own fp32 logits by up to 14.8 (CPU; logits within +-13.8), so no runner can be checked
+    # against it (H100: reduce-overhead's output 1.30 from it, ostinato's 0.52, tolerance 0.05).
+    out = [replace(c, dtype="float32") if c.family == "mamba" else c for c in out]
     for arch, batch in (("large", 1), ("large", 32)):
         out.append(Config(f"gpu/mobilenetv3-{arch}-b{batch}", "vision", "mobilenetv3", "mobilenet-v3",
                           {"arch": arch, "batch": batch, "res": 224}, "cuda", "bfloat16",
