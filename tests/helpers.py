@@ -72,11 +72,13 @@ def assert_decode_matches(exe, ref_model: torch.nn.Module, steps: int, vocab: in
 
 
 class LastHidden(torch.nn.Module):
-    """A transformers base model called on token ids without a cache, returning last_hidden_state."""
+    """A transformers base model called on token ids without a cache, returning last_hidden_state
+    (``use_cache=None``: encoders whose forward takes no such keyword)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, use_cache: bool | None = False):
         super().__init__()
         self.model = model
+        self.kwargs = {} if use_cache is None else {"use_cache": use_cache}
 
     def forward(self, ids):
-        return self.model(input_ids=ids, use_cache=False).last_hidden_state
+        return self.model(input_ids=ids, **self.kwargs).last_hidden_state

@@ -7,7 +7,7 @@ from torch.export import Dim
 
 import ostinato
 from examples.tiny_decoder import TinyDecoder, decode_inputs
-from helpers import assert_decode_matches, assert_same, export_and_compare
+from helpers import LastHidden, assert_decode_matches, assert_same, export_and_compare
 from models.test_hf_decoders import MAX_CACHE, decode_inputs as hf_decode_inputs, make_wrapper
 
 pytestmark = pytest.mark.filterwarnings("ignore:While compiling, we found certain side effects")
@@ -304,17 +304,8 @@ def test_hf_bert_traced_mask_is_dropped():
                                      intermediate_size=64, vocab_size=100)
     torch.manual_seed(0)
     model = transformers.BertModel(config).eval()
-
-    class Hidden(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids):
-            return self.m(input_ids=ids).last_hidden_state
-
     gen = torch.Generator().manual_seed(0)
     ids = [torch.randint(0, 100, (3, 12), generator=gen) for _ in range(2)]
-    prog, _ = export_and_compare(Hidden(model), (ids[0],), more_inputs=[(ids[1],)])
+    prog, _ = export_and_compare(LastHidden(model, use_cache=None), (ids[0],), more_inputs=[(ids[1],)])
     nodes = sdpa_nodes(prog)
     assert len(nodes) == 2 and all(n.args[3] is None and n.args[4] is None for n in nodes)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ostinato
-from helpers import assert_same
+from helpers import LastHidden, assert_same
 
 
 class RelativeBias(torch.nn.Module):
@@ -96,16 +96,7 @@ def _hf(name):
                                               pos_att_type=["p2c", "c2p"], max_relative_positions=-1,
                                               position_biased_input=False)
         model = transformers.DebertaV2Model(config)
-
-    class Hidden(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids):
-            return self.m(input_ids=ids).last_hidden_state
-
-    return Hidden(model).eval()
+    return LastHidden(model, use_cache=None).eval()
 
 
 @pytest.mark.parametrize("name", ["t5", "deberta"])
