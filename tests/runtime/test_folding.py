@@ -124,3 +124,33 @@ def test_folding_on_the_gpu(monkeypatch, name):
         for a in inputs:
             with torch.no_grad():
                 assert_same(exe(*a), model(*a), tol=3e-2)
+
+
+def test_a_value_an_impure_launch_takes_is_never_folded(monkeypatch):
+    """A weight-only value that a state write reads (through a view) stays a per-call value."""
+    from ostinato.backends.base import Launch
+    from ostinato.runtime.folding import fold_constants
+
+    w = torch.randn(4)
+    template = [w, None, None, None]
+
+    def launch(fn, op, args, outs):
+        return Launch.of(fn, op, op, tuple(args), {}, tuple(outs), False)
+
+    from ostinato.backends.base import _Slot
+    plan = [launch(torch.mul, "aten.mul.Tensor", [_Slot(0), 2.0], [1]),
+            launch(lambda x, shape: x.view(shape), "aten.view", [_Slot(1), [2, 2]], [2]),
+            launch(lambda v, c: v.copy_(c.view(2, 2)), "aten.copy_", [_Slot(2), _Slot(3)], [-1]),
+            launch(torch.add, "aten.add.Tensor", [_Slot(0), 1.0], [3])]
+
+    class B:
+        def synchronize(self):
+            pass
+
+    rest, _ = fold_constants(plan, template, {0}, set(), B())
+    # the copy_ may write any argument: the view of the doubled weight (so the doubling too) and the add
+    assert [l.op for l in rest] == ["aten.mul.Tensor", "aten.view", "aten.copy_", "aten.add.Tensor"]
+    assert template[1:] == [None, None, None]
+    # without the write, the same launches fold
+    rest, _ = fold_constants([plan[0], plan[1]], template, {0}, {2}, B())
+    assert [l.op for l in rest] == ["aten.view"] and torch.equal(template[1], w * 2)

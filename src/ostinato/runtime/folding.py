@@ -14,7 +14,8 @@ launches folded before it. Not folded, so that memory stays as eager's: a launch
 more than twice as large as its largest input (plus 1 MiB; 16 MiB for creation ops without inputs),
 which would keep a broadcast or a ``repeat`` materialised (DeBERTa's position keys repeated over the
 batch stay a per-step copy of a folded value); anything once 1 GiB has been folded; and a value the
-plan returns or writes back (the caller could modify what it receives). Folded values that only other
+plan returns or writes back (the caller could modify what it receives), nor one an impure launch takes
+as an argument (directly or through views: it could write it). Folded values that only other
 folded launches read are dropped after folding.
 
 Deterministic for a given program and device: a cached plan built by the same rule runs the same
@@ -77,6 +78,22 @@ def _nbytes(x: Any) -> int:
     return 0
 
 
+def _written(launches: list[Launch]) -> set[int]:
+    """Slots an impure launch may write (its arguments), and the slots they are views of: a folded value
+    must never be one, or each call would change it for the next (state writes take state slots, but
+    nothing here relies on it)."""
+    written: set[int] = set()
+    for launch in launches:
+        d = get_op(launch.op)
+        if launch.op not in _FUSED and (d is None or not d.pure):
+            written.update(i for a in (*launch.args, *launch.kwargs.values()) for i in _slots(a))
+    for launch in reversed(launches):
+        d = get_op(launch.op)
+        if d is not None and d.category == "view" and any(o in written for o in launch.outs):
+            written.update(i for a in launch.args for i in _slots(a))
+    return written
+
+
 def fold_constants(launches: list[Launch], template: list, constant_slots: set[int], keep: set[int],
                    backend) -> tuple[list[Launch], int]:
     """Run the foldable launches of ``launches`` (in order) into ``template``; return the launches left
@@ -84,6 +101,7 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
     holds weights in; ``keep``: slots the plan returns or writes back (never folded)."""
     if not folding_enabled():
         return launches, 0
+    written = _written(launches)
     known = set(constant_slots)
     folded: set[int] = set()          # launch indices
     made: set[int] = set()            # slots produced by folded launches
@@ -91,7 +109,7 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
     for k, launch in enumerate(launches):
         reads = [i for a in (*launch.args, *launch.kwargs.values()) for i in _slots(a)]
         outs = [o for o in launch.outs if o >= 0]
-        if not outs or any(o in keep for o in outs) or not all(i in known for i in reads) \
+        if not outs or any(o in keep or o in written for o in outs) or not all(i in known for i in reads) \
                 or not _foldable_op(launch.op):
             continue
         args = [_value(a, template) for a in launch.args]
