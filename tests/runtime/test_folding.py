@@ -147,10 +147,61 @@ def test_a_value_an_impure_launch_takes_is_never_folded(monkeypatch):
         def synchronize(self):
             pass
 
-    rest, _ = fold_constants(plan, template, {0}, set(), B())
+    rest, _, which = fold_constants(plan, template, {0}, set(), B())
     # the copy_ may write any argument: the view of the doubled weight (so the doubling too) and the add
     assert [l.op for l in rest] == ["aten.mul.Tensor", "aten.view", "aten.copy_", "aten.add.Tensor"]
-    assert template[1:] == [None, None, None]
+    assert template[1:] == [None, None, None] and which == frozenset()
     # without the write, the same launches fold
-    rest, _ = fold_constants([plan[0], plan[1]], template, {0}, {2}, B())
-    assert [l.op for l in rest] == ["aten.view"] and torch.equal(template[1], w * 2)
+    reader = launch(torch.add, "aten.add.Tensor", [_Slot(2), _Slot(3)], [4])      # slot 3: an input
+    template.append(None)
+    rest, _, which = fold_constants([plan[0], plan[1], reader], template, {0}, set(), B())
+    assert rest == [reader] and which == {0, 1}
+    assert template[1] is None and torch.equal(template[2], (w * 2).view(2, 2))   # only what the rest reads
+
+
+class ReturnsAView(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 3))
+
+    def forward(self, x):
+        return x + 1, (self.w * 2).t()    # a view of a weight-only value
+
+
+def test_a_returned_view_of_a_weight_only_value_is_fresh_each_call(monkeypatch):
+    model = ReturnsAView().eval()
+    exe = _run(model, [(torch.randn(4),)], monkeypatch, fold=True)
+    first = exe(torch.randn(4))[1]
+    first.add_(100.0)
+    assert_same(exe(torch.randn(4))[1], (model.w.detach() * 2).t())
+
+
+def test_a_plan_folded_otherwise_is_not_reused(monkeypatch):
+    """Two executables of one program in one process (the plan comes from memory the second time):
+    folding on, then off, then on again; each matches eager."""
+    torch.manual_seed(0)
+    model = RelativeBias().eval()
+    gen = torch.Generator().manual_seed(4)
+    inputs = [(torch.randn(2, 6, 8, generator=gen),) for _ in range(2)]
+    prog = ostinato.export(copy.deepcopy(model), inputs[0])
+    for fold in ("1", "0", "1"):
+        monkeypatch.setenv("OSTINATO_FOLD_CONSTANTS", fold)
+        exe = ostinato.compile(prog)
+        assert (exe.stats()["folded_launches"] > 0) == (fold == "1")
+        for a in inputs:
+            with torch.no_grad():
+                assert_same(exe(*a), model(*a))
+
+
+def test_torch_compile_backend_sees_weight_updates(monkeypatch):
+    """torch.compile(backend="ostinato") aliases the model's weights: an in-place update reaches every
+    value computed from them (nothing is folded there)."""
+    torch.manual_seed(0)
+    model = RelativeBias().eval()
+    x = torch.randn(2, 6, 8)
+    compiled = torch.compile(model, backend="ostinato")
+    with torch.no_grad():
+        assert_same(compiled(x), model(x))
+        model.bias.weight.mul_(3.0)
+        model.table.add_(1.0)
+        assert_same(compiled(x), model(x))

@@ -71,26 +71,32 @@ class Executable:
             return backend.lower_graph(g)
 
         # Launches reading only weights run once here, into the template (folding.py): the plan runs the
-        # rest. The same rule gives the same split for a plan the cache or this process compiled before.
+        # rest. A plan function records the launches folded for it; one made for another folding (this
+        # process's memory of a plan, built by an executable that folded differently) is not reused.
         constant_slots = {v.slot for v in g.constants}
-        folded: list[list[Launch]] = []
+        folded: list = []
 
-        def fold(launches: list[Launch]) -> list[Launch]:
+        def fold(launches: list[Launch]) -> tuple[list[Launch], frozenset]:
             if not folded:
-                folded.append(fold_constants(launches, self._template, constant_slots, keep, backend)[0])
+                rest, _, which = fold_constants(launches, self._template, constant_slots, keep, backend)
+                folded.append((rest, which))
             return folded[0]
 
         def build(launches: list[Launch], keep: set[int]):
-            return compile_launches(fold(launches), keep, name="run_" + backend.name)
+            rest, which = fold(launches)
+            fn = compile_launches(rest, keep, name="run_" + backend.name)
+            fn.folded = which
+            return fn
 
         if cache:
             launches, self._plan, self.plan_source = cached_plan(program, backend, self.num_slots, keep, lower, build)
         else:
             launches = lower()
             self._plan, self.plan_source = build(launches, keep), "compiled"
-        # the launches one call runs (a plan this process built before was folded then: fold again here)
-        self.launches = fold(launches)
-        self.folded_launches = len(launches) - len(self.launches)
+        self.launches, which = fold(launches)
+        if getattr(self._plan, "folded", frozenset()) != which:
+            self._plan = build(launches, keep)
+        self.folded_launches = len(which)
         self.compile_seconds = time.perf_counter() - t0
         # Slots read after a plan runs: its outputs and the values state and inputs must take.
         self.kept_slots = keep

@@ -15,16 +15,20 @@ more than twice as large as its largest input (plus 1 MiB; 16 MiB for creation o
 which would keep a broadcast or a ``repeat`` materialised (DeBERTa's position keys repeated over the
 batch stay a per-step copy of a folded value); anything once 1 GiB has been folded; and a value the
 plan returns or writes back (the caller could modify what it receives), nor one an impure launch takes
-as an argument (directly or through views: it could write it). Folded values that only other
+as an argument (it could write it), nor one of those may be a view of. Folded values that only other
 folded launches read are dropped after folding.
 
-Deterministic for a given program and device: a cached plan built by the same rule runs the same
-launches. ``OSTINATO_FOLD_CONSTANTS=0`` turns folding off (the A/B switch).
+The plan function compiled for the rest records which launches were folded; an executable whose own
+folding differs (folding switched off, a launch that failed to run here) compiles its own.
+``OSTINATO_FOLD_CONSTANTS=0`` turns folding off (the A/B switch); torch.compile's backend builds with
+``without_folding()``: its constants alias the model's tensors, whose in-place updates it must see.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 from typing import Any
 
 import torch
@@ -41,7 +45,7 @@ _TOTAL_LIMIT = 1 << 30
 
 
 def folding_enabled() -> bool:
-    return os.environ.get("OSTINATO_FOLD_CONSTANTS", "1") != "0"
+    return os.environ.get("OSTINATO_FOLD_CONSTANTS", "1") != "0" and not getattr(_LOCAL, "off", False)
 
 
 def _foldable_op(op: str) -> bool:
@@ -78,30 +82,56 @@ def _nbytes(x: Any) -> int:
     return 0
 
 
-def _written(launches: list[Launch]) -> set[int]:
-    """Slots an impure launch may write (its arguments), and the slots they are views of: a folded value
-    must never be one, or each call would change it for the next (state writes take state slots, but
-    nothing here relies on it)."""
-    written: set[int] = set()
+# Ops that may return their input itself (``to`` without a change) besides the view category.
+_MAY_ALIAS = ("aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.type_as", "aten.view_as",
+              "aten.reshape_as", "aten.expand_as")
+
+
+def _aliasing(op: str) -> bool:
+    d = get_op(op)
+    return op in _MAY_ALIAS or (d is not None and d.category == "view")
+
+
+def _protected(launches: list[Launch], keep: set[int]) -> set[int]:
+    """Slots a folded value must never be: those the plan returns or writes back (``keep``), those an
+    impure launch takes as an argument (it could write them), and every slot they may be a view of.
+    A folded value is shared by every call and session: a caller writing into what it received, or a
+    state write into a view of it, would change it for the next call."""
+    out = set(keep)
     for launch in launches:
         d = get_op(launch.op)
         if launch.op not in _FUSED and (d is None or not d.pure):
-            written.update(i for a in (*launch.args, *launch.kwargs.values()) for i in _slots(a))
+            out.update(i for a in (*launch.args, *launch.kwargs.values()) for i in _slots(a))
     for launch in reversed(launches):
-        d = get_op(launch.op)
-        if d is not None and d.category == "view" and any(o in written for o in launch.outs):
-            written.update(i for a in launch.args for i in _slots(a))
-    return written
+        if _aliasing(launch.op) and any(o in out for o in launch.outs):
+            out.update(i for a in (*launch.args, *launch.kwargs.values()) for i in _slots(a))
+    return out
+
+
+_LOCAL = threading.local()
+
+
+@contextlib.contextmanager
+def without_folding():
+    """Within: executables built fold nothing. torch.compile's backend builds its executables so: their
+    constants alias the model's tensors, whose in-place updates (``load_state_dict``) they must see."""
+    before = getattr(_LOCAL, "off", False)
+    _LOCAL.off = True
+    try:
+        yield
+    finally:
+        _LOCAL.off = before
 
 
 def fold_constants(launches: list[Launch], template: list, constant_slots: set[int], keep: set[int],
-                   backend) -> tuple[list[Launch], int]:
+                   backend) -> tuple[list[Launch], int, frozenset]:
     """Run the foldable launches of ``launches`` (in order) into ``template``; return the launches left
-    to run per call and the bytes of folded values kept. ``constant_slots``: the slots ``template``
-    holds weights in; ``keep``: slots the plan returns or writes back (never folded)."""
+    to run per call, the bytes of folded values kept and the indices of the launches folded.
+    ``constant_slots``: the slots ``template`` holds weights in; ``keep``: slots the plan returns or
+    writes back (never folded, nor what they may be views of)."""
     if not folding_enabled():
-        return launches, 0
-    written = _written(launches)
+        return launches, 0, frozenset()
+    protected = _protected(launches, keep)
     known = set(constant_slots)
     folded: set[int] = set()          # launch indices
     made: set[int] = set()            # slots produced by folded launches
@@ -109,7 +139,7 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
     for k, launch in enumerate(launches):
         reads = [i for a in (*launch.args, *launch.kwargs.values()) for i in _slots(a)]
         outs = [o for o in launch.outs if o >= 0]
-        if not outs or any(o in keep or o in written for o in outs) or not all(i in known for i in reads) \
+        if not outs or any(o in protected for o in outs) or not all(i in known for i in reads) \
                 or not _foldable_op(launch.op):
             continue
         args = [_value(a, template) for a in launch.args]
@@ -137,7 +167,7 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
                 made.add(o)
         folded.add(k)
     if not folded:
-        return launches, 0
+        return launches, 0, frozenset()
     rest = [l for k, l in enumerate(launches) if k not in folded]
     read_later = {i for l in rest for a in (*l.args, *l.kwargs.values()) for i in _slots(a)}
     kept = 0
@@ -148,4 +178,4 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
             template[o] = None      # read only by other folded launches
     backend.synchronize()
     log.debug("ostinato: %d launches folded into constants (%d bytes kept)", len(folded), kept)
-    return rest, kept
+    return rest, kept, frozenset(folded)
