@@ -193,15 +193,27 @@ def test_a_plan_folded_otherwise_is_not_reused(monkeypatch):
                 assert_same(exe(*a), model(*a))
 
 
-def test_torch_compile_backend_sees_weight_updates(monkeypatch):
+class Siblings(torch.nn.Module):
+    """Two projections of one input: packed into one buffer by a plain compile."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.q(x) * self.k(x)
+
+
+@pytest.mark.parametrize("make", [RelativeBias, Siblings])
+def test_torch_compile_backend_sees_weight_updates(make):
     """torch.compile(backend="ostinato") aliases the model's weights: an in-place update reaches every
-    value computed from them (nothing is folded there)."""
+    value computed from them (nothing folded, no sibling weights copied into a packed buffer)."""
     torch.manual_seed(0)
-    model = RelativeBias().eval()
+    model = make().eval()
     x = torch.randn(2, 6, 8)
     compiled = torch.compile(model, backend="ostinato")
     with torch.no_grad():
         assert_same(compiled(x), model(x))
-        model.bias.weight.mul_(3.0)
-        model.table.add_(1.0)
+        for p in model.parameters():
+            p.mul_(1.5).add_(0.25)
         assert_same(compiled(x), model(x))

@@ -15,7 +15,7 @@ from ..frontend import export
 from ..program import Program
 from ..replay import compile as compile_program
 from ..runtime import Executable, Session
-from ..runtime.folding import without_folding
+from ..runtime.packing import live_weights
 from . import stats
 from .graph_inputs import DynamoGraph, Placeholder, Role, call_inputs, classify, dynamic_shapes
 
@@ -99,9 +99,9 @@ class CompiledGraph:
 
     def _compile(self, program: Program) -> Executable:
         s = self.settings
-        # No constant folding: the executable's constants alias the model's tensors, and in-place updates
-        # of those (load_state_dict) must reach every value computed from them.
-        with without_folding():
+        # The executable's constants alias the model's tensors, and in-place updates of those
+        # (load_state_dict) must reach every value computed from them: no packing copy, no folding.
+        with live_weights():
             exe = compile_program(program, s.device or self.device, cache=s.cache, replay=self.replay)
         # Buffers the graph writes (KV caches) are program state: the session uses the model's own
         # tensors, so the writes land where the model (and the code around the graph) reads them.

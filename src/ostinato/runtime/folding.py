@@ -20,21 +20,20 @@ folded launches read are dropped after folding.
 
 The plan function compiled for the rest records which launches were folded; an executable whose own
 folding differs (folding switched off, a launch that failed to run here) compiles its own.
-``OSTINATO_FOLD_CONSTANTS=0`` turns folding off (the A/B switch); torch.compile's backend builds with
-``without_folding()``: its constants alias the model's tensors, whose in-place updates it must see.
+``OSTINATO_FOLD_CONSTANTS=0`` turns folding off (the A/B switch); torch.compile's backend builds under
+``packing.live_weights()``: its constants alias the model's tensors, whose in-place updates it must see.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import threading
 from typing import Any
 
 import torch
 
 from ..backends.base import Launch, _Slot, _SlotList
 from ..ir import get_op
+from .packing import weights_live
 
 log = logging.getLogger("ostinato")
 
@@ -45,7 +44,7 @@ _TOTAL_LIMIT = 1 << 30
 
 
 def folding_enabled() -> bool:
-    return os.environ.get("OSTINATO_FOLD_CONSTANTS", "1") != "0" and not getattr(_LOCAL, "off", False)
+    return os.environ.get("OSTINATO_FOLD_CONSTANTS", "1") != "0" and not weights_live()
 
 
 def _foldable_op(op: str) -> bool:
@@ -106,21 +105,6 @@ def _protected(launches: list[Launch], keep: set[int]) -> set[int]:
         if _aliasing(launch.op) and any(o in out for o in launch.outs):
             out.update(i for a in (*launch.args, *launch.kwargs.values()) for i in _slots(a))
     return out
-
-
-_LOCAL = threading.local()
-
-
-@contextlib.contextmanager
-def without_folding():
-    """Within: executables built fold nothing. torch.compile's backend builds its executables so: their
-    constants alias the model's tensors, whose in-place updates (``load_state_dict``) they must see."""
-    before = getattr(_LOCAL, "off", False)
-    _LOCAL.off = True
-    try:
-        yield
-    finally:
-        _LOCAL.off = before
 
 
 def fold_constants(launches: list[Launch], template: list, constant_slots: set[int], keep: set[int],

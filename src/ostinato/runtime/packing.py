@@ -19,6 +19,8 @@ Placing and packing are one step (``place_constants``), so each weight byte is c
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
 import torch
@@ -60,6 +62,27 @@ def _views(buf: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]
     return out
 
 
+_LOCAL = threading.local()
+
+
+@contextlib.contextmanager
+def live_weights():
+    """Within: executables built keep every weight the caller's own tensor, so in-place updates of it
+    (``load_state_dict``, an optimizer step) reach every value computed from it: no sibling group is
+    copied into a packed buffer (a group packed already is used where it lies) and nothing is folded
+    (folding.py). torch.compile's backend builds its executables so."""
+    before = getattr(_LOCAL, "live", False)
+    _LOCAL.live = True
+    try:
+        yield
+    finally:
+        _LOCAL.live = before
+
+
+def weights_live() -> bool:
+    return getattr(_LOCAL, "live", False)
+
+
 def place_constants(graph: Graph, weights: dict[str, torch.Tensor], backend: Backend, template: list,
                     placed: dict[str, Any] | None = None) -> int:
     """Fill ``template`` (the environment by slot) with ``graph``'s constants on ``backend``'s device,
@@ -82,6 +105,8 @@ def place_constants(graph: Graph, weights: dict[str, torch.Tensor], backend: Bac
         rows = _packed_rows(tensors)
         if rows is not None:                       # packed already: no copy on the device it lives on
             packed = _views(rows if on_device else backend.place(rows), tensors)
+        elif on_device and weights_live():
+            continue                               # the caller's tensors, each placed as it is
         elif on_device:
             nbytes = sum(t.numel() for t in tensors) * tensors[0].element_size()
             if backend.device.type == "cpu" and CPU_PACK_COPY_LIMIT is not None and nbytes > CPU_PACK_COPY_LIMIT:
