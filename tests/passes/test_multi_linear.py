@@ -45,7 +45,8 @@ def test_siblings_become_one_op_and_one_buffer():
 
 
 class Mixed(torch.nn.Module):
-    """Siblings that must not merge: one with a bias beside two without, and a weight also read elsewhere."""
+    """One with a bias beside three without: it stays alone. The weight also read elsewhere joins the
+    group (its other reader reads the packed buffer's view of it)."""
 
     def __init__(self):
         super().__init__()
@@ -63,10 +64,41 @@ def test_only_fitting_siblings_merge():
     x = torch.randn(4, 16)
     prog = ostinato.export(m, (x,))
     (node,) = [n for n in prog.graph.nodes if n.op == "ost.multi_linear"]
-    assert [w.name for w in node.args[1]] == ["a.weight", "c.weight"] and node.args[2] is None
+    assert [w.name for w in node.args[1]] == ["a.weight", "c.weight", "tied.weight"] and node.args[2] is None
     exe = ostinato.compile(prog)
     with torch.no_grad():
         assert_same(exe(x), m(x))
+        x2 = torch.randn(4, 16)
+        assert_same(exe(x2), m(x2))
+
+
+class SharedProjections(torch.nn.Module):
+    """DeBERTa's form: q, k, v of the hidden states, and k and q again over a shared table. Both sets
+    are siblings; they share weights, so only the first becomes a multi_linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(16, 16) for _ in range(3))
+        self.table = torch.nn.Parameter(torch.randn(6, 16))
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        pk, pq = self.k(self.table), self.q(self.table)
+        return (q @ k.transpose(-1, -2)).softmax(-1) @ v + (q @ pk.t()).sum(-1, keepdim=True) + pq.mean()
+
+
+def test_a_weight_joins_one_group_only():
+    m = SharedProjections().eval()
+    gen = torch.Generator().manual_seed(0)
+    inputs = [(torch.randn(2, 5, 16, generator=gen),) for _ in range(2)]
+    prog = ostinato.export(m, inputs[0])
+    groups = [n for n in prog.graph.nodes if n.op == "ost.multi_linear"]
+    assert [[w.name for w in n.args[1]] for n in groups] == [["q.weight", "k.weight", "v.weight"]]
+    assert sum(n.op == "aten.linear" for n in prog.graph.nodes) == 2
+    exe = ostinato.compile(prog)
+    for a in inputs:
+        with torch.no_grad():
+            assert_same(exe(*a), m(*a))
 
 
 def test_unpacked_weights_fall_back_to_one_matmul_each():
