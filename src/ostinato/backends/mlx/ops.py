@@ -107,4 +107,4 @@ def bridge(target: Callable, name: str) -> Callable:
     return run
 
 
-from . import ops_elementwise, ops_reduce, ops_tensor, ops_nn, ops_fused  # noqa: E402,F401  (register the handlers)
+from . import ops_elementwise, ops_reduce, ops_tensor, ops_create, ops_nn, ops_fused  # noqa: E402,F401  (register the handlers)
