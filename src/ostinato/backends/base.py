@@ -6,7 +6,7 @@ indices into the runtime's environment list; running a plan of them consults no 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -28,6 +28,23 @@ class _SlotList:
 
     def __init__(self, items: list):
         self.items = items
+
+
+def slot_reads(launch: "Launch") -> Iterator[int]:
+    """The slots a launch reads, in argument order (items of list arguments included)."""
+    for a in (*launch.args, *launch.kwargs.values()):
+        for x in (a.items if type(a) is _SlotList else (a,)):
+            if type(x) is _Slot:
+                yield x.i
+
+
+def resolve(a: Any, env: list) -> Any:
+    """A launch argument with its slots read from ``env``."""
+    if type(a) is _Slot:
+        return env[a.i]
+    if type(a) is _SlotList:
+        return [resolve(x, env) for x in a.items]
+    return a
 
 
 def _bind(a: Any) -> Any:

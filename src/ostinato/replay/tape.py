@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..backends.base import Launch, _Slot, _SlotList
+from ..backends.base import Launch, _Slot, _SlotList, resolve
 from ..errors import CaptureError
 from ..ir import get_op
 from ..ir.fallback import is_fallback
@@ -51,14 +51,6 @@ def check_capturable(exe, launches: list[Launch]) -> None:
             raise CaptureError(f"cannot capture {launch.op} (node {launch.name}, at {where}): it {why}. "
                                "Fix: run this model without replay (compile(..., replay=False)), or move "
                                "the op out of the captured model")
-
-
-def resolve(a: Any, env: list) -> Any:
-    if type(a) is _Slot:
-        return env[a.i]
-    if type(a) is _SlotList:
-        return [resolve(x, env) for x in a.items]
-    return a
 
 
 def _arg_tensors(launch: Launch, env: list) -> list[tuple[int, torch.Tensor]]:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ..backends.base import Launch, _Slot, _SlotList
+from ..backends.base import Launch, resolve, slot_reads
 from ..ir import get_op
 from .packing import weights_live
 
@@ -54,23 +54,6 @@ def _foldable_op(op: str) -> bool:
         return False
     d = get_op(op)
     return d is not None and d.pure and not d.random and not d.host_sync and d.category != "inplace"
-
-
-def _slots(a: Any):
-    if type(a) is _Slot:
-        yield a.i
-    elif type(a) is _SlotList:
-        for x in a.items:
-            if type(x) is _Slot:
-                yield x.i
-
-
-def _value(a: Any, env: list) -> Any:
-    if type(a) is _Slot:
-        return env[a.i]
-    if type(a) is _SlotList:
-        return [env[x.i] if type(x) is _Slot else x for x in a.items]
-    return a
 
 
 def _nbytes(x: Any) -> int:
@@ -100,10 +83,10 @@ def _protected(launches: list[Launch], keep: set[int]) -> set[int]:
     for launch in launches:
         d = get_op(launch.op)
         if launch.op not in _FUSED and (d is None or not d.pure):
-            out.update(i for a in (*launch.args, *launch.kwargs.values()) for i in _slots(a))
+            out.update(slot_reads(launch))
     for launch in reversed(launches):
         if _aliasing(launch.op) and any(o in out for o in launch.outs):
-            out.update(i for a in (*launch.args, *launch.kwargs.values()) for i in _slots(a))
+            out.update(slot_reads(launch))
     return out
 
 
@@ -121,13 +104,13 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
     made: set[int] = set()            # slots produced by folded launches
     total = 0
     for k, launch in enumerate(launches):
-        reads = [i for a in (*launch.args, *launch.kwargs.values()) for i in _slots(a)]
+        reads = list(slot_reads(launch))
         outs = [o for o in launch.outs if o >= 0]
         if not outs or any(o in protected for o in outs) or not all(i in known for i in reads) \
                 or not _foldable_op(launch.op):
             continue
-        args = [_value(a, template) for a in launch.args]
-        kwargs = {name: _value(a, template) for name, a in launch.kwargs.items()}
+        args = [resolve(a, template) for a in launch.args]
+        kwargs = {name: resolve(a, template) for name, a in launch.kwargs.items()}
         try:
             with torch.no_grad():
                 result = launch.fn(*args, **kwargs)
@@ -153,7 +136,7 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
     if not folded:
         return launches, 0, frozenset()
     rest = [l for k, l in enumerate(launches) if k not in folded]
-    read_later = {i for l in rest for a in (*l.args, *l.kwargs.values()) for i in _slots(a)}
+    read_later = {i for l in rest for i in slot_reads(l)}
     kept = 0
     for o in made:
         if o in read_later:

@@ -8,9 +8,9 @@ device-agnostic: running the segments in order over one environment is the unspl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
-from ..backends.base import Launch, _Slot, _SlotList
+from ..backends.base import Launch, slot_reads
 from .codegen import compile_launches
 
 
@@ -30,13 +30,6 @@ class Segment:
                f"{', ...' if len(self.launches) > 4 else ''})"
 
 
-def _reads(launch: Launch) -> Iterable[int]:
-    for a in (*launch.args, *launch.kwargs.values()):
-        for x in (a.items if type(a) is _SlotList else (a,)):
-            if type(x) is _Slot:
-                yield x.i
-
-
 def split_plan(launches: list[Launch], keep: set[int], is_break: Callable[[Launch], bool],
                name: str = "segment") -> list[Segment]:
     """Segments of ``launches``: each launch for which ``is_break`` holds alone in an eager segment,
@@ -53,7 +46,7 @@ def split_plan(launches: list[Launch], keep: set[int], is_break: Callable[[Launc
     last_reader: dict[int, int] = {}
     for index, (_, group) in enumerate(groups):
         for launch in group:
-            for slot in _reads(launch):
+            for slot in slot_reads(launch):
                 last_reader[slot] = index
     segments = []
     for index, (eager, group) in enumerate(groups):

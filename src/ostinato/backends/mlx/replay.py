@@ -28,7 +28,7 @@ import mlx.core as mx
 
 from ...cache.op_cache import op_graph_cache
 from ...ir import Value, get_op
-from ..base import _Slot, _SlotList
+from ..base import _Slot, slot_reads
 from .convert import to_mx, to_torch
 
 _TOKENS = itertools.count()
@@ -63,15 +63,6 @@ def shapeless_ok(exe) -> bool:
         if any(isinstance(v, Value) and not v.is_tensor for v in node.inputs):
             return False
     return True
-
-
-def _reads(launch) -> list[int]:
-    out = []
-    for a in (*launch.args, *launch.kwargs.values()):
-        for x in (a.items if type(a) is _SlotList else (a,)):
-            if type(x) is _Slot:
-                out.append(x.i)
-    return out
 
 
 class _Part:
@@ -115,7 +106,7 @@ def capture_compiled(backend, exe, session, leaves: list, env: list, signature: 
     parts: list[_Part] = []
     for seg in segments:
         produced = {o for l in seg.launches for o in l.outs if o >= 0}
-        reads = sorted({s for l in seg.launches for s in _reads(l)} - produced)
+        reads = sorted({s for l in seg.launches for s in slot_reads(l)} - produced)
         ins = [s for s in reads if type(run_env[s]) is mx.array and s not in rope_slots]
         if scope is None:
             seg.run(run_env)

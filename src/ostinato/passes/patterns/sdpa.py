@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ...ir import Graph, Node, TensorMeta, Value
+from ...ir.ops import resolve_aten
 from ..rewrite import drop_nodes, pinned_values
 
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
@@ -237,7 +238,6 @@ def _constant(v, memo: dict, depth: int = 0):
     if node.op.startswith("aten.arange") or node.op in ("aten.full", "aten.ones", "aten.zeros"):
         kwargs["device"] = "cpu"
     try:
-        from ...ir.ops import resolve_aten
         out = resolve_aten(node.op)(*args, **kwargs)
     except Exception:       # an op torch refuses here: not provably constant
         return None
