@@ -147,14 +147,14 @@ def test_a_value_an_impure_launch_takes_is_never_folded(monkeypatch):
         def synchronize(self):
             pass
 
-    rest, _, which = fold_constants(plan, template, {0}, set(), B())
+    rest, which = fold_constants(plan, template, {0}, set(), B())
     # the copy_ may write any argument: the view of the doubled weight (so the doubling too) and the add
     assert [l.op for l in rest] == ["aten.mul.Tensor", "aten.view", "aten.copy_", "aten.add.Tensor"]
     assert template[1:] == [None, None, None] and which == frozenset()
     # without the write, the same launches fold
     reader = launch(torch.add, "aten.add.Tensor", [_Slot(2), _Slot(3)], [4])      # slot 3: an input
     template.append(None)
-    rest, _, which = fold_constants([plan[0], plan[1], reader], template, {0}, set(), B())
+    rest, which = fold_constants([plan[0], plan[1], reader], template, {0}, set(), B())
     assert rest == [reader] and which == {0, 1}
     assert template[1] is None and torch.equal(template[2], (w * 2).view(2, 2))   # only what the rest reads
 

@@ -78,7 +78,7 @@ class Executable:
 
         def fold(launches: list[Launch]) -> tuple[list[Launch], frozenset]:
             if not folded:
-                rest, _, which = fold_constants(launches, self._template, constant_slots, keep, backend)
+                rest, which = fold_constants(launches, self._template, constant_slots, keep, backend)
                 folded.append((rest, which))
             return folded[0]
 

@@ -91,13 +91,13 @@ def _protected(launches: list[Launch], keep: set[int]) -> set[int]:
 
 
 def fold_constants(launches: list[Launch], template: list, constant_slots: set[int], keep: set[int],
-                   backend) -> tuple[list[Launch], int, frozenset]:
+                   backend) -> tuple[list[Launch], frozenset]:
     """Run the foldable launches of ``launches`` (in order) into ``template``; return the launches left
-    to run per call, the bytes of folded values kept and the indices of the launches folded.
+    to run per call and the indices of the launches folded.
     ``constant_slots``: the slots ``template`` holds weights in; ``keep``: slots the plan returns or
     writes back (never folded, nor what they may be views of)."""
     if not folding_enabled():
-        return launches, 0, frozenset()
+        return launches, frozenset()
     protected = _protected(launches, keep)
     known = set(constant_slots)
     folded: set[int] = set()          # launch indices
@@ -134,7 +134,7 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
                 made.add(o)
         folded.add(k)
     if not folded:
-        return launches, 0, frozenset()
+        return launches, frozenset()
     rest = [l for k, l in enumerate(launches) if k not in folded]
     read_later = {i for l in rest for i in slot_reads(l)}
     kept = 0
@@ -145,4 +145,4 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
             template[o] = None      # read only by other folded launches
     backend.synchronize()
     log.debug("ostinato: %d launches folded into constants (%d bytes kept)", len(folded), kept)
-    return rest, kept, frozenset(folded)
+    return rest, frozenset(folded)
