@@ -84,6 +84,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 @dataclass(frozen=True)
 class ConvPlan:
     memory_format: torch.memory_format
+    depthwise: bool = False    # an NCHW depthwise convolution: kernels/conv.py's Triton kernel runs it
 
 
 # Weights converted to a memory format, by (storage address, version, layout, format), each entry holding
@@ -104,20 +105,43 @@ def _prepared_weight(w: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
     return prepared_weights.get(key, prepare, valid=lambda entry: entry[0]() is w)[1]
 
 
-def _conv_plan(x: torch.Tensor, transposed: bool, fmt: torch.memory_format | None) -> ConvPlan:
+def _conv_plan(x: torch.Tensor, weight: torch.Tensor, transposed: bool, groups: int,
+               fmt: torch.memory_format | None) -> ConvPlan:
     nhwc = x.dim() == 4 and not transposed and (
         fmt is torch.channels_last or (not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)))
-    return ConvPlan(torch.channels_last if nhwc else torch.contiguous_format)
+    if nhwc:
+        return ConvPlan(torch.channels_last)
+    from .kernels import conv
+    from .ops import triton_kernels
+    depthwise = x.is_cuda and conv.enabled() and bool(triton_kernels()) and conv.takes(x, weight, transposed, groups)
+    return ConvPlan(torch.contiguous_format, depthwise)
+
+
+_depthwise = None
+
+
+def _depthwise_launcher():
+    """kernels/conv.py's launcher, running torch's convolution while its kernel compiles (a cold cache)."""
+    global _depthwise
+    if _depthwise is None:
+        from .kernels import conv
+        from .runtime import deferring
+        _depthwise = deferring(conv.depthwise_conv2d, aten.convolution)
+    return _depthwise
 
 
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *,
                 memory_format: torch.memory_format | None = None):
     """``aten.convolution``; ``memory_format=torch.channels_last`` (the lowering's choice for fp16/bf16,
-    backends/cuda/layout.py) runs it NHWC, converting an input that is not channels-last yet."""
+    backends/cuda/layout.py) runs it NHWC, converting an input that is not channels-last yet; a depthwise
+    one left NCHW runs kernels/conv.py's kernel (``OSTINATO_DEPTHWISE_KERNEL=0``: torch's)."""
+    from .kernels.conv import enabled
     plan = op_graph_cache.get(
         op_key("aten.convolution", x, weight, transposed=transposed, groups=groups, stride=tuple(stride),
-               padding=tuple(padding), dilation=tuple(dilation), fmt=memory_format),
-        lambda: _conv_plan(x, transposed, memory_format))
+               padding=tuple(padding), dilation=tuple(dilation), fmt=memory_format, dw=enabled()),
+        lambda: _conv_plan(x, weight, transposed, groups, memory_format))
+    if plan.depthwise:
+        return _depthwise_launcher()(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     if plan.memory_format is torch.channels_last:
         weight = _prepared_weight(weight, torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
