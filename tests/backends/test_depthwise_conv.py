@@ -57,7 +57,7 @@ def _inputs(case, dtype, device, seed=0):
 def check(case, dtype, device) -> tuple[bool, str]:
     from ostinato.backends.cuda.kernels import conv
     x, wt, b, stride, padding, dilation, groups = _inputs(case, dtype, device)
-    assert conv.takes(x, wt, False, groups)
+    assert conv.takes(x, wt, stride, False, groups) == (stride == [1, 1])
     ref = F.conv2d(x.float(), wt.float(), None if b is None else b.float(), stride, padding, dilation, groups)
     (gx, gw, *gb), bands = guarded((x, wt) + ((b,) if b is not None else ()))
     got = conv.depthwise_conv2d(gx, gw, gb[0] if gb else None, stride, padding, dilation, False, [0, 0], groups)
@@ -107,13 +107,14 @@ def test_a_wrong_tap_is_caught():
 def test_takes_only_depthwise_convolutions():
     from ostinato.backends.cuda.kernels import conv
     x = torch.randn(1, 4, 5, 5)
-    assert conv.takes(x, torch.randn(4, 1, 3, 3), False, 4)
-    assert conv.takes(x, torch.randn(8, 1, 3, 3), False, 4)                    # two outputs per channel
-    assert not conv.takes(x, torch.randn(4, 2, 3, 3), False, 2)                # grouped, not depthwise
-    assert not conv.takes(x, torch.randn(4, 4, 3, 3), False, 1)                # dense
-    assert not conv.takes(x, torch.randn(4, 1, 3, 3), True, 4)                 # transposed
-    assert not conv.takes(x.double(), torch.randn(4, 1, 3, 3).double(), False, 4)
-    assert not conv.takes(x[0], torch.randn(4, 1, 3), False, 4)               # 1-D
+    assert conv.takes(x, torch.randn(4, 1, 3, 3), [1, 1], False, 4)
+    assert conv.takes(x, torch.randn(8, 1, 3, 3), (1, 1), False, 4)                    # two outputs per channel
+    assert not conv.takes(x, torch.randn(4, 2, 3, 3), [1, 1], False, 2)                # grouped, not depthwise
+    assert not conv.takes(x, torch.randn(4, 4, 3, 3), [1, 1], False, 1)                # dense
+    assert not conv.takes(x, torch.randn(4, 1, 3, 3), [1, 1], True, 4)                 # transposed
+    assert not conv.takes(x.double(), torch.randn(4, 1, 3, 3).double(), [1, 1], False, 4)
+    assert not conv.takes(x[0], torch.randn(4, 1, 3), [1], False, 4)               # 1-D
+    assert not conv.takes(x, torch.randn(4, 1, 3, 3), [2, 2], False, 4)            # strided: torch's is faster
 
 
 @pytest.mark.cuda
@@ -134,6 +135,7 @@ def test_library_op_runs_the_kernel_and_switch_turns_it_off(monkeypatch):
     x, wt, b, stride, padding, dilation, groups = _inputs(CASES[0], torch.bfloat16, "cuda")
     ref = F.conv2d(x, wt, b, stride, padding, dilation, groups)
     kernel = conv.LIBRARY.kernel("depthwise_conv2d", KH=3, KW=3, HAS_BIAS=True, BLOCK_H=16, BLOCK_W=16)
+    assert conv._tile(9, 11) == (16, 16)
     before = kernel.launches
     with awaiting_compiles():
         got = library_ops.convolution(x, wt, b, stride, padding, dilation, False, [0, 0], groups)

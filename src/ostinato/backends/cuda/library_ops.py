@@ -105,7 +105,7 @@ def _prepared_weight(w: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
     return prepared_weights.get(key, prepare, valid=lambda entry: entry[0]() is w)[1]
 
 
-def _conv_plan(x: torch.Tensor, weight: torch.Tensor, transposed: bool, groups: int,
+def _conv_plan(x: torch.Tensor, weight: torch.Tensor, stride, transposed: bool, groups: int,
                fmt: torch.memory_format | None) -> ConvPlan:
     nhwc = x.dim() == 4 and not transposed and (
         fmt is torch.channels_last or (not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)))
@@ -113,7 +113,7 @@ def _conv_plan(x: torch.Tensor, weight: torch.Tensor, transposed: bool, groups: 
         return ConvPlan(torch.channels_last)
     from .kernels import conv
     from .ops import triton_kernels
-    depthwise = x.is_cuda and conv.enabled() and bool(triton_kernels()) and conv.takes(x, weight, transposed, groups)
+    depthwise = x.is_cuda and conv.enabled() and bool(triton_kernels()) and conv.takes(x, weight, stride, transposed, groups)
     return ConvPlan(torch.contiguous_format, depthwise)
 
 
@@ -139,7 +139,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     plan = op_graph_cache.get(
         op_key("aten.convolution", x, weight, transposed=transposed, groups=groups, stride=tuple(stride),
                padding=tuple(padding), dilation=tuple(dilation), fmt=memory_format, dw=enabled()),
-        lambda: _conv_plan(x, weight, transposed, groups, memory_format))
+        lambda: _conv_plan(x, weight, stride, transposed, groups, memory_format))
     if plan.depthwise:
         return _depthwise_launcher()(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     if plan.memory_format is torch.channels_last:

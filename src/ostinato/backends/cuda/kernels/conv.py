@@ -5,6 +5,11 @@ channels-last form and some fp16 shapes): about 22 us for conv-stack's 8x64x64x6
 fifth of the memory bandwidth, where cuDNN's NHWC kernel takes 6.6. The convolutions that stay NCHW
 (backends/cuda/layout.py keeps those before a narrow group norm there) run this kernel instead: a tile
 of one output plane per program, every tap read through the input's strides.
+
+Only stride 1 (any kernel size, padding, dilation): measured on an H100 in bf16 (bench/depthwise.py,
+microseconds per call, torch's NCHW kernel / this kernel): conv-stack 8x64x64x64 3x3 21.1 / 6.9,
+1x64x64x64 3.8 / 2.2, MobileNetV3's 32x240x14x14 5x5 28.7 / 23.7, ConvNeXt's 32x96x56x56 7x7 334 / 203;
+at stride 2 torch's was faster on MobileNetV3's 32x72x56x56 (18.5 / 23.3).
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from ..runtime import KernelLibrary
 from .common import cdiv
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TILE = 1024       # output elements per program
+_TILE = 512        # output elements per program (8x64 beat 16x64 by 1.3x on conv-stack, H100)
 
 
 def enabled() -> bool:
@@ -24,10 +29,10 @@ def enabled() -> bool:
     return os.environ.get("OSTINATO_DEPTHWISE_KERNEL", "1") != "0"
 
 
-def takes(x: torch.Tensor, weight: torch.Tensor, transposed: bool, groups: int) -> bool:
-    """Whether the kernel runs this convolution: 2-D, not transposed, one group per input channel, a
-    float dtype shared by input and weight, dense NCHW weight."""
-    return (x.dim() == 4 and weight.dim() == 4 and not transposed and x.dtype in _DTYPES
+def takes(x: torch.Tensor, weight: torch.Tensor, stride, transposed: bool, groups: int) -> bool:
+    """Whether the kernel runs this convolution: 2-D, stride 1, not transposed, one group per input
+    channel, a float dtype shared by input and weight."""
+    return (x.dim() == 4 and weight.dim() == 4 and not transposed and tuple(stride) == (1, 1) and x.dtype in _DTYPES
             and weight.dtype == x.dtype and groups == x.shape[1] and groups > 0
             and weight.shape[1] == 1 and weight.shape[0] % groups == 0)
 
