@@ -282,6 +282,18 @@ class SqueezeExcite(nn.Module):
         return x * s
 
 
+class StridedCopies(nn.Module):
+    """Heads made dense before a batched matmul (the copy of a permute), relative position keys repeated
+    over the batch (torch's decomposition of repeat: the copy of an expanded view), each a generated
+    kernel of its own; the copy of a dense input stays torch's."""
+
+    def forward(self, x, pos):
+        b, s, _ = x.shape
+        q = x.view(b, s, 4, 8).permute(0, 2, 1, 3).contiguous().view(b * 4, s, 8)
+        keys = pos.repeat(b, 1, 1)                   # [4, 6, 8] -> [4b, 6, 8]
+        return torch.bmm(q, keys.transpose(1, 2)), x.clone()
+
+
 CASES = [
     Case("rms_plain", lambda dt: (RMSPlain().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
     Case("rms_upcast_div", lambda dt: (RMSUpcastDiv().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
@@ -310,6 +322,7 @@ CASES = [
     Case("squeeze_excite", lambda dt: (SqueezeExcite().to(dt), (_r(2, 16, 5, 6, dtype=dt),)), 3),
     Case("convnext_block", lambda dt: (ConvNeXtBlock().to(dt), (_r(2, 16, 9, 10, dtype=dt),)), 1,
          leftover=("aten.layer_norm", "aten.gelu")),
+    Case("strided_copies", lambda dt: (StridedCopies(), (_r(3, 5, 32, dtype=dt), _r(4, 6, 8, dtype=dt))), 2),
 ]
 
 

@@ -106,6 +106,26 @@ class BroadcastProducers(torch.nn.Module):
         return a, b, c, torch.sin(y) * w + y
 
 
+def test_strided_copies_are_generated_kernels(monkeypatch):
+    """A lone copy of a permuted view and a repeat (the copy of an expanded view) are generated kernels;
+    the copy of a dense input stays torch's; OSTINATO_FUSE_STRIDED_COPIES=0 leaves all three to torch.
+    Every variant equals eager."""
+    from fusion_models import StridedCopies
+    model, args = StridedCopies(), (torch.randn(3, 5, 32), torch.randn(4, 6, 8))
+    prog = ostinato.export(model, args)
+    ops = [n.op for n in prog.graph.nodes]
+    assert "aten.repeat" not in ops and "aten.expand" in ops, ops      # decomposed at export
+    with torch.no_grad():
+        ref = model(*args)
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    assert fused_ops(exe).get("ost.fused") == 2 and fused_ops(exe).get("aten.clone") == 1, fused_ops(exe)
+    assert_same(exe(*args), ref)
+    monkeypatch.setenv("OSTINATO_FUSE_STRIDED_COPIES", "0")
+    off = fused_executable(prog, ReferenceFusionBackend())
+    assert "ost.fused" not in fused_ops(off) and fused_ops(off).get("aten.clone") == 3, fused_ops(off)
+    assert_same(off(*args), ref)
+
+
 def test_broadcast_producers_computed_in_the_group():
     model = BroadcastProducers().eval()
     args = (torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(2, 1, 8))

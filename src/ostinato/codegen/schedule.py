@@ -11,8 +11,10 @@ Nodes are visited in graph order. A node the code generator can express (expand.
 open groups that produce its inputs when their spaces combine; a group is closed as soon as a node
 outside it reads one of its values (its kernel must have run by then) and when an impure node runs
 (a state write must not move across a group's reads). Groups of one node stay ordinary ATen nodes:
-torch's kernel for one op is as good as a generated one. A group's kernel runs where its last
-member stood; its outputs are the members' values read outside it or returned by the graph.
+torch's kernel for one op is as good as a generated one, except a copy of a permuted or expanded view
+(_strided_copy: attention's heads made dense before a batched matmul), where torch's generic copy kernel
+was slower than the generated one. A group's kernel runs where its last member stood; its outputs are
+the members' values read outside it or returned by the graph.
 
 One exception to the space rule: a small pointwise group (or lone node) whose values only one group
 reads, broadcast into that group's space, is computed inside it again per element
@@ -232,6 +234,33 @@ def read_outside(nodes: list[Node], users: dict, graph_reads: set[int]) -> set[i
 
 _MAX_RECOMPUTED = 8     # nodes of a broadcast producer group computed again per element of its reader
 
+_COPIES = ("aten.clone", "aten._to_copy", "aten.to.dtype", "prims.convert_element_type")
+_REORDERING = ("aten.permute", "aten.transpose.int", "aten.t", "aten.expand")
+_VIEWS = _REORDERING + ("aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
+                        "aten.squeeze.dim", "aten.squeeze.dims", "aten.alias", "aten.slice.Tensor",
+                        "aten.select.int")
+
+
+def strided_copies_enabled() -> bool:
+    """OSTINATO_FUSE_STRIDED_COPIES=0 leaves a lone copy of a permuted view to torch (the A/B switch)."""
+    return os.environ.get("OSTINATO_FUSE_STRIDED_COPIES", "1") != "0"
+
+
+def _strided_copy(node: Node) -> bool:
+    """A copy (or dtype conversion) of a view that reorders or broadcasts its source's elements:
+    a permute, transpose or expand on the way back through views to a tensor."""
+    if node.op not in _COPIES or not node.args or not isinstance(node.args[0], Value):
+        return False
+    v = node.args[0]
+    while v.producer is not None and v.producer.op in _VIEWS:
+        if v.producer.op in _REORDERING:
+            return True
+        src = v.producer.args[0] if v.producer.args else None
+        if not isinstance(src, Value):
+            return False
+        v = src
+    return False
+
 
 def _broadcast_producers(g: FusionGroup, group_of_node: dict, free: set[int], users: dict, graph_reads: set[int],
                          position: dict, impure_at: list[int]) -> list[FusionGroup]:
@@ -386,6 +415,7 @@ def schedule(graph: Graph, channels_last: frozenset = frozenset()) -> list[Node 
     group_of_node = {id(n): g for g in groups for n in g.nodes}
     free = {id(g) for g in groups}
     absorbed: dict[int, list[FusionGroup]] = {}
+    copies = strided_copies_enabled()
     for g in reversed(groups):      # readers first: a chain of producers ends in its last reader
         if id(g) in free:
             absorbed[id(g)] = _broadcast_producers(g, group_of_node, free, users, graph_reads, position, impure_at)
@@ -408,7 +438,7 @@ def schedule(graph: Graph, channels_last: frozenset = frozenset()) -> list[Node 
         own, extra = list(g.nodes), absorbed[id(g)]
         if extra and build(g, own + [n for h in extra for n in h.nodes]):
             continue
-        if len(own) > 1:    # a group of one stays an ATen node
+        if len(own) > 1 or copies and _strided_copy(own[0]):    # a group of one stays an ATen node
             build(g, own)
         for h in extra:     # refused together: each as it was
             if len(h.nodes) > 1:

@@ -41,13 +41,18 @@ KEEP_WHOLE = (
 
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict:
-    """torch.export's core-ATen decompositions minus KEEP_WHOLE (built once: it takes ~0.1 s)."""
+    """torch.export's core-ATen decompositions minus KEEP_WHOLE, plus torch's decomposition of ``repeat``
+    (built once: it takes ~0.1 s). A repeat becomes the copy of an expanded view, then views: the code
+    generator makes that copy one generated kernel (codegen/schedule.py's strided copies) where torch's
+    repeat runs its generic copy kernel (DeBERTa's relative position keys, repeated over the batch)."""
+    from torch._decomp import get_decompositions
     table = torch.export.default_decompositions()
     for name in KEEP_WHOLE:
         base, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, base), overload)
         if op in table:
             del table[op]
+    table.update(get_decompositions([torch.ops.aten.repeat.default]))
     return table
 
 

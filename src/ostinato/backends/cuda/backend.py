@@ -9,6 +9,7 @@ from ... import codegen
 from ...codegen.attention import attention_fusion_enabled
 from ...codegen.conv import conv_bias_fusion_enabled
 from ...codegen.linear import linear_fusion_enabled
+from ...codegen.schedule import strided_copies_enabled
 from ...errors import BackendError
 from ..base import Launch, fused_launches
 from ..cpu.backend import CPUBackend
@@ -42,7 +43,8 @@ class CUDABackend(ConvLayouts, CPUBackend):
             return {"fusion": "off", **conv}
         return {"fusion": codegen.codegen_digest()[:16] + ("" if linear_fusion_enabled() else "-nolinear")
                 + ("" if attention_fusion_enabled() else "-noattention")
-                + ("" if conv_bias_fusion_enabled() else "-noconvbias"), **conv}
+                + ("" if conv_bias_fusion_enabled() else "-noconvbias")
+                + ("" if strided_copies_enabled() else "-nocopies"), **conv}
 
     @staticmethod
     def _fuses() -> bool:
