@@ -294,6 +294,30 @@ class StridedCopies(nn.Module):
         return torch.bmm(q, keys.transpose(1, 2)), x.clone()
 
 
+class RelativeScores(nn.Module):
+    """DeBERTa's disentangled attention scores as its authors wrote them: content-to-position and
+    position-to-content scores gathered at clamped relative distances (the second transposed), added
+    to the content scores, then the softmax. The gathers read the batched matmuls' results from memory
+    inside the softmax's kernel (the transpose sunk through the gather at export)."""
+
+    def forward(self, q, k, pos_k, pos_q, rel):
+        bh, s, _ = q.shape
+        p = pos_k.shape[1] // 2
+        scores = torch.bmm(q, k.transpose(-1, -2))
+        c2p = torch.bmm(q, pos_k.transpose(-1, -2))
+        c2p = torch.gather(c2p, -1, torch.clamp(rel + p, 0, 2 * p - 1).unsqueeze(0).expand(bh, s, s))
+        p2c = torch.bmm(k, pos_q.transpose(-1, -2))
+        p2c = torch.gather(p2c, -1, torch.clamp(-rel + p, 0, 2 * p - 1).unsqueeze(0).expand(bh, s, s))
+        return torch.softmax(scores + c2p / 2 + p2c.transpose(-1, -2) / 2, -1)
+
+
+def _relative(dt):
+    bh, s, d, p = 6, 7, 8, 4
+    rel = torch.arange(s)[:, None] - torch.arange(s)[None, :]
+    return RelativeScores(), (_r(bh, s, d, dtype=dt), _r(bh, s, d, dtype=dt), _r(bh, 2 * p, d, dtype=dt),
+                              _r(bh, 2 * p, d, dtype=dt), rel)
+
+
 CASES = [
     Case("rms_plain", lambda dt: (RMSPlain().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
     Case("rms_upcast_div", lambda dt: (RMSUpcastDiv().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
@@ -323,6 +347,8 @@ CASES = [
     Case("convnext_block", lambda dt: (ConvNeXtBlock().to(dt), (_r(2, 16, 9, 10, dtype=dt),)), 1,
          leftover=("aten.layer_norm", "aten.gelu")),
     Case("strided_copies", lambda dt: (StridedCopies(), (_r(3, 5, 32, dtype=dt), _r(4, 6, 8, dtype=dt))), 2),
+    # the two clamped index computations, then the gathers, the adds and the softmax in one kernel
+    Case("relative_scores", _relative, 3),
 ]
 
 

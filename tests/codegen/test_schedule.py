@@ -249,3 +249,47 @@ def test_lone_node_takes_its_broadcast_producer():
     exe = fused_executable(prog, ReferenceFusionBackend())
     assert not unfused_compute(exe)
     assert_same(exe(*args), Gate()(*args))
+
+
+class GatherOwnValue(torch.nn.Module):
+    """A gather from a value computed just before it, which the same expression also reads pointwise."""
+
+    def forward(self, x, idx):
+        y = x * 2 + 1
+        return torch.gather(y, 1, idx) + y[:, :3]
+
+
+def test_gather_reads_its_input_from_memory():
+    """The gathered value is an output of an earlier kernel, never a register value of the gather's own
+    group (which would read it at other positions than it computed it); the result equals eager."""
+    g = torch.Generator().manual_seed(1)
+    x, idx = torch.randn(4, 6, generator=g), torch.randint(0, 6, (4, 3), generator=g)
+    prog = ostinato.export(GatherOwnValue(), (x, idx), passes=GENERIC)
+    items = codegen.schedule(prog.graph)
+    groups = [it for it in items if isinstance(it, codegen.FusionGroup)]
+    holder = {n.op: k for k, gr in enumerate(groups) for n in gr.nodes}
+    assert "aten.gather" in holder and holder["aten.gather"] != holder["aten.mul.Tensor"]
+    gathered = next(gr for gr in groups if any(n.op == "aten.gather" for n in gr.nodes))
+    assert [i[1] for i in gathered.spec.inputs].count("g") == 1
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    assert_same(exe(x, idx), GatherOwnValue()(x, idx))
+
+
+def test_gather_spec_checks_and_out_of_range_reads_zero():
+    from ostinato.codegen.reference import _gathered
+    base = {"v": 1, "rank": 2, "red": [], "scalars": [], "split": [],
+            "inputs": [["f32", "g", 0, 1], ["i64", "x", 0]],
+            "ops": [["in", "i64", "x", 1], ["gather", "f32", "x", 0, 0]], "outputs": [[1, "f32", "x", True]]}
+    GroupSpec.from_dict(base)
+    bad = [("in", {"ops": [["in", "f32", "x", 0]], "outputs": [[0, "f32", "x", True]]}),      # a "g" input loaded
+           ("x input", {"inputs": [["f32", "x", 0], ["i64", "x", 0]]}),                       # gather of an "x" input
+           ("float index", {"inputs": [["f32", "g", 0, 1], ["f32", "x", 0]],
+                            "ops": [["in", "f32", "x", 1], ["gather", "f32", "x", 0, 0]]}),
+           ("dim", {"inputs": [["f32", "g", 0, 2], ["i64", "x", 0]]}),
+           ("split", {"rank": 3, "red": [2], "split": [0, 2]})]
+    for what, change in bad:
+        with pytest.raises(ValueError):
+            GroupSpec.from_dict({**base, **change})
+    x = torch.arange(12.0).view(3, 4)
+    got = _gathered(x, 1, torch.tensor([[0, 3, 4, -1]]).expand(3, 4), (3, 4))
+    assert torch.equal(got, torch.tensor([[0.0, 3, 0, 0], [4, 7, 0, 0], [8, 11, 0, 0]]))

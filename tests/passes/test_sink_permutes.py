@@ -71,3 +71,26 @@ def test_permutes_that_stay():
     a, w = torch.randn(4, 3), torch.randn(4, 2)
     prog, _ = export_and_compare(Kept(), (a, w))
     assert _permuted_ops(prog) == ["aten.cos", "aten.mul.Tensor", "aten.sin"]
+
+
+class GatherThenTranspose(torch.nn.Module):
+    """DeBERTa's position-to-content scores: gathered at relative distances, transposed, then added; and
+    a gather along a middle dim permuted three ways."""
+
+    def forward(self, scores, p2c, idx, x, idx3):
+        g = torch.gather(p2c, -1, idx.expand(scores.shape)).transpose(-1, -2)
+        h = torch.gather(x, 1, idx3).permute(2, 0, 1)
+        return scores + g / 2, h * 3
+
+
+def test_gather_sinks_with_its_index_and_matches():
+    g = torch.Generator().manual_seed(0)
+    scores, p2c = torch.randn(3, 5, 5, generator=g), torch.randn(3, 5, 9, generator=g)
+    idx = torch.randint(0, 9, (1, 5, 5), generator=g)
+    x, idx3 = torch.randn(2, 6, 4, generator=g), torch.randint(0, 6, (2, 3, 4), generator=g)
+    prog, _ = export_and_compare(GatherThenTranspose(), (scores, p2c, idx, x, idx3))
+    gathers = [n for n in prog.graph.nodes if n.op == "aten.gather"]
+    # both gathers now read permuted operands along their renumbered dims; nothing reads them permuted
+    assert sorted(n.args[1] for n in gathers) == [1, 2]
+    assert all(n.args[0].producer.op == "aten.permute" and n.args[2].producer.op == "aten.permute" for n in gathers)
+    assert "aten.gather" not in _permuted_ops(prog)

@@ -112,6 +112,28 @@ class Builder:
         self._loads[key] = idx
         return idx
 
+    def gathered(self, v: Value, dim: int) -> int:
+        """The input index of ``v`` read by gather ops along its dim ``dim`` (level "g": never loaded
+        where the space's coordinates are). It must come from memory: a value the group computes is not
+        there yet. Not in a split group (group norm's space); a matmul group refuses one in its prologue
+        or epilogue (spec.LinearSpec.check)."""
+        if self.split:
+            raise NotFusible("gather in a split group")
+        if not isinstance(v, Value) or not isinstance(v.meta, TensorMeta) or v.id in self.refs:
+            raise NotFusible("gather from a value the group computes")
+        code = code_of(v)
+        if code is None or code == "bool":
+            raise NotFusible(f"gather from {v.meta.dtype}")
+        space_dim = self.rank - v.meta.rank + dim % v.meta.rank
+        if space_dim < 0:
+            raise NotFusible("gather input of a higher rank than the group's space")
+        key = ("g", v.id, space_dim)
+        if key not in self._loads:
+            self.inputs.append([code, "g", 0, space_dim])
+            self.input_values.append(v)
+            self._loads[key] = len(self.inputs) - 1
+        return self._loads[key]
+
     def const(self, x, code: str | None = None) -> int:
         if isinstance(x, bool):
             code = code or "bool"
@@ -482,6 +504,29 @@ def _copy_kind(node: Node) -> Kind | None:
 def _copy(b: Builder, node: Node):
     """The functional copy: ``src`` in ``dst``'s dtype (``dst``'s values are not read)."""
     return [b.cast(b.value(node.args[1]), _out(node))]
+
+
+def _gather_kind(node: Node) -> Kind | None:
+    """torch.gather(x, dim, index) with a dense-enough index: pointwise in the index's (the result's) space."""
+    x, dim, index = (list(node.args) + [None] * 3)[:3]
+    if set(node.kwargs) - {"sparse_grad"} or node.kwargs.get("sparse_grad") or len(node.args) > 3:
+        return None
+    if not (isinstance(x, Value) and isinstance(index, Value) and isinstance(dim, int)
+            and isinstance(x.meta, TensorMeta) and isinstance(index.meta, TensorMeta)):
+        return None
+    if x.meta.rank != index.meta.rank or x.meta.rank == 0 or index.meta.dtype not in (torch.int64, torch.int32):
+        return None
+    return Kind()
+
+
+@handles("aten.gather", kind=_gather_kind)
+def _gather(b: Builder, node: Node):
+    """Each element reads ``x`` where the space's coordinates are, its dim ``dim`` replaced by the index
+    (an index outside ``x`` reads 0 where eager raises)."""
+    x, dim, index = node.args[:3]
+    k = b.gathered(x, dim)
+    idx = b.value(index)
+    return [b._push(["gather", code_of(x), "x", k, idx])]
 
 
 # -- fused ops with a pointwise meaning ---------------------------------------------------------------

@@ -34,7 +34,7 @@ def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
 def base_shape(spec: GroupSpec, tensors) -> tuple[int, ...]:
     """The broadcast of the inputs' shapes (after each one's trailing 1-dims): the shape of the group's
     full-size values, before any split."""
-    shapes = [tuple(t.shape) + (1,) * spec.inputs[k][2] for k, t in enumerate(tensors)]
+    shapes = [tuple(t.shape) + (1,) * spec.inputs[k][2] for k, t in enumerate(tensors) if spec.inputs[k][1] != "g"]
     shape = broadcast(shapes)
     if len(shape) != spec.rank - (1 if spec.split else 0):
         raise ValueError(f"fusion group of rank {spec.rank} got inputs broadcasting to {list(shape)}")
@@ -75,6 +75,8 @@ def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
             t = tensors[args[0]]
             t = t.reshape(tuple(t.shape) + (1,) * spec.inputs[args[0]][2])
             v = (t.reshape(split_dims(spec, tuple(t.shape))) if spec.split else t).to(ct)
+        elif name == "gather":
+            v = _gathered(tensors[args[0]], spec.inputs[args[0]][3], vals[args[1]], shape).to(ct)
         elif name == "scalar":
             v = torch.tensor(scalars[args[0]], dtype=ct, device=device)
         elif name == "const":
@@ -122,6 +124,19 @@ def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
             v = v.reshape(base_shape(spec, tensors))
         outs.append(v)
     return outs
+
+
+def _gathered(x: torch.Tensor, dim: int, index: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """torch.gather of ``x`` along the space's dim ``dim`` at ``index`` (broadcast to the space), x
+    right-aligned to the space: its other dims cut or broadcast to the space's sizes; an index outside
+    x reads 0, as the kernels do."""
+    x = x.reshape((1,) * (len(shape) - x.dim()) + tuple(x.shape))
+    for d, n in enumerate(shape):
+        if d != dim and x.shape[d] != n:
+            x = x.narrow(d, 0, n) if x.shape[d] > n else x.expand(*x.shape[:d], n, *x.shape[d + 1:])
+    index = torch.broadcast_to(index, shape).to(torch.int64)
+    inside = (index >= 0) & (index < x.shape[dim])
+    return torch.where(inside, torch.gather(x, dim, torch.where(inside, index, 0)), x.new_zeros(()))
 
 
 def split_linear_args(spec: LinearSpec, tensors) -> tuple[list, list, list, list]:

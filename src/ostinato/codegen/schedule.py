@@ -241,6 +241,14 @@ _VIEWS = _REORDERING + ("aten.view", "aten.reshape", "aten._unsafe_view", "aten.
                         "aten.select.int")
 
 
+def _gathered_inputs(node: Node) -> set[int]:
+    """Ids of the values ``node`` reads at computed positions (a gather's input): they come from memory,
+    so the group computing one must have run before the node's group, never be the same group."""
+    if node.op == "aten.gather" and node.args and isinstance(node.args[0], Value):
+        return {node.args[0].id}
+    return set()
+
+
 def strided_copies_enabled() -> bool:
     """OSTINATO_FUSE_STRIDED_COPIES=0 leaves a lone copy of a permuted view to torch (the A/B switch)."""
     return os.environ.get("OSTINATO_FUSE_STRIDED_COPIES", "1") != "0"
@@ -275,7 +283,10 @@ def _broadcast_producers(g: FusionGroup, group_of_node: dict, free: set[int], us
     stack = list(g.nodes)
     while stack:
         n = stack.pop()
+        from_memory = _gathered_inputs(n)
         for v in n.inputs:
+            if v.id in from_memory:
+                continue
             h = group_of_node.get(id(v.producer)) if v.producer is not None else None
             if h is None or h is g or id(h) not in free or h.space.red or h.space.split \
                     or len(h.nodes) > _MAX_RECOMPUTED:
@@ -346,10 +357,15 @@ def schedule(graph: Graph, channels_last: frozenset = frozenset()) -> list[Node 
         if space is None:
             close_readers_of(node)
             continue
+        from_memory = _gathered_inputs(node)
+        for vid in from_memory:     # a gather reads its input from memory: its group must have run
+            g = group_of.get(vid)
+            if g is not None:
+                resolve(g).closed = True
         candidates: list[FusionGroup] = []      # groups producing the node's inputs
         for v in node.inputs:
             g = group_of.get(v.id)
-            if g is not None and not g.closed and g not in candidates:
+            if g is not None and not g.closed and g not in candidates and v.id not in from_memory:
                 candidates.append(g)
         siblings: list[FusionGroup] = []        # groups reading one of the node's inputs (horizontal fusion)
         for v in node.inputs:
@@ -373,7 +389,7 @@ def schedule(graph: Graph, channels_last: frozenset = frozenset()) -> list[Node 
         if not merged:
             # A node reading only a closed group's values (and older ones) joins it, run at its launch.
             producers = {id(resolve(group_of[v.id])): resolve(group_of[v.id]) for v in node.inputs if v.id in group_of}
-            if len(producers) == 1:
+            if len(producers) == 1 and not any(vid in group_of for vid in from_memory):
                 (g,) = producers.values()
                 combined = g.space.combine(space)
                 if g.closed and combined is not None and combined.shape == g.space.shape \

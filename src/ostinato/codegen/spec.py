@@ -7,10 +7,15 @@ untrusted cache without code: ``GroupSpec.from_json`` checks every field. Its pa
   ``red``: the dims reduced (sorted; empty for a pointwise group).
 - ``inputs``: per tensor input, its dtype, its level ("x": indexed by every dim; "r": one value per
   row, i.e. size 1 in every reduced dim) and ``unsq``, trailing size-1 dims to add before it
-  broadcasts (a per-channel vector against NCHW).
+  broadcasts (a per-channel vector against NCHW). Level "g" (no split groups): an input read
+  by ``gather`` ops alone, with a fourth item, the space dim it is gathered along; its other dims
+  follow the space (right-aligned, as torch.gather's input follows its index), and it takes no part
+  in the space's broadcast.
 - ``scalars``: per host-scalar input, "f" or "i".
 - ``ops``: ``[name, dtype, level, *args]`` in topological order; args are indices of earlier ops, except
-  for "in"/"scalar" (the input's index) and "const" (the literal).
+  for "in"/"scalar" (the input's index), "const" (the literal) and "gather" (``[k, i]``: input k, a
+  "g" input, read where the space's coordinates are, with its gathered dim's coordinate replaced by
+  op i's value, an integer; torch.gather).
 - ``outputs``: ``[op index, dtype, level, keepdim]``; a row-level output is stored once per row, with
   the reduced dims kept as 1 or dropped. A pointwise group's output of lower rank than the space (its
   leading 1-dims dropped: ``()`` beside ``[1]``) adds its rank as a fifth item.
@@ -23,6 +28,8 @@ import json
 from dataclasses import dataclass
 
 from .prims import BINARY, DTYPES, REDUCTIONS, UNARY, decode_const
+
+INTS = ("i64", "i32", "i16", "i8", "u8")
 
 SPEC_VERSION = 1
 
@@ -79,7 +86,10 @@ class GroupSpec:
              "bad reduced dims")
         for i in self.inputs:
             need(isinstance(i, list) and len(i) == 3 and i[0] in DTYPES and i[1] in ("x", "r")
-                 and isinstance(i[2], int) and 0 <= i[2] <= 8, "bad input")
+                 and isinstance(i[2], int) and 0 <= i[2] <= 8
+                 or isinstance(i, list) and len(i) == 4 and i[0] in DTYPES and i[0] != "bool" and i[1] == "g"
+                 and i[2] == 0 and isinstance(i[3], int) and not isinstance(i[3], bool) and 0 <= i[3] < self.rank
+                 and not self.split, "bad input")
         need(all(s in ("f", "i") for s in self.scalars), "bad scalar")
         need(self.split == [] or (len(self.split) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
                                                               for x in self.split)
@@ -88,7 +98,13 @@ class GroupSpec:
             need(isinstance(op, list) and len(op) >= 3 and op[1] in DTYPES and op[2] in ("x", "r"), f"bad op {k}")
             name, args = op[0], op[3:]
             if name == "in":
-                need(len(args) == 1 and isinstance(args[0], int) and 0 <= args[0] < len(self.inputs), f"op {k}")
+                need(len(args) == 1 and isinstance(args[0], int) and 0 <= args[0] < len(self.inputs)
+                     and self.inputs[args[0]][1] != "g", f"op {k}")
+            elif name == "gather":
+                need(len(args) == 2 and all(isinstance(a, int) and not isinstance(a, bool) for a in args)
+                     and 0 <= args[0] < len(self.inputs) and self.inputs[args[0]][1] == "g"
+                     and op[1] == self.inputs[args[0]][0] and op[2] == "x"
+                     and 0 <= args[1] < k and self.ops[args[1]][1] in INTS, f"op {k} (gather) has bad arguments")
             elif name == "scalar":
                 need(len(args) == 1 and isinstance(args[0], int) and 0 <= args[0] < len(self.scalars), f"op {k}")
             elif name == "const":
@@ -178,6 +194,8 @@ class LinearSpec:
         need(pro.rank >= 2 and pro.red == [pro.rank - 1] and not pro.split, "the prologue must walk [..., K]")
         need(isinstance(self.a, int) and 0 <= self.a < len(pro.outputs) and pro.outputs[self.a][2] == "x",
              "A must be a full-size prologue output")
+        need(all(i[1] != "g" for part in (pro, epi) if part is not None for i in part.inputs),
+             "no gather in a matmul group's prologue or epilogue")
         need(isinstance(self.pro_store, list) and len(self.pro_store) == len(pro.outputs)
              and all(isinstance(s, bool) for s in self.pro_store), "bad pro_store")
         need(isinstance(self.w, list) and self.w and all(isinstance(n, int) and not isinstance(n, bool) and n > 0

@@ -33,6 +33,9 @@ def param_names(spec: GroupSpec, xr: int, rr: int, loop: bool = False, split: bo
     names += [f"xs{d}" for d in range(1, xr)] + [f"rs{d}" for d in range(1, rr)]
     for k in range(n_in + n_out):
         names += [f"xst{k}_{d}" for d in range(xr)] + [f"rst{k}_{d}" for d in range(rr if spec.red else 0)]
+    for k, i in enumerate(spec.inputs):    # a gathered input: its gathered dim's stride and size
+        if i[1] == "g":
+            names += [f"gst{k}", f"gsz{k}"]
     return names + (["rchunk"] if loop and spec.red else []) + (["nsplit", "ws"] if split and spec.red else [])
 
 
@@ -84,6 +87,12 @@ class _Emitter:
             off = f"xoff{k}" if level == "r" or not self.row else f"xoff{k} + roff{k}"
             mask = "xmask" if level == "r" or not self.row else "mask"
             load = f"tl.load(in{k} + {off}, mask={mask}, other=0)"
+            return load + (".to(tl.float32)" if code in HALF else "")
+        if name == "gather":
+            k, i = args
+            off, mask = (f"xoff{k} + roff{k}", "mask") if self.row else (f"xoff{k}", "xmask")
+            load = (f"tl.load(in{k} + {off} + v{i}.to(tl.int64) * gst{k}, "
+                    f"mask={mask} & (v{i} >= 0) & (v{i} < gsz{k}), other=0)")
             return load + (".to(tl.float32)" if code in HALF else "")
         if name == "scalar":
             return f"sc{args[0]}"
@@ -141,7 +150,9 @@ class _Emitter:
                 continue
             seen.add(i)
             name, _, _, *args = self.spec.ops[i]
-            if name not in ("in", "scalar", "const", "rnumel") and name not in REDUCTIONS:
+            if name == "gather":
+                stack.append(args[1])       # args[0] names an input, not an op
+            elif name not in ("in", "scalar", "const", "rnumel") and name not in REDUCTIONS:
                 stack.extend(args)
         return sorted(seen)
 

@@ -2,6 +2,10 @@
 ``f(permute(a, dims), permute(b', dims))`` (``b'``: a lower-rank operand viewed with its broadcast's
 leading 1-dims first).
 
+A gather sinks the same way, its input and index both permuted and its dim renumbered:
+``permute(gather(x, d, i), p)`` is ``gather(permute(x, p), p.index(d), permute(i, p))`` (DeBERTa's
+position-to-content scores, gathered then transposed before they are added).
+
 Values are the same; what changes is where the permute stands. A pointwise chain that ends in a
 permute and feeds pointwise ops (ConvNeXt's layer scale ``gamma * x`` over NHWC, permuted back to NCHW
 for the residual add) is then one chain over one shape, which the code generator fuses into one kernel
@@ -20,12 +24,23 @@ from ..ir import Graph, Node, TensorMeta, Value, get_op
 from .rewrite import pinned_values
 
 PERMUTE = "aten.permute"
+GATHER = "aten.gather"
 
 
 def _pointwise(node: Node) -> bool:
     op = get_op(node.op)
     return op is not None and op.category == "elementwise" and op.pure and len(node.outputs) == 1 \
         and node.outputs[0] is not None and isinstance(node.outputs[0].meta, TensorMeta)
+
+
+def _gather(node: Node) -> bool:
+    """torch.gather(x, dim, index) with input and index of one rank (as torch requires)."""
+    if node.op != GATHER or len(node.args) != 3 or set(node.kwargs) - {"sparse_grad"} \
+            or node.kwargs.get("sparse_grad") or len(node.outputs) != 1 or node.outputs[0] is None:
+        return False
+    x, dim, index = node.args
+    return isinstance(x, Value) and isinstance(index, Value) and isinstance(dim, int) \
+        and isinstance(x.meta, TensorMeta) and isinstance(index.meta, TensorMeta) and x.meta.rank == index.meta.rank
 
 
 def sink_permutes(g: Graph) -> Graph:
@@ -59,7 +74,7 @@ def _sink(g: Graph, perm: Node, users: dict, pinned: set[int], fresh) -> tuple[N
     if perm.op != PERMUTE or len(perm.args) < 2 or perm.outputs[0] is None:
         return None
     src, out = perm.args[0], perm.outputs[0]
-    if not isinstance(src, Value) or src.producer is None or not _pointwise(src.producer):
+    if not isinstance(src, Value) or src.producer is None or not (_pointwise(src.producer) or _gather(src.producer)):
         return None
     f = src.producer
     if src.id in pinned or len(users.get(src.id, ())) != 1:
@@ -89,8 +104,10 @@ def _sink(g: Graph, perm: Node, users: dict, pinned: set[int], fresh) -> tuple[N
         new_nodes.append(y.producer)
         return y
 
-    moved = Node(f.op, tuple(operand(a) for a in f.args), {k: operand(v) for k, v in f.kwargs.items()},
-                 f.name, f.source)
+    args = tuple(operand(a) for a in f.args)
+    if f.op == GATHER:
+        args = (args[0], dims.index(f.args[1] % rank), *args[2:])
+    moved = Node(f.op, args, {k: operand(v) for k, v in f.kwargs.items()}, f.name, f.source)
     moved.outputs = [out]
     out.producer = moved
     return f, new_nodes + [moved]

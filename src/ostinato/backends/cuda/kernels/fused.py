@@ -165,12 +165,18 @@ class FusedLauncher:
             order = _loop_order(list(red), shape, strides[:self.n_in])
             rs, rst = _collapse([shape[d] for d in order], [[st[d] for d in order] for st in strides])
         xnumel, rnumel = math.prod(xs), math.prod(rs)
+        gathered = [(t.stride(t.dim() - rank + spec.inputs[k][3]), t.shape[t.dim() - rank + spec.inputs[k][3]])
+                    for k, t in enumerate(tensors) if spec.inputs[k][1] == "g"]
         biggest = max([numel] + [sum((sz - 1) * abs(s) for sz, s in zip(xs + rs, a + b)) + 1
-                                 for a, b in zip(xst, rst)])
+                                 for a, b in zip(xst, rst)]
+                      + [sum((sz - 1) * abs(st) for sz, st in zip(t.shape, t.stride())) + 1
+                         for k, t in enumerate(tensors) if spec.inputs[k][1] == "g"])
         i64 = biggest >= 2**31 - 2**20
         ints = [xnumel] + ([rnumel] if red else []) + xs[1:] + rs[1:]
         for a, b in zip(xst, rst):
             ints += a + b
+        for st, size in gathered:
+            ints += [st, size]
         chunks = 1
         if red:
             loop = _pow2(rnumel) > MAX_PERSISTENT_ROW
@@ -253,7 +259,10 @@ def _operand_strides(spec: GroupSpec, tensors, shape: tuple) -> list[list[int]]:
         tshape = tuple(t.shape) + (1,) * unsq
         tstride = tuple(t.stride()) + (0,) * unsq
         pad = len(shape) - len(tshape)
-        out.append([0 if d < pad or tshape[d - pad] == 1 else tstride[d - pad] for d in range(len(shape))])
+        st = [0 if d < pad or tshape[d - pad] == 1 else tstride[d - pad] for d in range(len(shape))]
+        if spec.inputs[k][1] == "g":    # the gathered dim is addressed by the index (gst)
+            st[spec.inputs[k][3]] = 0
+        out.append(st)
     return out
 
 
