@@ -64,7 +64,7 @@ def test_convolution_in_channels_last_keeps_the_prepared_weight():
     w.add_(1.0)                                       # a new version of the weight is converted again
     _close(L.convolution(x, w, bias, *args), aten.convolution(x.contiguous(), w, bias, *args))
     plain = torch.randn(2, 4, 9, 9)
-    assert L._conv_plan(plain, False, None).memory_format is torch.contiguous_format
+    assert L._conv_plan(plain, w, [1, 1], False, 1, None).memory_format is torch.contiguous_format
     _close(L.convolution(plain, w, None, *args), aten.convolution(plain, w, None, *args))
 
 
@@ -90,7 +90,7 @@ def test_convolution_asked_for_channels_last_converts_its_input():
     out = L.convolution(x, w, bias, *args, memory_format=torch.channels_last)
     assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
     _close(out, aten.convolution(x, w, bias, *args))
-    assert L._conv_plan(x, True, torch.channels_last).memory_format is torch.contiguous_format   # transposed
+    assert L._conv_plan(x, w, [2, 1], True, 1, torch.channels_last).memory_format is torch.contiguous_format   # transposed
 
 
 def test_topk_of_one_is_a_reduction_with_the_same_answer():

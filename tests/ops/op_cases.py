@@ -494,8 +494,9 @@ add("split_with_sizes", lambda x: x.split(3), T(7, "M", dt=I32), tag="d0", dyn=T
 add("split_with_sizes", lambda x: torch.split(x, [1, 3, 2], -1), T(3, 6, nc=True), tag="nc")
 add("split_with_sizes", lambda x: x.chunk(3, 0), T(7, "M"), name="chunk", dyn=True)
 add("squeeze.dims", lambda x: x.unbind(0), T(3, "M"), name="unbind")
-add("repeat", lambda x: x.repeat(2, 3), T(*NM))
-add("repeat", lambda x: x.repeat(2, 1), T(*NM, dt=I64), dyn=True)
+# export decomposes repeat as torch does (frontend/export.py): the copy of an expanded view
+add("expand", lambda x: x.repeat(2, 3), T(*NM), name="repeat")
+add("expand", lambda x: x.repeat(2, 1), T(*NM, dt=I64), name="repeat", dyn=True)
 add("repeat_interleave.self_int", lambda x: x.repeat_interleave(2, dim=1), T(*NM))
 add("repeat_interleave.self_int", lambda x: x.repeat_interleave(3, dim=0), T(*NM, dt=F16), dyn=True,
     dyn_torch=PARITY_GUARDS_FIXED)

@@ -103,16 +103,42 @@ def test_explicit_mask_is_passed_through(expand, dtype):
         return x, m | torch.eye(5, dtype=torch.bool) if dtype == torch.bool else m
 
     prog, _ = export_and_compare(Masked(expand), inputs(), more_inputs=[inputs()])
+    # a boolean mask reaches the attention as the additive mask torch computes from it
+    additive = {"aten.scalar_tensor": 2, "aten.where.self": 1} if dtype == torch.bool else {}
     assert prog.op_counts() == {"ost.multi_linear": 1, "aten.view": 2, "aten.permute": 2,
-                                "aten.split_with_sizes": 1, "ost.sdpa": 1}
+                                "aten.split_with_sizes": 1, "ost.sdpa": 1, **additive}
     (node,) = sdpa_nodes(prog)
-    assert node.args[3] is prog.graph.inputs[1] and node.args[4:] == (None, None, 2, False)
+    mask = node.args[3]
+    if dtype == torch.bool:
+        assert mask.producer.op == "aten.where.self" and mask.meta.dtype == torch.float32
+        mask = mask.producer.args[0]
+    assert mask is prog.graph.inputs[1] and node.args[4:] == (None, None, 2, False)
 
 
 class Causal(Attention):
     def forward(self, x):
         q, k, v = self.project(x)
         return F.scaled_dot_product_attention(q, self.repeat(k, -3), self.repeat(v, -3), is_causal=True, scale=0.3)
+
+
+class SharedMask(torch.nn.Module):
+    """Layers of attention reading one boolean mask (a sliding window built once, as Mistral's)."""
+
+    def forward(self, q, k, v, mask):
+        for _ in range(3):
+            q = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return q
+
+
+def test_boolean_mask_made_additive_once_for_every_layer():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g, dtype=torch.bfloat16) for _ in range(3))
+    window = torch.arange(6)[:, None] - torch.arange(6)[None, :]
+    mask = (window >= 0) & (window < 3)
+    prog, _ = export_and_compare(SharedMask(), (q, k, v, mask))
+    assert prog.op_counts().get("aten.where.self") == 1 and prog.op_counts().get("ost.sdpa") == 3
+    masks = {id(n.args[3]) for n in sdpa_nodes(prog)}
+    assert len(masks) == 1 and sdpa_nodes(prog)[0].args[3].meta.dtype == torch.bfloat16
 
 
 def test_causal_prefill():
@@ -222,8 +248,8 @@ def test_position_mask(form, fused):
     if fused:
         assert mask is None and q_pos is not None and not mask_aranges(prog, 8)
         assert "aten.le.Tensor" not in prog.op_counts() and "aten.ge.Tensor" not in prog.op_counts()
-    else:
-        assert q_pos is None and mask is not None and mask.meta.dtype == torch.bool
+    else:   # the boolean mask, made additive
+        assert q_pos is None and mask.producer.op == "aten.where.self" and mask.producer.args[0].meta.dtype == torch.bool
 
 
 class Prefill(Attention):
@@ -294,7 +320,7 @@ def test_input_mask_is_never_dropped():
     x, m = torch.randn(2, 5, 16), torch.ones(2, 1, 5, 5, dtype=torch.bool)
     prog, _ = export_and_compare(Masked("repeat_kv"), (x, m), more_inputs=[(x, torch.rand(2, 1, 5, 5) > 0.5)])
     (node,) = sdpa_nodes(prog)
-    assert node.args[3] is prog.graph.inputs[1]
+    assert node.args[3].producer.op == "aten.where.self" and node.args[3].producer.args[0] is prog.graph.inputs[1]
 
 
 def test_hf_bert_traced_mask_is_dropped():

@@ -23,7 +23,10 @@ transformers builds such a bidirectional mask when traced (``arange(S)[..., None
 where eager passes none; torch's fused attention kernels refuse its stride-0 last dim, so the
 attention would run the math path (fp32 matmuls and softmax) instead of cuDNN's or flash.
 
-Any other mask is passed as ``mask``.
+Any other mask is passed as ``mask``; a boolean one as the additive mask torch's fused kernels take
+(``where(mask, 0, -inf)`` in the query's dtype, the values torch computes from it on every call), made
+once and shared by every attention reading that mask: torch would convert it again in every layer
+(Mistral's sliding window: three kernels per layer of a 512-token prefill).
 """
 from __future__ import annotations
 
@@ -258,7 +261,7 @@ def _hides_nothing(mask: Value, memo: dict) -> bool:
 
 
 # -- the pass -------------------------------------------------------------------------------------
-def _match(node: Node, users, pinned: set[int], masks: dict) -> tuple[tuple, list[Node]] | None:
+def _match(g: Graph, node: Node, users, pinned: set[int], masks: dict) -> tuple[tuple, list[Node], list[Node]] | None:
     a = _bind(node)
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
     if not (_tensor(q) and _tensor(k) and _tensor(v)) or q.meta.rank < 3 or k.meta.rank < 3:
@@ -286,7 +289,30 @@ def _match(node: Node, users, pinned: set[int], masks: dict) -> tuple[tuple, lis
         q_pos = masks[key]
     if q_pos is not None:
         mask = None
-    return (q, k, v, mask, q_pos, a["scale"], n_rep, bool(a["is_causal"])), absorbed
+    made: list[Node] = []
+    if mask is not None and mask.meta.dtype == torch.bool and q.meta.dtype.is_floating_point:
+        key = ("additive", mask.id, q.meta.dtype)
+        if key not in masks:
+            masks[key] = _additive(g, mask, q.meta.dtype, node)
+            made = list(masks[key][1])
+        mask = masks[key][0]
+    return (q, k, v, mask, q_pos, a["scale"], n_rep, bool(a["is_causal"])), absorbed, made
+
+
+def _additive(g: Graph, mask: Value, dtype: torch.dtype, at: Node) -> tuple[Value, list[Node]]:
+    """(``where(mask, 0, -inf)`` in ``dtype``, the nodes computing it): what torch's attention computes
+    from a boolean mask. The backend puts its own device in for the export's."""
+    made, values = [], []
+    for k, x in enumerate((0.0, float("-inf"))):
+        n = Node("aten.scalar_tensor", (x,), {"dtype": dtype, "layout": torch.strided, "device": torch.device("cpu")},
+                 f"{at.name}_mask_{'zero' if k == 0 else 'hidden'}", at.source)
+        values.append(g.new_value(n.name, TensorMeta(dtype, ()), "temp", n))
+        n.outputs = [values[-1]]
+        made.append(n)
+    where = Node("aten.where.self", (mask, *values), {}, f"{at.name}_mask_additive", at.source)
+    out = g.new_value(where.name, TensorMeta(dtype, tuple(mask.meta.shape)), "temp", where)
+    where.outputs = [out]
+    return out, made + [where]
 
 
 def fuse_sdpa(g: Graph) -> Graph:
@@ -298,15 +324,15 @@ def fuse_sdpa(g: Graph) -> Graph:
     for node in g.nodes:
         if node.op != "aten.scaled_dot_product_attention":
             continue
-        m = _match(node, users, pinned, masks)
+        m = _match(g, node, users, pinned, masks)
         if m is None:
             continue
         fused = Node("ost.sdpa", m[0], {}, node.name, node.source)
         fused.outputs = [node.outputs[0]]
         node.outputs[0].producer = fused
-        replacement[id(node)] = fused
+        replacement[id(node)] = [*m[2], fused]
         absorbed.update(id(n) for n in m[1])
     if replacement:
-        g.nodes = [replacement.get(id(n), n) for n in g.nodes]
+        g.nodes = [x for n in g.nodes for x in replacement.get(id(n), [n])]
         drop_nodes(g, absorbed)
     return g
