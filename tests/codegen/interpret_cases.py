@@ -203,6 +203,10 @@ def main(what: str, dtype_name: str) -> None:
         items.append(("channels_last", lambda: (ChannelsLast(), (torch.randn(2, 16, 5, 6),), 1)))
         # rows longer than a register tile, walked in chunks over a channels-last tensor
         items.append(("channels_last_looped", lambda: (ChannelsLast(), (torch.randn(2, 16, 40, 40),), 1)))
+        # a squeeze-excite pooling over channels-last pixels: rows across memory, several per tile (held
+        # whole, and walked in chunks)
+        items.append(("pooled_channels_last", lambda: (PooledChannelsLast(), (torch.randn(2, 16, 5, 6),), 1)))
+        items.append(("pooled_channels_last_looped", lambda: (PooledChannelsLast(), (torch.randn(2, 24, 70, 70),), 1)))
         # a reduction-only group of few long rows, with NaN in one row: max/min keep it across split parts
         items.append(("few_long_rows_nan", lambda: (LongRowStats(), (_with_nan(torch.randn(3, 9000)),), 1)))
         tol = 1e-4
@@ -216,7 +220,26 @@ def main(what: str, dtype_name: str) -> None:
             results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     if what == "rows":
         results["split_rows"] = _split_rows_seen()
+        results["column_rows"] = _column_rows_seen()
     print(json.dumps(results))
+
+
+class PooledChannelsLast(torch.nn.Module):
+    """MobileNetV3's squeeze-excite input: an activation over a channels-last tensor and its mean over
+    the pixels (a row per channel, strided by the channel count)."""
+
+    def forward(self, x):
+        a = torch.nn.functional.hardswish(x.contiguous(memory_format=torch.channels_last) * 2.0 + 1.0)
+        return a, a.mean((2, 3), keepdim=True)
+
+
+def _column_rows_seen() -> str:
+    """Whether launches took rows across memory several per tile (OSTINATO_COLUMN_ROWS, on by default)."""
+    from ostinato.backends.cuda.kernels.fused import _LAUNCHERS, column_rows_enabled
+    columns = sum(getattr(p, "columns", False) for f in _LAUNCHERS.values() for p in getattr(f, "_plans", {}).values())
+    if column_rows_enabled() != (columns > 0):
+        return f"{columns} column launch plans with OSTINATO_COLUMN_ROWS={os.environ.get('OSTINATO_COLUMN_ROWS')}"
+    return "ok"
 
 
 class LongRowStats(torch.nn.Module):

@@ -32,6 +32,30 @@ _TARGET_PROGRAMS = 512      # a looped row kernel splits its output pass until a
 _SPLIT_RBLOCK = 1024        # a split row's programs walk their part in chunks of this many elements
 
 
+def column_rows_enabled() -> bool:
+    """OSTINATO_COLUMN_ROWS=0 walks strided rows one program per row as any other (the A/B switch)."""
+    return os.environ.get("OSTINATO_COLUMN_ROWS", "1") != "0"
+
+
+_TARGET_COLUMN_PROGRAMS = 264   # two per SM of an H100
+_COLUMN_XBLOCK_MIN, _COLUMN_XBLOCK_MAX = 8, 64
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(int(n), 1).bit_length() - 1)
+
+
+def _across_memory(xst: list[list[int]], rst: list[list[int]]) -> bool:
+    """Whether the inputs' rows lie across memory: an input's innermost reduced dim strided and its
+    innermost kept dim dense (NHWC pooled over H and W: one program per row would read one element
+    per sector), and no more inputs with dense rows than such inputs."""
+    if not column_rows_enabled():
+        return False
+    across = sum(bool(a and b) and b[-1] not in (0, 1) and a[-1] == 1 for a, b in zip(xst, rst))
+    along = sum(bool(b) and b[-1] == 1 for b in rst)
+    return across > 0 and across >= along
+
+
 def split_enabled() -> bool:
     """OSTINATO_SPLIT_REDUCTION=0 keeps every long row in one program (the A/B switch of split rows)."""
     return os.environ.get("OSTINATO_SPLIT_REDUCTION", "1") != "0"
@@ -103,11 +127,12 @@ def _strides_in(shape: tuple, fmt: torch.memory_format) -> list[int]:
 class _LaunchPlan:
     """``kernel`` (the last) with its integer arguments and grid; ``stages``: the kernels a split row
     runs first (each storing one reduction's partials in a workspace of ``ws_shape``)."""
-    __slots__ = ("kernel", "ints", "grid", "out_shapes", "empty", "formats", "stages", "ws_shape")
+    __slots__ = ("kernel", "ints", "grid", "out_shapes", "empty", "formats", "stages", "ws_shape", "columns")
 
-    def __init__(self, kernel, ints, grid, out_shapes, empty, formats, stages=(), ws_shape=None):
+    def __init__(self, kernel, ints, grid, out_shapes, empty, formats, stages=(), ws_shape=None, columns=False):
         self.kernel, self.ints, self.grid, self.out_shapes, self.empty = kernel, ints, grid, out_shapes, empty
         self.formats, self.stages, self.ws_shape = formats, stages, ws_shape
+        self.columns = columns      # rows across memory, several side by side per tile
 
 
 class FusedLauncher:
@@ -177,14 +202,23 @@ class FusedLauncher:
             ints += a + b
         for st, size in gathered:
             ints += [st, size]
-        chunks = 1
+        chunks, columns = 1, False
         if red:
             loop = _pow2(rnumel) > MAX_PERSISTENT_ROW
-            nsplit = self._splits(xnumel, rnumel) if loop else 1
-            if nsplit > 1:
-                return self._split_plan(xs, rs, i64, ints, nsplit, out_shapes, formats)
-            rblock = _LOOP_RBLOCK if loop else _pow2(rnumel)
-            xblock = 1 if loop else min(_pow2(xnumel), max(1, 2048 // rblock))
+            columns = _across_memory(xst[:self.n_in], rst[:self.n_in])
+            if columns:
+                # rows strided, kept dims dense (a channels-last tensor pooled over its pixels): a tile
+                # holds several rows side by side, so each of its loads reads neighbours in memory
+                xblock = min(_pow2(xnumel), _COLUMN_XBLOCK_MAX,
+                             max(_COLUMN_XBLOCK_MIN, _floor_pow2(xnumel // _TARGET_COLUMN_PROGRAMS)))
+                rblock = min(_pow2(rnumel), max(16, 2048 // xblock))
+                loop = rnumel > rblock
+            else:
+                nsplit = self._splits(xnumel, rnumel) if loop else 1
+                if nsplit > 1:
+                    return self._split_plan(xs, rs, i64, ints, nsplit, out_shapes, formats)
+                rblock = _LOOP_RBLOCK if loop else _pow2(rnumel)
+                xblock = 1 if loop else min(_pow2(xnumel), max(1, 2048 // rblock))
             warps = 8 if rblock * xblock >= 2048 else 4
             lib, name = self.library(len(xs), len(rs), loop, i64)
             kernel = lib.kernel(name, XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
@@ -201,7 +235,7 @@ class FusedLauncher:
             lib, name = self.library(len(xs), 0, False, i64)
             kernel = lib.kernel(name, XBLOCK=xblock, num_warps=4)
         grid = (cdiv(xnumel, xblock),) if chunks == 1 else (cdiv(xnumel, xblock), chunks)
-        return _LaunchPlan(kernel, tuple(ints), grid, out_shapes, False, formats)
+        return _LaunchPlan(kernel, tuple(ints), grid, out_shapes, False, formats, columns=columns)
 
     def _splits(self, xnumel: int, rnumel: int) -> int:
         """Programs per row when rows are too few to fill the GPU with one program each (a group norm:
