@@ -293,3 +293,50 @@ def test_gather_spec_checks_and_out_of_range_reads_zero():
     x = torch.arange(12.0).view(3, 4)
     got = _gathered(x, 1, torch.tensor([[0, 3, 4, -1]]).expand(3, 4), (3, 4))
     assert torch.equal(got, torch.tensor([[0.0, 3, 0, 0], [4, 7, 0, 0], [8, 11, 0, 0]]))
+
+
+class GatherEdges(torch.nn.Module):
+    """Gathers the kernels must not take: a result broadcast over a dim its input is longer in (eager
+    reads the input's first row there), and a per-row index inside a reduction's group (a selected
+    log-probability beside its logsumexp)."""
+
+    def forward(self, x, idx, y, logits, target):
+        g = torch.gather(x, 1, idx) * 2 + y                       # [1, 4] result over a [3, 4] space
+        lse = torch.logsumexp(logits, 1, keepdim=True)
+        return g, lse - torch.gather(logits, 1, target)
+
+
+def test_gathers_the_kernels_refuse_still_match():
+    g = torch.Generator().manual_seed(2)
+    args = (torch.randn(5, 7, generator=g), torch.randint(0, 7, (1, 4), generator=g), torch.randn(3, 4, generator=g),
+            torch.randn(6, 10, generator=g), torch.randint(0, 10, (6, 1), generator=g))
+    prog = ostinato.export(GatherEdges(), args, passes=GENERIC)
+    groups = [it for it in codegen.schedule(prog.graph) if isinstance(it, codegen.FusionGroup)]
+    for gr in groups:
+        for n in gr.nodes:
+            if n.op == "aten.gather":      # taken only in its own space, never in a reduction's
+                assert tuple(gr.space.shape) == tuple(n.outputs[0].meta.shape) and not gr.space.red
+    assert any(n.op == "aten.gather" for gr in groups for n in gr.nodes)      # the first, in its [1, 4]
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    assert_same(exe(*args), GatherEdges()(*args))
+
+
+def test_repeat_is_one_copy_and_high_ranks_stay_torchs():
+    """repeat exports as one copy of an expanded view, a generated kernel; one whose view would pass the
+    kernels' rank (5 repeats: rank 10) stays torch's copy. Both equal eager, at another batch too."""
+    from ostinato.frontend.export import _repeat
+
+    class Repeats(torch.nn.Module):
+        def forward(self, x):
+            return x.repeat(2, 3) * 2, x.repeat(3, 2, 1, 2, 1)
+
+    for shape, reps in [((3, 5, 2), (4, 1, 1)), ((2, 3), (2, 3)), ((4,), (2, 3)), ((2, 0, 3), (2, 2, 2))]:
+        x = torch.randn(shape)
+        assert torch.equal(_repeat(x, reps), x.repeat(*reps)), (shape, reps)
+    x = torch.randn(3, 4)
+    prog = ostinato.export(Repeats(), (x,), dynamic_shapes=({0: torch.export.Dim("b", min=2, max=16)},))
+    assert prog.op_counts().get("aten.clone") == 2 and "aten.repeat" not in prog.op_counts()
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    assert fused_ops(exe).get("ost.fused") == 1 and fused_ops(exe).get("aten.clone") == 1, fused_ops(exe)
+    for a in (x, torch.randn(7, 4)):
+        assert_same(exe(a), Repeats()(a))

@@ -14,7 +14,7 @@ import torch
 from ..ir import Node, Value
 from ..ir.types import ScalarMeta, TensorMeta
 from .prims import DTYPE_CODES, FLOATS, INT_OK_BINARY, INT_OK_UNARY, compute_code
-from .spec import GroupSpec
+from .spec import MAX_RANK, GroupSpec
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ class Builder:
     """Collects one group's spec: inputs loaded on first use, ops appended in order."""
 
     def __init__(self, rank: int, red: list[int], shape: tuple, split: tuple | None = None):
+        if rank > MAX_RANK:
+            raise NotFusible(f"a space of rank {rank} (the kernels take {MAX_RANK})")
         self.rank, self.red, self.shape, self.split = rank, red, shape, split
         self.inputs: list[list] = []
         self.input_values: list[Value] = []
@@ -524,8 +526,18 @@ def _gather(b: Builder, node: Node):
     """Each element reads ``x`` where the space's coordinates are, its dim ``dim`` replaced by the index
     (an index outside ``x`` reads 0 where eager raises)."""
     x, dim, index = node.args[:3]
+    out = tuple(node.outputs[0].meta.shape)
+    pad = len(b.shape) - len(out)
+    gdim = dim % len(out)
+    for d, (n, xn) in enumerate(zip(out, x.meta.shape)):
+        # the kernel reads x along the space's dims: where the result broadcasts into a larger space,
+        # eager reads x's first row there, which only a size-1 dim of x gives (stride 0)
+        if d != gdim and not (n == b.shape[pad + d] or xn == 1):
+            raise NotFusible("gather result broadcast over a dim its input is longer in")
     k = b.gathered(x, dim)
     idx = b.value(index)
+    if b.red and b.level(idx) == "r":
+        raise NotFusible("gather at a per-row index in a reduction's group")
     return [b._push(["gather", code_of(x), "x", k, idx])]
 
 

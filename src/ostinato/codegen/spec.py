@@ -32,6 +32,7 @@ from .prims import BINARY, DTYPES, REDUCTIONS, UNARY, decode_const
 INTS = ("i64", "i32", "i16", "i8", "u8")
 
 SPEC_VERSION = 1
+MAX_RANK = 8        # of a group's iteration space
 
 
 def _need(kind: str, cond, what: str) -> None:
@@ -81,7 +82,7 @@ class GroupSpec:
 
     def check(self) -> None:
         need = functools.partial(_need, "fusion spec")
-        need(isinstance(self.rank, int) and 0 <= self.rank <= 8, "rank out of range")
+        need(isinstance(self.rank, int) and 0 <= self.rank <= MAX_RANK, "rank out of range")
         need(all(isinstance(r, int) and 0 <= r < self.rank for r in self.red) and self.red == sorted(set(self.red)),
              "bad reduced dims")
         for i in self.inputs:

@@ -41,19 +41,31 @@ KEEP_WHOLE = (
 
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict:
-    """torch.export's core-ATen decompositions minus KEEP_WHOLE, plus torch's decomposition of ``repeat``
-    (built once: it takes ~0.1 s). A repeat becomes the copy of an expanded view, then views: the code
-    generator makes that copy one generated kernel (codegen/schedule.py's strided copies) where torch's
-    repeat runs its generic copy kernel (DeBERTa's relative position keys, repeated over the batch)."""
-    from torch._decomp import get_decompositions
+    """torch.export's core-ATen decompositions minus KEEP_WHOLE, plus ``repeat`` as one copy of an
+    expanded view (_repeat; built once: it takes ~0.1 s). The code generator makes that copy a generated
+    kernel (codegen/schedule.py's strided copies) where torch's repeat runs its generic copy kernel
+    (DeBERTa's relative position keys, repeated over the batch)."""
     table = torch.export.default_decompositions()
     for name in KEEP_WHOLE:
         base, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, base), overload)
         if op in table:
             del table[op]
-    table.update(get_decompositions([torch.ops.aten.repeat.default]))
+    table[torch.ops.aten.repeat.default] = _repeat
     return table
+
+
+def _repeat(x: torch.Tensor, repeats) -> torch.Tensor:
+    """``x.repeat(*repeats)`` as views around one copy: x viewed as [1, d0, 1, d1, ...], expanded to
+    [r0, d0, r1, d1, ...], copied (dense in that order), viewed as [r0 * d0, r1 * d1, ...]. torch's own
+    decomposition expands to [r0, r1, ..., d0, d1, ...] and permutes, a second copy where the permute
+    moves sizes above 1."""
+    repeats = list(repeats)
+    shape = [1] * (len(repeats) - x.dim()) + list(x.shape)
+    interleaved = [s for d in shape for s in (1, d)]
+    expanded = [s for r, d in zip(repeats, shape) for s in (r, d)]
+    tiled = x.reshape(interleaved).expand(expanded).clone(memory_format=torch.contiguous_format)
+    return tiled.view([r * d for r, d in zip(repeats, shape)])
 
 
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
