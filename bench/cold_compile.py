@@ -38,7 +38,7 @@ def run_config(name: str, workdir: str, settings: list[tuple[str, str]], log) ->
     cfg = configs.by_name(name)
     wl = workloads.build(cfg.builder, cfg.params, cfg.device, cfg.dtype)
     ref = measure.Reference([measure.snapshot(measure.call(wl.model, wl.steps[i % len(wl.steps)]))
-                             for i in range(measure.CHECK_STEPS)], measure.TOLERANCE[cfg.dtype])
+                             for i in range(measure.CHECK_STEPS)], measure.tolerance(cfg.dtype, cfg.device))
     cdir = os.path.join(workdir, name.replace("/", "_"))
     write_io(cfg, cdir, wl.steps, ref, {})
     del wl

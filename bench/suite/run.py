@@ -43,7 +43,7 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
                 b.copy_(initial[n])
 
     ref = measure.Reference([measure.snapshot(measure.call(wl.model, wl.steps[i % len(wl.steps)]))
-                             for i in range(measure.CHECK_STEPS)], measure.TOLERANCE[cfg.dtype])
+                             for i in range(measure.CHECK_STEPS)], measure.tolerance(cfg.dtype, cfg.device))
     restore()
     program = None
     if any(r.startswith("ostinato") for r in runner_names):
@@ -171,7 +171,7 @@ def run_suite(selected: list[Config], runner_names: list[str] | None, with_start
     doc: dict[str, Any] = {"suite": "ostinato bench", **environment(device),
                            "method": {"warmups": measure.WARMUPS, "trials": measure.TRIALS, "trim": measure.TRIM, "interleaved": True,
                                       "trial_seconds": (timing or {}).get("trial_seconds", measure.TRIAL_SECONDS),
-                                      "check_steps": measure.CHECK_STEPS, "tolerance": measure.TOLERANCE,
+                                      "check_steps": measure.CHECK_STEPS, "tolerance": {**measure.TOLERANCE, "float32 on cuda": measure.CUDA_FP32_TOLERANCE},
                                       "memory": measure.MEMORY_METRIC[device],
                                       "runners": runners.DESCRIPTIONS},
                            "configs": []}

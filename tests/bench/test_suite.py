@@ -215,3 +215,11 @@ def test_startup_in_fresh_processes(tmp_path):
     assert 0 < warm["load_s"] < warm["total_s"] < warm["process_s"]
     assert (tmp_path / "cpu_test-tiny-decoder" / "model.ost").stat().st_size > 0
     assert warm["cache"]["disk"]["hits"] >= 1, warm["cache"]   # the plan came from the cold process's cache
+
+
+def test_fp32_tolerance_is_wider_on_cuda_only():
+    """cuDNN runs fp32 convolutions in TF32 by default: on CUDA an fp32 check allows 1e-3, on the CPU 1e-4;
+    the other dtypes are the same on both."""
+    assert measure.tolerance("float32", "cpu") == 1e-4 and measure.tolerance("float32", "cuda") == 1e-3
+    for dt in ("bfloat16", "float16"):
+        assert measure.tolerance(dt, "cuda") == measure.tolerance(dt, "cpu") == measure.TOLERANCE[dt]
