@@ -340,3 +340,20 @@ def test_repeat_is_one_copy_and_high_ranks_stay_torchs():
     assert fused_ops(exe).get("ost.fused") == 1 and fused_ops(exe).get("aten.clone") == 1, fused_ops(exe)
     for a in (x, torch.randn(7, 4)):
         assert_same(exe(a), Repeats()(a))
+
+
+def test_bytes_moved_counts_what_broadcast_and_gathered_inputs_read():
+    """inspect's bytes: a repeat's copy reads its source once (not the expanded view's size); a gather
+    reads at most one element of its input per element of the space (not the whole input)."""
+    from fusion_models import RelativeScores, StridedCopies, _relative
+    prog = ostinato.export(StridedCopies(), (torch.randn(3, 5, 32), torch.randn(4, 6, 8)))
+    groups = [g for g in codegen.schedule(prog.graph) if isinstance(g, codegen.FusionGroup)]
+    repeat = next(g for g in groups if tuple(g.space.shape) == (3, 4, 6, 8) or len(g.space.shape) == 6)
+    assert repeat.bytes_moved() == (4 * 6 * 8 + 12 * 6 * 8) * 4
+    model, args = _relative(torch.float32)
+    prog = ostinato.export(model, args)
+    (scores,) = [g for g in codegen.schedule(prog.graph) if isinstance(g, codegen.FusionGroup)
+                 and any(n.op == "aten.gather" for n in g.nodes)]
+    space = 6 * 7 * 7
+    # qk scores, two gathers (each <= the space) and their two [7, 7] indices, the softmax's output
+    assert scores.bytes_moved() == (space + 2 * space + space) * 4 + 2 * 7 * 7 * 8

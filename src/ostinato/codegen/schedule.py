@@ -168,18 +168,38 @@ class FusionGroup:
         self.inputs = b.input_values + b.scalar_values
 
     def bytes_moved(self, bindings: dict | None = None) -> int | None:
-        """Bytes the kernel reads and writes (each input and output once); None when a shape is symbolic."""
-        total = 0
-        for v in (*self.inputs, *self.outputs):
-            if not isinstance(v.meta, TensorMeta):
-                continue
+        """Bytes the kernel reads and writes (each input and output once; an input that is a broadcasting
+        view reads its source's elements, a gathered one at most one element per element of the space);
+        None when a shape is symbolic."""
+        def numel(shape) -> int | None:
             n = 1
-            for d in v.meta.shape:
+            for d in shape:
                 if not isinstance(d, int):
                     if bindings is None:
                         return None
                     d = d.evaluate(bindings)
                 n *= d
+            return n
+
+        total = 0
+        gathered = {v.id for v, i in zip(self.inputs, self.spec.inputs if self.spec else ()) if i[1] == "g"}
+        space = numel(self.space.shape)
+        for v in (*self.inputs, *self.outputs):
+            if not isinstance(v.meta, TensorMeta):
+                continue
+            n = numel(v.meta.shape)
+            if n is None or space is None:
+                return None
+            src = v
+            while src.producer is not None and src.producer.op in _VIEWS and src.producer.args \
+                    and isinstance(src.producer.args[0], Value) and isinstance(src.producer.args[0].meta, TensorMeta):
+                src = src.producer.args[0]
+                m = numel(src.meta.shape)
+                if m is None:
+                    break
+                n = min(n, m)
+            if v.id in gathered:
+                n = min(n, space)
             total += n * v.meta.dtype.itemsize
         return total
 
