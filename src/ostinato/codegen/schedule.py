@@ -182,13 +182,14 @@ class FusionGroup:
             return n
 
         total = 0
-        gathered = {v.id for v, i in zip(self.inputs, self.spec.inputs if self.spec else ()) if i[1] == "g"}
-        space = numel(self.space.shape)
+        spec_inputs = self.spec.inputs if isinstance(self.spec, GroupSpec) else ()   # a matmul group has none
+        gathered = {v.id for v, i in zip(self.inputs, spec_inputs) if i[1] == "g"}
+        space = numel(self.space.shape) if self.space is not None else None
         for v in (*self.inputs, *self.outputs):
             if not isinstance(v.meta, TensorMeta):
                 continue
             n = numel(v.meta.shape)
-            if n is None or space is None:
+            if n is None:
                 return None
             src = v
             while src.producer is not None and src.producer.op in _VIEWS and src.producer.args \
@@ -198,7 +199,7 @@ class FusionGroup:
                 if m is None:
                     break
                 n = min(n, m)
-            if v.id in gathered:
+            if v.id in gathered and space is not None:
                 n = min(n, space)
             total += n * v.meta.dtype.itemsize
         return total
