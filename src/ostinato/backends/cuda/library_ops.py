@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from ...cache.op_cache import OpGraphCache, op_graph_cache, op_key
+from .kernels import conv as depthwise
+from .runtime import deferring
 
 aten = torch.ops.aten
 
@@ -111,23 +113,13 @@ def _conv_plan(x: torch.Tensor, weight: torch.Tensor, stride, transposed: bool, 
         fmt is torch.channels_last or (not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)))
     if nhwc:
         return ConvPlan(torch.channels_last)
-    from .kernels import conv
     from .ops import triton_kernels
-    depthwise = x.is_cuda and conv.enabled() and bool(triton_kernels()) and conv.takes(x, weight, stride, transposed, groups)
-    return ConvPlan(torch.contiguous_format, depthwise)
+    return ConvPlan(torch.contiguous_format, x.is_cuda and depthwise.enabled() and bool(triton_kernels())
+                    and depthwise.takes(x, weight, stride, transposed, groups))
 
 
-_depthwise = None
-
-
-def _depthwise_launcher():
-    """kernels/conv.py's launcher, running torch's convolution while its kernel compiles (a cold cache)."""
-    global _depthwise
-    if _depthwise is None:
-        from .kernels import conv
-        from .runtime import deferring
-        _depthwise = deferring(conv.depthwise_conv2d, aten.convolution)
-    return _depthwise
+# kernels/conv.py's launcher, running torch's convolution while its kernel compiles (a cold cache)
+_depthwise = deferring(depthwise.depthwise_conv2d, aten.convolution)
 
 
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *,
@@ -135,13 +127,12 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     """``aten.convolution``; ``memory_format=torch.channels_last`` (the lowering's choice for fp16/bf16,
     backends/cuda/layout.py) runs it NHWC, converting an input that is not channels-last yet; a depthwise
     one left NCHW runs kernels/conv.py's kernel (``OSTINATO_DEPTHWISE_KERNEL=0``: torch's)."""
-    from .kernels.conv import enabled
     plan = op_graph_cache.get(
         op_key("aten.convolution", x, weight, transposed=transposed, groups=groups, stride=tuple(stride),
-               padding=tuple(padding), dilation=tuple(dilation), fmt=memory_format, dw=enabled()),
+               padding=tuple(padding), dilation=tuple(dilation), fmt=memory_format, dw=depthwise.enabled()),
         lambda: _conv_plan(x, weight, stride, transposed, groups, memory_format))
     if plan.depthwise:
-        return _depthwise_launcher()(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        return _depthwise(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     if plan.memory_format is torch.channels_last:
         weight = _prepared_weight(weight, torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)

@@ -190,18 +190,17 @@ class FusedLauncher:
             order = _loop_order(list(red), shape, strides[:self.n_in])
             rs, rst = _collapse([shape[d] for d in order], [[st[d] for d in order] for st in strides])
         xnumel, rnumel = math.prod(xs), math.prod(rs)
-        gathered = [(t.stride(t.dim() - rank + spec.inputs[k][3]), t.shape[t.dim() - rank + spec.inputs[k][3]])
-                    for k, t in enumerate(tensors) if spec.inputs[k][1] == "g"]
+        # gathered inputs: (tensor, its gathered dim), addressed whole by the index
+        gathered = [(t, t.dim() - rank + spec.inputs[k][3]) for k, t in enumerate(tensors) if spec.inputs[k][1] == "g"]
         biggest = max([numel] + [sum((sz - 1) * abs(s) for sz, s in zip(xs + rs, a + b)) + 1
                                  for a, b in zip(xst, rst)]
-                      + [sum((sz - 1) * abs(st) for sz, st in zip(t.shape, t.stride())) + 1
-                         for k, t in enumerate(tensors) if spec.inputs[k][1] == "g"])
+                      + [sum((sz - 1) * abs(st) for sz, st in zip(t.shape, t.stride())) + 1 for t, _ in gathered])
         i64 = biggest >= 2**31 - 2**20
         ints = [xnumel] + ([rnumel] if red else []) + xs[1:] + rs[1:]
         for a, b in zip(xst, rst):
             ints += a + b
-        for st, size in gathered:
-            ints += [st, size]
+        for t, d in gathered:
+            ints += [t.stride(d), t.shape[d]]
         chunks, columns = 1, False
         if red:
             loop = _pow2(rnumel) > MAX_PERSISTENT_ROW
