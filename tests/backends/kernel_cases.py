@@ -53,6 +53,15 @@ def _slices(packed, cols, *extra):
     return (packed[..., :cols], packed[..., cols:2 * cols], *extra), {}
 _LONGEST = (1 << 16) - 3     # backends/cuda/kernels/common.MAX_BLOCK - 3: the longest row, off a power of two
 
+
+def _window(n_keys: int, pos: int, width: int, dt, dev) -> torch.Tensor:
+    """Mistral's sliding window as the sdpa pass hands it over: [1, 1, 1, S], 0 on the ``width`` keys
+    up to ``pos``, -inf elsewhere."""
+    keys = torch.arange(n_keys, device=dev)
+    seen = (keys <= pos) & (keys > pos - width)
+    return torch.zeros(n_keys, dtype=dt, device=dev).masked_fill(~seen, float("-inf")).view(1, 1, 1, n_keys)
+
+
 CASES = [
     KernelCase("ost.rms_norm", "w", lambda g, dt, dev: ((_r(g, (3, 5, 64), dt, dev), _r(g, (64,), dt, dev), 1e-6), {}),
                cpu_tol={torch.float16: 2e-3}),
@@ -166,6 +175,24 @@ CASES = [
         (_r(g, (1, 2, 4099, 64), dt, dev), _r(g, (1, 2, 4099, 64), dt, dev), _r(g, (1, 4, 1, 64), dt, dev),
          _r(g, (1, 2, 1, 64), dt, dev), _r(g, (1, 2, 1, 64), dt, dev), torch.tensor([4098], device=dev), 2, None,
          None, None, False, torch.tensor([[4098]], device=dev), None, 2), {})),
+    # explicit masks: a sliding window (additive, -inf outside, as the sdpa pass makes it) with
+    # positions; a boolean padding mask per batch row; a float bias per head (no -inf) over GQA
+    KernelCase("ost.decode_attention_", "window-additive", lambda g, dt, dev: (
+        (_r(g, (1, 2, 40, 32), dt, dev), _r(g, (1, 2, 40, 32), dt, dev), _r(g, (1, 4, 1, 32), dt, dev),
+         _r(g, (1, 2, 1, 32), dt, dev), _r(g, (1, 2, 1, 32), dt, dev), torch.tensor([30], device=dev), 2, None,
+         _r(g, (1, 1, 1, 32), dt, dev), _r(g, (1, 1, 1, 32), dt, dev), False, torch.tensor([[30]], device=dev), None,
+         2, _window(40, 30, 8, dt, dev)), {}), tol=_ROPE_TOL),
+    KernelCase("ost.decode_attention_", "padding-bool-per-batch", lambda g, dt, dev: (
+        (_r(g, (2, 2, 70, 16), dt, dev), _r(g, (2, 2, 70, 16), dt, dev), _r(g, (2, 2, 1, 16), dt, dev),
+         _r(g, (2, 2, 1, 16), dt, dev), _r(g, (2, 2, 1, 16), dt, dev), torch.tensor([66], device=dev), 2, None,
+         None, None, False, None, None, 1, torch.rand(2, 1, 1, 70, generator=g).to(dev) > 0.3), {})),
+    KernelCase("ost.decode_attention_", "bias-per-head", lambda g, dt, dev: (
+        (_r(g, (1, 2, 20, 16), dt, dev), _r(g, (1, 2, 20, 16), dt, dev), _r(g, (1, 4, 1, 16), dt, dev),
+         _r(g, (1, 2, 1, 16), dt, dev), _r(g, (1, 2, 1, 16), dt, dev), torch.tensor([7], device=dev), 2, None,
+         None, None, False, None, 0.2, 2, _r(g, (4, 1, 20), dt, dev)), {})),
+    KernelCase("ost.sdpa", "decode-window", lambda g, dt, dev: ((_r(g, (1, 4, 1, 32), dt, dev), _r(g, (1, 2, 40, 32), dt, dev),
+                                                                 _r(g, (1, 2, 40, 32), dt, dev), _window(40, 30, 8, dt, dev),
+                                                                 torch.tensor([[30]], device=dev), None, 2), {})),
     KernelCase("ost.decode_attention_", "two-rows-fallback", lambda g, dt, dev: (
         (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev),
          _r(g, (1, 2, 2, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev), torch.tensor([3, 4], device=dev), 2), {})),

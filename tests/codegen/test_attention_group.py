@@ -20,7 +20,7 @@ from helpers import assert_same  # noqa: E402
 import ostinato  # noqa: E402
 from ostinato.codegen.report import launch_table  # noqa: E402
 
-S, HQ, HKV, D = 12, 4, 2, 8
+S, HQ, HKV, D, W = 12, 4, 2, 8, 3
 
 
 def rotate_half(x):
@@ -36,7 +36,10 @@ class Attention(nn.Module):
     - ``k_read``: rope, and the rotated key is also returned (the rope must stay);
     - ``q_only``: only q is rotated (the rope stays; the writes and attention still merge);
     - ``between``: a third buffer written in place between the cache writes and the attention (a state
-      write the merge does not move across).
+      write the merge does not move across);
+    - ``window``: a sliding-window mask of the last W positions, as Mistral's (boolean: the sdpa pass
+      makes it additive, and the merged kernel reads it);
+    - ``padding``: an additive float mask given as an input (hidden keys at -inf, the rest biased).
     """
 
     def __init__(self, style: str):
@@ -49,7 +52,7 @@ class Attention(nn.Module):
         self.register_buffer("seen", torch.zeros(S))
         self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D)))
 
-    def forward(self, x, pos):
+    def forward(self, x, pos, pad=None):
         q = self.q(x).view(1, 1, HQ, D).transpose(1, 2)
         k, v = self.kv(x).view(1, 1, 2 * HKV, D).transpose(1, 2).chunk(2, dim=1)
         extra = None
@@ -71,6 +74,10 @@ class Attention(nn.Module):
         if self.style == "between":
             self.seen.index_copy_(0, pos, x.sum().view(1))
         mask = None if self.style == "slice" else (torch.arange(S) <= pos.view(-1, 1)).view(1, 1, 1, S)
+        if self.style == "window":
+            mask = mask & (torch.arange(S) > pos.view(-1, 1) - W).view(1, 1, 1, S)
+        if self.style == "padding":
+            mask = pad.masked_fill(~mask, float("-inf"))
         a = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask, enable_gqa=True)
         out = a.transpose(1, 2).reshape(1, 1, HQ * D)
         return out if extra is None else (out, extra)
@@ -82,13 +89,18 @@ def decode(model, steps: int):
     torch.manual_seed(0)
     ref = copy.deepcopy(model)
     x0 = torch.randn(1, 1, HQ * D)
-    prog = ostinato.export(model, (x0, torch.tensor([0])))
+
+    def pad():      # [1, 1, 1, S] additive: two random keys hidden, the rest biased
+        bias = torch.randn(1, 1, 1, S)
+        bias[..., torch.randperm(S)[:2]] = float("-inf")
+        return (bias,) if model.style == "padding" else ()
+    prog = ostinato.export(model, (x0, torch.tensor([0]), *pad()))
     exe = fused_executable(prog, ReferenceFusionBackend())
     for step in range(steps):
-        x, pos = torch.randn(1, 1, HQ * D), torch.tensor([step])
+        args = (torch.randn(1, 1, HQ * D), torch.tensor([step]), *pad())
         with torch.no_grad():
-            expected = ref(x, pos)
-        assert_same(exe(x, pos), expected, msg=f"step {step}:")
+            expected = ref(*args)
+        assert_same(exe(*args), expected, msg=f"step {step}:")
     for name in ("k_cache", "v_cache"):
         assert_same(exe.session.state[name], getattr(ref, name), msg=f"{name}:")
         assert getattr(ref, name)[:, :, :steps].abs().sum() > 0
@@ -96,7 +108,8 @@ def decode(model, steps: int):
 
 
 @pytest.mark.parametrize("style, merged, ropes_left", [("rope", True, 0), ("slice", True, 0), ("k_read", True, 2),
-                                                       ("q_only", True, 1), ("between", False, 2)])
+                                                       ("q_only", True, 1), ("between", False, 2),
+                                                       ("window", True, 0), ("padding", True, 0)])
 def test_decode_attention_merges_what_it_may(style, merged, ropes_left):
     prog, exe = decode(Attention(style), 5)
     kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
@@ -114,9 +127,16 @@ def test_merged_node_takes_the_ropes_inputs():
     (launch,) = [l for l in exe.launches if l.op == "ost.decode_attention_"]
     node = next(n for n in prog.graph.nodes if n.op == "ost.sdpa")
     assert launch.name == node.name
-    # args: caches, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep
+    # args: caches, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep, mask
     assert launch.args[6:8] == (2, None) and launch.args[10] is False and launch.args[13] == 2
     assert launch.args[8] is not None and launch.args[9] is not None     # cos and sin
+    assert launch.args[14] is None      # the position mask is q_pos, not a mask
+
+
+def test_merged_node_reads_the_window_mask():
+    prog, exe = decode(Attention("window"), 7)      # past W: the window hides the first keys
+    (launch,) = [l for l in exe.launches if l.op == "ost.decode_attention_"]
+    assert launch.args[14] is not None
 
 
 def test_attention_switch(monkeypatch):
@@ -165,7 +185,7 @@ def test_user_decoders_take_five_launches_per_layer(style):
     assert _per_layer(rows, 3) == 5, kinds
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "mistral", "phi3", "gemma2", "gpt2"])
 def test_hf_decoders_take_five_launches_per_layer(family):
     from models.test_hf_decoders import decode_inputs, make_wrapper
     wrapper = make_wrapper(family)

@@ -39,9 +39,16 @@ CONFIGS = {
     # GPT-2 has no grouped KV heads: 4 heads, 4 KV heads.
     "gpt2": lambda: transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_inner=128, vocab_size=VOCAB,
                                             n_positions=64, **TOKEN_IDS),
+    # A window of 4 keys over 8 steps: the window slides (an explicit mask the attention must read).
+    "mistral": lambda: transformers.MistralConfig(sliding_window=4, **DECODER),
+    # Phi-3: packed QKV and gate/up projections.
+    "phi3": lambda: transformers.Phi3Config(**DECODER),
+    # Gemma 2: soft-capped attention scores and logits, a sliding window on every other layer.
+    "gemma2": lambda: transformers.Gemma2Config(head_dim=16, sliding_window=4, **DECODER),
 }
 EXPECTED_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma": "GemmaForCausalLM",
-                  "gpt2": "GPT2LMHeadModel"}
+                  "gpt2": "GPT2LMHeadModel", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
+                  "gemma2": "Gemma2ForCausalLM"}
 
 
 def make_wrapper(family: str, config=None, device: str = "cpu",
@@ -57,7 +64,7 @@ def make_wrapper(family: str, config=None, device: str = "cpu",
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                p.uniform_(-0.5, 0.5) if name.endswith("bias") or family == "gemma" else p.uniform_(0.5, 1.5)
+                p.uniform_(-0.5, 0.5) if name.endswith("bias") or family.startswith("gemma") else p.uniform_(0.5, 1.5)
     model = model.to(device=device, dtype=dtype)
     model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static")
     return TorchExportableModuleWithStaticCache(model, batch_size=BATCH, max_cache_len=MAX_CACHE).eval()

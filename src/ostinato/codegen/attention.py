@@ -5,9 +5,11 @@ A decoder layer's decode step runs, between its QKV projection and its output pr
 five launches for a few kilobytes of work. This pass, run on the scheduler's result, puts one
 ``ost.decode_attention_`` node (ir/fused_ops.py; one Triton kernel on CUDA) in their place when
 
-- the attention reads exactly the two caches' kv_update_ results, has no explicit mask (a position
-  mask is ``q_pos``) and is not causal-by-flag, with one query token and one row written per step
-  (static shapes), on 4-D [B, H, S, D] caches written on dim 2, all of one dtype;
+- the attention reads exactly the two caches' kv_update_ results and is not causal-by-flag, with one
+  query token and one row written per step (static shapes), on 4-D [B, H, S, D] caches written on
+  dim 2, all of one dtype; a position mask is ``q_pos``, and an explicit mask (Mistral's sliding
+  window, a padding mask: boolean, or additive as the sdpa pass makes them) is read by the kernel
+  when it broadcasts over the [B, Hq, 1, S] scores;
 - the ropes are absorbed only as a pair, with the same cos, sin and form, each read by nothing but the
   attention (q) and the key's write (k), keeping their dtype; otherwise they stay launches of their own;
 - moving the members to the attention's place changes nothing: no impure node stands between them
@@ -19,6 +21,8 @@ reference where they do not fit. OSTINATO_FUSE_ATTENTION=0 turns the pass off (t
 from __future__ import annotations
 
 import os
+
+import torch
 
 from ..ir import Node, Value, get_op
 from ..ir.types import TensorMeta
@@ -38,6 +42,16 @@ def _tensor(v) -> bool:
 def _static(v: Value) -> tuple[int, ...] | None:
     shape = v.meta.shape
     return tuple(shape) if all(isinstance(d, int) for d in shape) else None
+
+
+def _broadcasts(mask, scores: tuple[int, ...]) -> bool:
+    """``mask`` is a boolean or floating tensor of static shape broadcasting over ``scores``."""
+    if not _tensor(mask) or not (mask.meta.dtype == torch.bool or mask.meta.dtype.is_floating_point):
+        return False
+    shape = _static(mask)
+    if shape is None or len(shape) > len(scores):
+        return False
+    return all(m in (1, s) for m, s in zip(shape[::-1], scores[::-1]))
 
 
 def _only_reader(v: Value, reader: Node, users: dict, graph_reads: set[int]) -> bool:
@@ -67,7 +81,7 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
     if len(sdpa.args) != 8 or sdpa.kwargs:
         return None
     q, k, v, mask, q_pos, scale, n_rep, causal = sdpa.args
-    if mask is not None or causal or not (_tensor(q) and _tensor(k) and _tensor(v)):
+    if causal or not (_tensor(q) and _tensor(k) and _tensor(v)):
         return None
     kw, vw = k.producer, v.producer
     if kw is None or vw is None or kw is vw or kw.op != "ost.kv_update_" or vw.op != "ost.kv_update_" \
@@ -87,14 +101,16 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
         return None
     if q_pos is not None and not _tensor(q_pos):
         return None
+    if mask is not None and not _broadcasts(mask, (b, hq, 1, shapes[1][2])):
+        return None
     members = [kw, vw, sdpa]
     q_in, k_in, cos, sin, interleaved = q, kn, None, None, False
     ropes = _ropes(q, kn, sdpa, kw, users, graph_reads, lone)
     if ropes is not None:
         q_in, k_in, cos, sin, interleaved, nodes = ropes
         members = nodes + members
-    node = Node(OP, (kc, vc, q_in, k_in, vn, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep),
-                {}, sdpa.name, sdpa.source)
+    node = Node(OP, (kc, vc, q_in, k_in, vn, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
+                     mask), {}, sdpa.name, sdpa.source)
     node.outputs = [sdpa.outputs[0], kw.outputs[0], vw.outputs[0]]
     return node, members
 

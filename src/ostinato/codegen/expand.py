@@ -227,7 +227,8 @@ def _unary(b: Builder, node: Node):
 _BINARY_ATEN = {"aten.add": "add", "aten.sub": "sub", "aten.mul": "mul", "aten.div": "div",
                 "aten.maximum": "max", "aten.minimum": "min", "aten.pow": "pow", "aten.atan2": "atan2",
                 "aten.eq": "eq", "aten.ne": "ne", "aten.lt": "lt", "aten.le": "le", "aten.gt": "gt", "aten.ge": "ge",
-                "aten.logical_and": "and", "aten.logical_or": "or", "aten.logical_xor": "xor"}
+                "aten.logical_and": "and", "aten.logical_or": "or", "aten.logical_xor": "xor",
+                "aten.bitwise_and": "and", "aten.bitwise_or": "or", "aten.bitwise_xor": "xor"}
 
 
 def _binary_name(op: str) -> str:
@@ -239,10 +240,13 @@ def _binary_name(op: str) -> str:
          "aten.mul.Scalar", "aten.div.Tensor", "aten.div.Scalar", "aten.maximum", "aten.minimum",
          "aten.eq.Tensor", "aten.eq.Scalar", "aten.ne.Tensor", "aten.ne.Scalar", "aten.lt.Tensor", "aten.lt.Scalar",
          "aten.le.Tensor", "aten.le.Scalar", "aten.gt.Tensor", "aten.gt.Scalar", "aten.ge.Tensor", "aten.ge.Scalar",
-         "aten.logical_and", "aten.logical_or", "aten.logical_xor", "aten.atan2")
+         "aten.logical_and", "aten.logical_or", "aten.logical_xor", "aten.atan2",
+         "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor", "aten.bitwise_xor.Tensor")
 def _binary(b: Builder, node: Node):
     name = _binary_name(node.op)
     code = _out(node)
+    if node.op.startswith("aten.bitwise_") and code != "bool":
+        raise NotFusible(f"{node.op} on {code} (only boolean masks: the logical form)")
     x, y = b.value(node.args[0]), b.value(node.args[1])
     alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
     if alpha != 1:

@@ -258,16 +258,17 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
                       v: torch.Tensor, index: torch.Tensor, dim: int, ring: int | None = None,
                       cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, interleaved: bool = False,
                       q_pos: torch.Tensor | None = None, scale: float | None = None,
-                      n_rep: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      n_rep: int = 1, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step's attention with the step's cache writes: ``rope`` on q and k when ``cos`` and
     ``sin`` are given, ``kv_update_`` of k and v into the caches (in place), then ``sdpa`` of q over the
-    caches. Returns (attention, k_cache, v_cache). Not made by any pass: the CUDA code generator
-    (codegen/attention.py) puts it in place of those nodes, one kernel instead of five."""
+    caches with the explicit ``mask``, if any. Returns (attention, k_cache, v_cache). Not made by any
+    pass: the CUDA code generator (codegen/attention.py) puts it in place of those nodes, one kernel
+    instead of five."""
     if cos is not None:
         q, k = rope(q, cos, sin, interleaved), rope(k, cos, sin, interleaved)
     kv_update_(k_cache, k, index, dim, ring)
     kv_update_(v_cache, v, index, dim, ring)
-    return sdpa(q, k_cache, v_cache, None, q_pos, scale, n_rep, False), k_cache, v_cache
+    return sdpa(q, k_cache, v_cache, mask, q_pos, scale, n_rep, False), k_cache, v_cache
 
 
 decode_attention_.multi_output = True

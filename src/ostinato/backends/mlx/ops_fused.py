@@ -170,9 +170,9 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False):
 
 @handles("ost.decode_attention_", multi=True)
 def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
-                     q_pos=None, scale=None, n_rep=1):
+                     q_pos=None, scale=None, n_rep=1, mask=None):
     if cos is not None:
         q, k = rope_of(q, cos, sin, interleaved), rope_of(k, cos, sin, interleaved)
     k_cache = kv_update_of(k_cache, k, index, dim, ring)
     v_cache = kv_update_of(v_cache, v, index, dim, ring)
-    return sdpa_of(q, k_cache, v_cache, None, q_pos, scale, n_rep), k_cache, v_cache
+    return sdpa_of(q, k_cache, v_cache, mask, q_pos, scale, n_rep), k_cache, v_cache

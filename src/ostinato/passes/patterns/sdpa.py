@@ -321,6 +321,10 @@ def fuse_sdpa(g: Graph) -> Graph:
     replacement: dict[int, Node] = {}
     absorbed: set[int] = set()
     masks: dict[tuple, Value | None] = {}
+    # The additive masks made go right after the boolean mask's producer (first when it is an input),
+    # not before the attention: there they would come after the layer's cache writes, which close the
+    # scheduler's groups, so the mask's own group could not take them.
+    after: dict[int | None, list[Node]] = {}
     for node in g.nodes:
         if node.op != "aten.scaled_dot_product_attention":
             continue
@@ -330,9 +334,16 @@ def fuse_sdpa(g: Graph) -> Graph:
         fused = Node("ost.sdpa", m[0], {}, node.name, node.source)
         fused.outputs = [node.outputs[0]]
         node.outputs[0].producer = fused
-        replacement[id(node)] = [*m[2], fused]
+        replacement[id(node)] = [fused]
+        if m[2]:
+            producer = m[2][-1].args[0].producer
+            after.setdefault(None if producer is None else id(producer), []).extend(m[2])
         absorbed.update(id(n) for n in m[1])
     if replacement:
-        g.nodes = [x for n in g.nodes for x in replacement.get(id(n), [n])]
+        nodes = [*after.get(None, [])]
+        for n in g.nodes:
+            nodes.extend(replacement.get(id(n), [n]))
+            nodes.extend(after.get(id(n), []))
+        g.nodes = nodes
         drop_nodes(g, absorbed)
     return g

@@ -50,13 +50,38 @@ def _batch_positions(q_pos, batch: int) -> bool:
     return shape[0] == batch and shape[1:] == (1, 1, 1)
 
 
+def _mask_kind(mask, q, n_keys: int) -> int | None:
+    """The decode kernels' MASK for an explicit mask over [B, Hq, 1, S] scores: 0 none, 1 added (a
+    float mask), 2 hiding where False (a boolean one); None when it does not broadcast so (the
+    reference then)."""
+    if mask is None:
+        return 0
+    if mask.dim() > 4 or not (mask.dtype == torch.bool or mask.dtype.is_floating_point):
+        return None
+    try:
+        mask.expand(q.shape[0], q.shape[1], 1, n_keys)
+    except RuntimeError:
+        return None
+    return 2 if mask.dtype == torch.bool else 1
+
+
+def _mask_args(mask, q, n_keys: int, like) -> tuple:
+    """(the mask or ``like`` standing in, its batch, head and key strides broadcast over [B, Hq, 1, S])."""
+    if mask is None:
+        return like, 0, 0, 0
+    e = mask.expand(q.shape[0], q.shape[1], 1, n_keys)
+    return mask, e.stride(0), e.stride(1), e.stride(3)
+
+
 def _decode_plan(q, k, v, mask, q_pos, is_causal) -> tuple | None:
-    """(BLOCK_N, BLOCK_D) when the Triton decode kernel handles this call (one query token, no
-    explicit mask, 4-D q/k/v with a dense head dim), else None (torch's SDPA)."""
-    decode = (mask is None and not is_causal and q.dim() == 4 and q.shape[-2] == 1 and k.dim() == 4
+    """(BLOCK_N, BLOCK_D, MASK) when the Triton decode kernel handles this call (one query token, a
+    mask broadcasting over [B, Hq, 1, S] if any, 4-D q/k/v with a dense head dim), else None (torch's
+    SDPA)."""
+    decode = (not is_causal and q.dim() == 4 and q.shape[-2] == 1 and k.dim() == 4
               and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and q.shape[-1] <= 256
               and _batch_positions(q_pos, q.shape[0]))
-    return (64, block_for(q.shape[-1])) if decode else None
+    kind = _mask_kind(mask, q, k.shape[-2]) if decode else None
+    return None if kind is None else (64, block_for(q.shape[-1]), kind)
 
 
 def _dense_last(mask):
@@ -74,29 +99,33 @@ def _dense_last(mask):
 def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, *, out=None):
     """ost.sdpa on CUDA: the decode case runs the Triton kernel; every other case runs the reference
     (torch's SDPA). The choice is made once per shapes and layout (the op-level graph cache)."""
-    key = op_key("ost.sdpa", q, k, v, *(() if q_pos is None else (q_pos,)), masked=mask is not None,
-                 is_causal=is_causal)
+    key = op_key("ost.sdpa", q, k, v, *(() if q_pos is None else (q_pos,)), *(() if mask is None else (mask,)),
+                 masked=mask is not None, is_causal=is_causal)
     plan = op_graph_cache.get(key, lambda: _decode_plan(q, k, v, mask, q_pos, is_causal))
     if plan is None:
         from ....ir.fused_ops import sdpa as reference
         res = reference(q, k, v, _dense_last(mask), q_pos, scale, n_rep, is_causal)
         return res if out is None else out.copy_(res)
-    block_n, block_d = plan
+    block_n, block_d, mask_kind = plan
     B, Hq, _, D = q.shape
     S = k.shape[-2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     pos = q_pos.reshape(-1) if q_pos is not None else q
     pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
-    LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, BLOCK_N=block_n, BLOCK_D=block_d)(
-        q, k, v, pos, out, D, n_rep, Hq, float(scale if scale is not None else 1.0 / math.sqrt(D)),
+    mask, m_sb, m_sh, m_sn = _mask_args(mask, q, S, q)
+    LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind, BLOCK_N=block_n,
+                   BLOCK_D=block_d)(
+        q, k, v, pos, mask, out, D, n_rep, Hq,
+        float(scale if scale is not None else 1.0 / math.sqrt(D)),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), pos_sb, grid=(B * Hq,))
+        out.stride(0), out.stride(1), pos_sb, m_sb, m_sh, m_sn, grid=(B * Hq,))
     return out
 
-def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n_rep) -> tuple | None:
-    """(BLOCK_N, BLOCK_D) when the fused decode kernel handles this call: one query token and one new
-    row, contiguous [B, Hkv, S, D] caches written on dim 2, rows with a dense head dim, cos and sin
-    broadcasting over q and k; else None (the reference)."""
+def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n_rep, mask) -> tuple | None:
+    """(BLOCK_N, BLOCK_D, MASK) when the fused decode kernel handles this call: one query token and one
+    new row, contiguous [B, Hkv, S, D] caches written on dim 2, rows with a dense head dim, cos and
+    sin broadcasting over q and k, a mask broadcasting over [B, Hq, 1, S] if any; else None (the
+    reference)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k_cache.dim() != 4 or dim % 4 != 2 or index.numel() != 1:
         return None
     B, Hkv, S, D = k_cache.shape
@@ -114,7 +143,8 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
                 t.expand(q.shape), t.expand(k.shape)
         except RuntimeError:
             return None
-    return 64, block_for(D)
+    kind = _mask_kind(mask, q, S)
+    return None if kind is None else (64, block_for(D), kind)
 
 
 def _rope_strides(t, shape) -> tuple[int, int]:
@@ -124,17 +154,19 @@ def _rope_strides(t, shape) -> tuple[int, int]:
 
 
 def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
-                      q_pos=None, scale=None, n_rep=1):
+                      q_pos=None, scale=None, n_rep=1, mask=None):
     """ost.decode_attention_ on CUDA: rope, the cache writes and the attention in one kernel
     (source/attention.py) where its plan allows, else the reference."""
     key = op_key("ost.decode_attention_", k_cache, v_cache, q, k, v, index,
-                 *(() if cos is None else (cos, sin)), *(() if q_pos is None else (q_pos,)), dim=dim, n_rep=n_rep)
+                 *(() if cos is None else (cos, sin)), *(() if q_pos is None else (q_pos,)),
+                 *(() if mask is None else (mask,)), dim=dim, n_rep=n_rep, masked=mask is not None)
     plan = op_graph_cache.get(key, lambda: _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin,
-                                                              q_pos, n_rep))
+                                                              q_pos, n_rep, mask))
     if plan is None:
         from ....ir.fused_ops import decode_attention_ as reference
-        return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep)
-    block_n, block_d = plan
+        return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
+                         mask)
+    block_n, block_d, mask_kind = plan
     B, Hkv, S, D = k_cache.shape
     Hq = q.shape[1]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -148,12 +180,14 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         strides = (0,) * 8
     pos = q_pos.reshape(-1) if q_pos is not None else index
     pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
-    LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, ROPE=rope,
+    mask, m_sb, m_sh, m_sn = _mask_args(mask, q, S, q)
+    LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind, ROPE=rope,
                    INTERLEAVED=bool(interleaved), RING=ring is not None, BLOCK_N=block_n, BLOCK_D=block_d)(
-        q, k, v, k_cache, v_cache, index, pos, cos, sin, out, D, n_rep, Hq,
+        q, k, v, k_cache, v_cache, index, pos, cos, sin, mask, out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), int(ring or 1),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *strides,
-        k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1), pos_sb, grid=(B * Hq,))
+        k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1), pos_sb, m_sb, m_sh, m_sn,
+        grid=(B * Hq,))
     return out, k_cache, v_cache
 
 

@@ -42,10 +42,23 @@ def _online_softmax(m, l, acc, s, visible, vt):
 
 
 @triton.jit
-def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, pos_ptr, pos_off, skip, scale, n_keys: tl.constexpr,
-            HAS_POS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """softmax(q k^T * scale) v online over the cache rows j <= pos (all rows without HAS_POS) except
-    row ``skip``: (running max, sum, weighted values, the last row the query sees)."""
+def _masked(s, visible, mask_base, m_sn, n, MASK: tl.constexpr):
+    """Scores ``s`` of keys ``n`` with an explicit mask row applied: MASK 1 adds it (a float mask),
+    MASK 2 hides the keys where it is False (a boolean one); 0 leaves them."""
+    if MASK == 1:     # a key at -inf is hidden: a block of them must not give exp(-inf - -inf)
+        s = s + tl.load(mask_base + n * m_sn, mask=visible, other=0.0).to(tl.float32)
+        visible = visible & (s > float("-inf"))
+    if MASK == 2:
+        visible = visible & (tl.load(mask_base + n * m_sn, mask=visible, other=0) != 0)
+    return s, visible
+
+
+@triton.jit
+def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, pos_ptr, pos_off, skip, scale, mask_base, m_sn,
+            n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr):
+    """softmax(q k^T * scale + mask) v online over the cache rows j <= pos (all rows without HAS_POS)
+    except row ``skip``: (running max, sum, weighted values, the last row the query sees)."""
     limit = n_keys - 1
     if HAS_POS:
         limit = tl.load(pos_ptr + pos_off).to(tl.int64)
@@ -59,16 +72,17 @@ def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, pos_ptr, pos_off, skip, sca
                      other=0.0).to(tl.float32)
         vt = tl.load(v_base + n[:, None] * v_ss + d[None, :], mask=nmask[:, None] & dmask[None, :],
                      other=0.0).to(tl.float32)
-        m, l, acc = _online_softmax(m, l, acc, tl.sum(kt * q[None, :], axis=1) * scale, nmask, vt)
+        s, seen = _masked(tl.sum(kt * q[None, :], axis=1) * scale, nmask, mask_base, m_sn, n, MASK)
+        m, l, acc = _online_softmax(m, l, acc, s, seen, vt)
     return m, l, acc, limit
 
 
 @triton.jit
-def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, head_dim, n_rep, hq, scale,
-                            q_sb, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, pos_sb,
-                            n_keys: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_D: tl.constexpr):
-    """One (batch, query head): softmax(q k^T * scale, keys j <= pos) v, online over key blocks.
+def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mask_ptr, out_ptr, head_dim, n_rep, hq, scale,
+                            q_sb, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
+                            n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One (batch, query head): softmax(q k^T * scale + mask, keys j <= pos) v, online over key blocks.
     The cache length is a compile-time constant: a static cache has one."""
     pid = tl.program_id(0).to(tl.int64)
     b = pid // hq
@@ -78,7 +92,8 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, head_dim, n_r
     dmask = d < head_dim
     q = tl.load(q_ptr + b * q_sb + h * q_sh + d, mask=dmask, other=0.0).to(tl.float32)
     m, l, acc, limit = _attend(q, k_ptr + b * k_sb + kvh * k_sh, v_ptr + b * v_sb + kvh * v_sh, k_ss, v_ss, d, dmask,
-                               pos_ptr, b * pos_sb, -1, scale, n_keys, HAS_POS, BLOCK_N, BLOCK_D)
+                               pos_ptr, b * pos_sb, -1, scale, mask_ptr + b * m_sb + h * m_sh, m_sn, n_keys,
+                               HAS_POS, MASK, BLOCK_N, BLOCK_D)
     out = tl.where(l > 0, acc / l, 0.0)    # no visible key: 0, as torch's SDPA gives
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
@@ -105,16 +120,16 @@ def _rope_row(ptr, d, dmask, half, c_ptr, s_ptr, dt, ROPE: tl.constexpr, INTERLE
 
 
 @triton.jit
-def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, pos_ptr, cos_ptr, sin_ptr, out_ptr,
-                               head_dim, n_rep, hq, scale, ring,
+def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr,
+                               out_ptr, head_dim, n_rep, hq, scale, ring,
                                q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, cq_b, cq_h, sq_b, sq_h, ck_b, ck_h, sk_b, sk_h,
-                               c_sb, c_sh, o_sb, o_sh, pos_sb,
-                               n_keys: tl.constexpr, HAS_POS: tl.constexpr, ROPE: tl.constexpr,
+                               c_sb, c_sh, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
+                               n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr, ROPE: tl.constexpr,
                                INTERLEAVED: tl.constexpr, RING: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_D: tl.constexpr):
     """One (batch, query head) of ost.decode_attention_: q and the step's key rotated in registers, the
     key and value rows written into the (contiguous [B, Hkv, n_keys, D]) caches by the first query
-    head of each KV head, and softmax(q k^T * scale, keys j <= pos) v online over the cache. No
+    head of each KV head, and softmax(q k^T * scale + mask, keys j <= pos) v online over the cache. No
     program reads the slot being written: the step's key and value come from registers instead, so
     the write and the reads of other programs never race."""
     pid = tl.program_id(0).to(tl.int64)
@@ -144,11 +159,13 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
         tl.store(kc_ptr + row, kn, mask=inside)
         tl.store(vc_ptr + row, vn, mask=inside)
     base = b * c_sb + kvh * c_sh
+    mask_base = mask_ptr + b * m_sb + h * m_sh
     m, l, acc, limit = _attend(q, kc_ptr + base, vc_ptr + base, head_dim, head_dim, d, dmask, pos_ptr, b * pos_sb,
-                               slot, scale, n_keys, HAS_POS, BLOCK_N, BLOCK_D)
-    # the step's own key, when the query sees its slot
-    seen = first & (slot <= limit)
-    m, l, acc = _online_softmax(m, l, acc, tl.sum(kn.to(tl.float32) * q[None, :], axis=1) * scale, seen,
-                                vn.to(tl.float32))
+                               slot, scale, mask_base, m_sn, n_keys, HAS_POS, MASK, BLOCK_N, BLOCK_D)
+    # the step's own key, when the query sees its slot (its mask entry is the slot's)
+    seen = first & (slot <= limit) & (slot >= 0) & (slot < n_keys)
+    s, seen = _masked(tl.sum(kn.to(tl.float32) * q[None, :], axis=1) * scale, seen, mask_base, m_sn,
+                      slot + 0 * tl.arange(0, BLOCK_N), MASK)
+    m, l, acc = _online_softmax(m, l, acc, s, seen, vn.to(tl.float32))
     out = tl.where(l > 0, acc / l, 0.0)    # no visible key: 0, as torch's SDPA gives
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
