@@ -182,6 +182,35 @@ class BiasGeluHead(nn.Module):
         return y * 0.5 + r, self.fc2(x)
 
 
+class Conv1DBlock(nn.Module):
+    """GPT-2's block as transformers writes it: LayerNorm, Conv1D projections (weights stored [in, out],
+    ``addmm`` over the rows flattened) with the residual adds, one projection plain and one followed by
+    its GELU: matmul groups reading their weight transposed."""
+
+    class Conv1D(nn.Module):
+        def __init__(self, nf, nx):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(nx, nf) * 0.1)
+            self.bias = nn.Parameter(torch.randn(nf) * 0.1)
+
+        def forward(self, x):
+            size_out = x.size()[:-1] + (self.weight.size(-1),)
+            return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(size_out)
+
+    def __init__(self, d=48, inner=96):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.proj, self.fc, self.out = self.Conv1D(d, d), self.Conv1D(inner, d), self.Conv1D(d, inner)
+
+    def forward(self, x):
+        h = x + self.proj(self.ln1(x))
+        return h + self.out(F.gelu(self.fc(self.ln2(h)), approximate="tanh"))
+
+    @staticmethod
+    def inputs(rows: int, dtype):
+        return (torch.randn(rows, 1, 48).to(dtype),)
+
+
 def _r(*shape, dtype):
     return torch.randn(*shape).to(dtype)
 

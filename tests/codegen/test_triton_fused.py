@@ -54,6 +54,7 @@ def test_interpreted_matmul_groups(dtype):
     residual add) at 1, 3 and 16 rows: the generated GEMV kernels match eager."""
     results = _interpret("linear", dtype)
     assert results == {"decoder_rows1": "ok", "decoder_rows3": "ok", "decoder_rows16": "ok",
+                       "conv1d_rows1": "ok", "conv1d_rows5": "ok",
                        "bias_gelu_head": "ok", "bias_gelu_head_patterns": "ok"}, results
 
 
@@ -146,10 +147,10 @@ def test_linear_variants_compile_for_sm90():
     from ostinato.backends.cuda.binaries import compile_binary
     from ostinato.backends.cuda.kernels.fused import LinearLauncher, launcher
     from ostinato.backends.cuda.runtime import arg_type
-    from fusion_models import DecoderLayer
+    from fusion_models import Conv1DBlock, DecoderLayer
 
-    builds = [c.build for c in CASES] + [lambda dt, m=m: (DecoderLayer().to(dt), DecoderLayer.inputs(m, dt))
-                                         for m in (1, 3)]
+    builds = [c.build for c in CASES] + [lambda dt, m=m, cls=cls: (cls().to(dt), cls.inputs(m, dt))
+                                         for m in (1, 3) for cls in (DecoderLayer, Conv1DBlock)]
     compiled = set()
     for build in builds:
         for dtype in (torch.bfloat16, torch.float32):
@@ -231,8 +232,8 @@ def test_linear_blocks_are_powers_of_two():
     for m in (1, 2, 3, 5, 12, 16):
         for n in (2, 7, 64, 3000, 4096, 4097, 128256):
             for k in (2, 33, 512, 8192):
-                for slices in (1, 2, 3, 5):
-                    nb, rb, warps = linear_blocks(m, n, k, slices)
+                for slices, transposed in ((1, False), (2, False), (3, False), (5, False), (1, True)):
+                    nb, rb, warps = linear_blocks(m, n, k, slices, transposed)
                     assert all(v > 0 and v & (v - 1) == 0 for v in (nb, rb)), (m, n, k, slices, nb, rb)
                     assert rb <= max(16, 1 << (k - 1).bit_length()) and warps in (4, 8)
                     assert m == 1 or (1 << (m - 1).bit_length()) * nb * rb * slices <= 8192 * 5

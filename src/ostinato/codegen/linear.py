@@ -41,16 +41,17 @@ def _static(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
 
 
-def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None, str | None] | None:
-    """(x, weights, biases, activation) of a projection the generated kernel takes, else None: static
-    shapes, a float dtype shared by all, at most MAX_ROWS rows, constant [N, K] weights."""
-    activation = None
+def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None, str | None, bool] | None:
+    """(x, weights, biases, activation, transposed) of a projection the generated kernel takes, else
+    None: static shapes, a float dtype shared by all, at most MAX_ROWS rows, constant [N, K] weights,
+    or one [K, N] weight (``ost.linear``'s ``weight_t``: GPT-2's Conv1D; ``transposed`` then)."""
+    activation, weight_t = None, False
     if node.op == "ost.linear":
         x, w, b, *rest = node.args
         activation = rest[0] if rest else node.kwargs.get("activation")
-        weight_t = rest[1] if len(rest) > 1 else node.kwargs.get("weight_t", False)
-        if weight_t or (activation is not None and activation not in _ACTIVATION_OPS):
-            return None     # GPT-2's [in, out] weights: cuBLAS reads them transposed for free
+        weight_t = bool(rest[1] if len(rest) > 1 else node.kwargs.get("weight_t", False))
+        if activation is not None and activation not in _ACTIVATION_OPS:
+            return None
         weights, biases = [w], None if b is None else [b]
     elif node.op == "aten.linear":
         x, w = node.args[0], node.args[1]
@@ -69,18 +70,19 @@ def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None, st
     if len(shape) < 2 or code not in ("f16", "bf16", "f32") or shape[-1] < 2 \
             or not 1 <= math.prod(shape[:-1]) <= MAX_ROWS:
         return None
+    k_dim = 0 if weight_t else 1    # the weight's dim of size K
     for w in weights:
         if not (isinstance(w, Value) and w.role == "constant" and isinstance(w.meta, TensorMeta)
                 and code_of(w) == code and _static(w.meta.shape) and len(w.meta.shape) == 2
-                and w.meta.shape[1] == shape[-1]):
+                and w.meta.shape[k_dim] == shape[-1]):
             return None
     for b, w in zip(biases or (), weights):
         if not (isinstance(b, Value) and b.role == "constant" and code_of(b) == code
-                and tuple(b.meta.shape) == (w.meta.shape[0],)):
+                and tuple(b.meta.shape) == (w.meta.shape[1 - k_dim],)):
             return None
     if len(node.outputs) != len(weights) or any(v is None for v in node.outputs):
         return None
-    return x, weights, biases, activation
+    return x, weights, biases, activation, weight_t
 
 
 def _activation_node(node: Node, activation: str) -> Node:
@@ -152,7 +154,7 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
         parts = linear_parts(node)
         if parts is None:
             continue
-        x, weights, biases, activation = parts
+        x, weights, biases, activation, weight_t = parts
         outs = list(node.outputs)
         pro = owner.get(x.id)
         if pro is not None and not row_space(pro, tuple(x.meta.shape), pointwise=False):
@@ -174,8 +176,8 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
                 break
         if pro is None and epi is None:
             continue        # (an activation alone: ost.linear's cuBLAS + epilogue kernel already)
-        group = _merge(node, x, weights, biases, pro, epi, act, members, run_at, position, impure, users,
-                       graph_reads, items, keys)
+        group = _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, position, impure,
+                       users, graph_reads, items, keys)
         if group is None:
             continue
         at = items.index(epi if epi is not None else node)
@@ -190,10 +192,11 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
     return items
 
 
-def _merge(node, x, weights, biases, pro, epi, act, members, run_at, position, impure, users, graph_reads, items,
-           keys):
+def _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, position, impure, users, graph_reads,
+           items, keys):
     """The LinearGroup of ``node`` with ``pro``/``epi`` (None when moving them together is not legal);
-    ``act``: ost.linear's activation node, the epilogue then; ``keys``: each item's ``run_at``."""
+    ``act``: ost.linear's activation node, the epilogue then; ``keys``: each item's ``run_at``;
+    ``weight_t``: the one weight is stored [K, N]."""
     pro_nodes = members(pro) if pro is not None else []
     epi_nodes = members(epi) if epi is not None else [act] if act is not None else []
     results = [act.args[0]] if act is not None else list(node.outputs)   # the projection's own values
@@ -247,8 +250,8 @@ def _merge(node, x, weights, biases, pro, epi, act, members, run_at, position, i
             epi_vals = [v for k, v in enumerate(e.inputs) if k not in acc]
             if any(v in results for v in epi_vals):
                 return None     # a slice read in another form (unsqueezed) than the tile's
-        spec = LinearSpec(pro_spec, a, pro_store, [int(w.meta.shape[0]) for w in weights], biases is not None, code,
-                          mm_store, epi_spec, acc)
+        spec = LinearSpec(pro_spec, a, pro_store, [int(w.meta.shape[1 if weight_t else 0]) for w in weights],
+                          biases is not None, code, mm_store, epi_spec, acc, weight_t)
         spec.check()
     except (NotFusible, ValueError) as err:
         log.debug("ostinato fusion: %s left with cuBLAS: %s", node.name, err)

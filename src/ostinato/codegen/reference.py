@@ -161,7 +161,11 @@ def evaluate_linear(spec: LinearSpec, tensors, scalars) -> list[torch.Tensor]:
     n_sc = len(spec.pro.scalars)
     pro_outs = evaluate(spec.pro, pro_in, scalars[:n_sc])
     a = pro_outs[spec.a]
-    results = [torch.nn.functional.linear(a, w, b) for w, b in zip(weights, biases)]
+    if spec.wt:     # GPT-2's Conv1D, as fused_ops.linear computes it (addmm over the rows flattened)
+        from ..ir.fused_ops import linear
+        results = [linear(a, weights[0], biases[0], None, True)]
+    else:
+        results = [torch.nn.functional.linear(a, w, b) for w, b in zip(weights, biases)]
     outs = [o for o, keep in zip(pro_outs, spec.pro_store) if keep]
     outs += [r for r, keep in zip(results, spec.mm_store) if keep]
     if spec.epi is not None:

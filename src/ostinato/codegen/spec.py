@@ -156,16 +156,19 @@ class LinearSpec:
     mm_store: list[bool]
     epi: GroupSpec | None = None
     acc: list[int] | None = None
+    wt: bool = False        # one weight stored [K, N] (GPT-2's Conv1D), read transposed
 
     def __post_init__(self):
         if self.acc is None:
             self.acc = []
 
     def to_json(self) -> str:
-        return json.dumps({"v": SPEC_VERSION, "kind": "linear", "pro": self.pro.to_dict(), "a": self.a,
-                           "pro_store": self.pro_store, "w": self.w, "bias": self.bias, "dt": self.dt,
-                           "mm_store": self.mm_store, "epi": self.epi.to_dict() if self.epi else None,
-                           "acc": self.acc}, sort_keys=True, separators=(",", ":"))
+        d = {"v": SPEC_VERSION, "kind": "linear", "pro": self.pro.to_dict(), "a": self.a,
+             "pro_store": self.pro_store, "w": self.w, "bias": self.bias, "dt": self.dt,
+             "mm_store": self.mm_store, "epi": self.epi.to_dict() if self.epi else None, "acc": self.acc}
+        if self.wt:     # only when set: the digests of [N, K] groups stay what they were
+            d["wt"] = True
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @property
     def digest(self) -> str:
@@ -185,7 +188,7 @@ class LinearSpec:
         if not isinstance(d, dict) or d.get("v") != SPEC_VERSION or d.get("kind") != "linear":
             raise ValueError("linear spec has another version")
         spec = cls(GroupSpec.from_dict(d["pro"]), d["a"], d["pro_store"], d["w"], d["bias"], d["dt"], d["mm_store"],
-                   GroupSpec.from_dict(d["epi"]) if d["epi"] is not None else None, d["acc"])
+                   GroupSpec.from_dict(d["epi"]) if d["epi"] is not None else None, d["acc"], d.get("wt", False))
         spec.check()
         return spec
 
@@ -204,6 +207,7 @@ class LinearSpec:
         need(isinstance(self.bias, bool) and self.dt in ("f16", "bf16", "f32"), "bad bias or dtype")
         need(isinstance(self.mm_store, list) and len(self.mm_store) == len(self.w)
              and all(isinstance(s, bool) for s in self.mm_store), "bad mm_store")
+        need(isinstance(self.wt, bool) and (not self.wt or len(self.w) == 1), "a transposed weight is one slice")
         if epi is None:
             need(self.acc == [] and all(self.mm_store), "without an epilogue every slice is stored")
             return

@@ -398,8 +398,9 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     lines += _prefixed(pro.lines, "p_")
     out(f"        a = tl.where(mask, tl.broadcast_to(p_v{a_ref}, [XBLOCK, RBLOCK]), 0.0)")
     for g, off in slices:
-        out(f"        wv = tl.load(w + (col[:, None] + {off}).to(tl.int64) * wst + ridx, "
-            "mask=cmask[:, None] & rmask, other=0).to(tl.float32)")
+        # W stored [K, N] (wt): element (n, k) at k * wst + n; else [N, K]: at n * wst + k
+        where = "ridx.to(tl.int64) * wst + col[:, None]" if spec.wt else f"(col[:, None] + {off}).to(tl.int64) * wst + ridx"
+        out(f"        wv = tl.load(w + {where}, mask=cmask[:, None] & rmask, other=0).to(tl.float32)")
         if one_row:
             out(f"        mm_{g} += wv * a")
         else:

@@ -9,8 +9,10 @@ multiply and add in either order.
 Absorbed: the projection, its views and the activation's nodes, provided the projection's result (and
 every intermediate) has no reader outside the chain and is not a graph output or mutation value; the
 activation's result may feed anything. A projection without an activation is left alone (aten.linear
-with a bias is already one kernel). Runs after gated_mlp, whose ``act(gate) * up`` is no longer a
-bare activation by then.
+with a bias is already one kernel), except a whole Conv1D (both views there): it becomes ``ost.linear``
+over x's own rows with no activation, so the CUDA code generator sees the norm producing x and the add
+reading the result as its neighbours (codegen/linear.py), as it sees an ``aten.linear``'s. Runs after
+gated_mlp, whose ``act(gate) * up`` is no longer a bare activation by then.
 """
 from __future__ import annotations
 
@@ -142,6 +144,8 @@ def _match(node: Node, users: Users, pinned: set[int]) -> tuple[list[Node], tupl
         return None
     act = _activation(y, users, pinned)
     if act is None:
+        if len(absorbed) == 3:      # a whole Conv1D: one node over x's rows, whatever reads it
+            return absorbed, (x, weight, bias, None, True), y
         return None
     name, act_nodes = act
     return absorbed + act_nodes, (x, weight, bias, name, weight_t), act_nodes[-1].outputs[0]

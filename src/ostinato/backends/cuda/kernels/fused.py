@@ -299,14 +299,16 @@ def _operand_strides(spec: GroupSpec, tensors, shape: tuple) -> list[list[int]]:
     return out
 
 
-def linear_blocks(m: int, n: int, k: int, slices: int) -> tuple[int, int, int]:
+def linear_blocks(m: int, n: int, k: int, slices: int, transposed: bool = False) -> tuple[int, int, int]:
     """(NBLOCK, RBLOCK, num_warps) of a matmul group: ``m`` rows, ``n`` columns walked, ``k`` the
     reduction, ``slices`` weight tiles per step. From bench/gemv.py's sweep on an H100 (bf16, one row):
     8 columns per program up to 4096 columns, 16 past that; K in steps of 512, at most 16384 weights
     per step (8192 products of every row when there are several: registers). Several slices (gate and
     up) walk K in at least 8 steps: at K=2048 a 256-wide step beats 512 by 14% on the H100 and 11% on
-    the H200 (docs/benchmarks/matmul_groups_gpu/gemv_sweep*.json), at K=4096 512 stays best."""
-    nblock = 8 if n <= 4096 else 16
+    the H200 (docs/benchmarks/matmul_groups_gpu/gemv_sweep*.json), at K=4096 512 stays best. A weight
+    stored [K, N] (``transposed``) is read along N: 16 columns per program, one 32-byte sector of a
+    16-bit row (not swept)."""
+    nblock = 16 if transposed or n > 4096 else 8
     budget = 16384 if m == 1 else 8192 // _pow2(m)
     if m > 1:
         nblock = min(nblock, max(2, budget // 128))
@@ -377,7 +379,7 @@ class LinearLauncher:
             return None
         pshape = base_shape(spec.pro, pro_in)
         rows, k = pshape[:-1], pshape[-1]
-        if k != w.shape[1] or math.prod(rows) == 0:
+        if k != w.shape[0 if spec.wt else 1] or math.prod(rows) == 0:
             return None
         row = rows + (1,)
         pro_shapes = [pshape if level == "x" else row if keepdim else rows
@@ -385,7 +387,8 @@ class LinearLauncher:
         strides = _operand_strides(spec.pro, pro_in, pshape)
         strides += [_contiguous_strides(pshape if o[2] == "x" else row) for o in spec.pro.outputs]
         xr_pro, pro_ints = self._rows_and_cols(list(pshape), strides)
-        n = spec.w[0] if spec.epi is not None else w.shape[0]
+        ntot = w.shape[1 if spec.wt else 0]
+        n = spec.w[0] if spec.epi is not None else ntot
         epi_shape, epi_ints, xr_epi = rows + (n,), [], 1
         if spec.epi is not None:
             placeholder = torch.empty(epi_shape, device=w.device, dtype=w.dtype)
@@ -394,10 +397,9 @@ class LinearLauncher:
             strides += [_contiguous_strides(epi_shape) for _ in spec.epi.outputs]
             xr_epi, epi_ints = self._rows_and_cols(list(epi_shape), strides)
         m = math.prod(rows)
-        nblock, rblock, warps = linear_blocks(m, n, k, len(spec.w) if spec.epi else 1)
+        nblock, rblock, warps = linear_blocks(m, n, k, len(spec.w) if spec.epi else 1, spec.wt)
         kernel = self.library(m == 1, xr_pro, xr_epi).kernel("k", XBLOCK=_pow2(m), RBLOCK=rblock, NBLOCK=nblock,
                                                               num_warps=warps)
-        ntot = w.shape[0]
         views = [(g * spec.w[0] if spec.epi else sum(spec.w[:g]), spec.w[g]) for g in range(len(spec.w))
                  if spec.mm_store[g]]
         return _LinearPlan(kernel=kernel, grid=(cdiv(n, nblock),), pro_ints=pro_ints, epi_ints=epi_ints,
