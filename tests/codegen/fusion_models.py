@@ -182,6 +182,26 @@ class BiasGeluHead(nn.Module):
         return y * 0.5 + r, self.fc2(x)
 
 
+class PackedGatedMLP(nn.Module):
+    """Phi-3's MLP: one gate_up projection (biased here), its output chunked in two and gated (SiLU, or
+    GELU for the geglu form), the down projection and the residual: the gating is the packed
+    projection's epilogue, over its two row blocks."""
+
+    def __init__(self, h=64, i=48, act="silu"):
+        super().__init__()
+        self.norm = nn.LayerNorm(h)
+        self.gate_up, self.down, self.act = nn.Linear(h, 2 * i), nn.Linear(i, h, bias=False), act
+
+    def forward(self, x):
+        gate, up = self.gate_up(self.norm(x)).chunk(2, dim=-1)
+        gated = F.silu(gate) * up if self.act == "silu" else F.gelu(gate) * up
+        return x + self.down(gated)
+
+    @staticmethod
+    def inputs(rows: int, dtype):
+        return (torch.randn(rows, 1, 64).to(dtype),)
+
+
 class Conv1DBlock(nn.Module):
     """GPT-2's block as transformers writes it: LayerNorm, Conv1D projections (weights stored [in, out],
     ``addmm`` over the rows flattened) with the residual adds, one projection plain and one followed by

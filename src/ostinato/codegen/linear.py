@@ -96,6 +96,35 @@ def _activation_node(node: Node, activation: str) -> Node:
     return act
 
 
+# a packed gating reading both halves of one projection's result, and its form over the two halves
+_PACKED_GATED = {"ost.swiglu_packed": "ost.swiglu", "ost.geglu_packed": "ost.geglu"}
+
+
+def _packed_gating(node: Node, weights: list[Value], weight_t: bool, users: dict, graph_reads: set[int],
+                   holder: dict) -> tuple[Node, Node, list[Value]] | None:
+    """(the lone ``ost.swiglu_packed``/``geglu_packed`` node reading the projection's result and nothing
+    else reading it, that gating as a node (outside the graph) over two Values standing for the halves,
+    those Values), else None. The halves are the first and last rows of the one weight: the epilogue
+    reads them as two slices of one packed weight (LinearSpec.one_weight)."""
+    if len(weights) != 1 or weight_t or len(node.outputs) != 1:
+        return None
+    y = node.outputs[0]
+    readers = users.get(y.id, ())
+    if y.id in graph_reads or len(readers) != 1 or readers[0].op not in _PACKED_GATED:
+        return None
+    gate = readers[0]
+    if holder.get(id(gate)) is not gate or gate.args[:1] != (y,) or set(gate.kwargs) - {"approximate"}:
+        return None
+    n = y.meta.shape[-1]
+    if n % 2 or len(gate.outputs) != 1 or gate.outputs[0] is None:
+        return None
+    meta = TensorMeta(y.meta.dtype, (*y.meta.shape[:-1], n // 2))
+    halves = [Value(-2 - 2 * y.id - k, f"{y.name}_{part}", meta, "temp", node) for k, part in enumerate(("gate", "up"))]
+    half_node = Node(_PACKED_GATED[gate.op], (*halves, *gate.args[1:]), dict(gate.kwargs), gate.name, gate.source)
+    half_node.outputs = list(gate.outputs)
+    return gate, half_node, halves
+
+
 class LinearGroup(FusionGroup):
     """A projection with its prologue and epilogue nodes, lowered as one ``ost.fused`` launch like any
     fusion group (its ``space`` is None: the spec holds the prologue's and the epilogue's)."""
@@ -174,10 +203,14 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
             if all(any(id(u) in cand_nodes for u in users.get(v.id, ())) for v in outs):
                 epi = cand
                 break
+        halves = None
+        if epi is None and act is None:
+            halves = _packed_gating(node, weights, weight_t, users, graph_reads, holder)
+            epi = halves[0] if halves is not None else None
         if pro is None and epi is None:
             continue        # (an activation alone: ost.linear's cuBLAS + epilogue kernel already)
         group = _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, position, impure,
-                       users, graph_reads, items, keys)
+                       users, graph_reads, items, keys, halves[1:] if halves is not None else None)
         if group is None:
             continue
         at = items.index(epi if epi is not None else node)
@@ -193,13 +226,16 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
 
 
 def _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, position, impure, users, graph_reads,
-           items, keys):
+           items, keys, halves=None):
     """The LinearGroup of ``node`` with ``pro``/``epi`` (None when moving them together is not legal);
     ``act``: ost.linear's activation node, the epilogue then; ``keys``: each item's ``run_at``;
-    ``weight_t``: the one weight is stored [K, N]."""
+    ``weight_t``: the one weight is stored [K, N]; ``halves``: (the epilogue's node over the two halves
+    of the one weight's result, those halves) when ``epi`` is a packed gating (_packed_gating)."""
     pro_nodes = members(pro) if pro is not None else []
-    epi_nodes = members(epi) if epi is not None else [act] if act is not None else []
-    results = [act.args[0]] if act is not None else list(node.outputs)   # the projection's own values
+    epi_members = members(epi) if epi is not None else []
+    epi_nodes = [halves[0]] if halves else epi_members or ([act] if act is not None else [])
+    # the projection's own values
+    results = list(halves[1]) if halves else [act.args[0]] if act is not None else list(node.outputs)
     first = run_at(pro) if pro is not None else position[id(node)]
     launch = run_at(epi) if epi is not None else position[id(node)]
     if any(first < p < launch for p in impure):
@@ -250,8 +286,10 @@ def _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, p
             epi_vals = [v for k, v in enumerate(e.inputs) if k not in acc]
             if any(v in results for v in epi_vals):
                 return None     # a slice read in another form (unsqueezed) than the tile's
-        spec = LinearSpec(pro_spec, a, pro_store, [int(w.meta.shape[1 if weight_t else 0]) for w in weights],
-                          biases is not None, code, mm_store, epi_spec, acc, weight_t)
+        rows = [int(v.meta.shape[-1]) for v in results] if halves else \
+            [int(w.meta.shape[1 if weight_t else 0]) for w in weights]
+        spec = LinearSpec(pro_spec, a, pro_store, rows, biases is not None, code, mm_store, epi_spec, acc, weight_t,
+                          bool(halves))
         spec.check()
     except (NotFusible, ValueError) as err:
         log.debug("ostinato fusion: %s left with cuBLAS: %s", node.name, err)
@@ -260,6 +298,6 @@ def _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, p
               *pro_vals[pro_in:], *epi_vals[epi_in - len(acc):]]
     outputs = [v for v, keep in zip(pro_outs, pro_store) if keep]
     outputs += [v for v, keep in zip(results, mm_store) if keep] + list(epi_outs)
-    nodes = sorted({id(n): n for n in (*pro_nodes, node, *epi_nodes) if id(n) in position}.values(),
+    nodes = sorted({id(n): n for n in (*pro_nodes, node, *epi_members, *epi_nodes) if id(n) in position}.values(),
                    key=lambda n: position[id(n)])
     return LinearGroup(nodes, spec, inputs, outputs, launch)

@@ -142,10 +142,15 @@ def _gathered(x: torch.Tensor, dim: int, index: torch.Tensor, shape: tuple) -> t
 def split_linear_args(spec: LinearSpec, tensors) -> tuple[list, list, list, list]:
     """A matmul group's launch tensors as (prologue inputs, weights, biases, epilogue inputs other than
     the slices' results)."""
-    n_pro, g = len(spec.pro.inputs), len(spec.w)
+    n_pro, g = len(spec.pro.inputs), spec.n_weights
     weights = list(tensors[n_pro:n_pro + g])
     biases = list(tensors[n_pro + g:n_pro + 2 * g]) if spec.bias else [None] * g
-    return list(tensors[:n_pro]), weights, biases, list(tensors[n_pro + g * (2 if spec.bias else 1):])
+    rest = list(tensors[n_pro + g * (2 if spec.bias else 1):])
+    if spec.one_weight:     # the slices as views of the one weight's (and bias's) row blocks
+        starts = [sum(spec.w[:i]) for i in range(len(spec.w))]
+        weights = [weights[0].narrow(0, s, n) for s, n in zip(starts, spec.w)]
+        biases = [b if b is None else b.narrow(0, s, n) for b in biases for s, n in zip(starts, spec.w)]
+    return list(tensors[:n_pro]), weights, biases, rest
 
 
 def epilogue_inputs(spec: LinearSpec, rest: list, results: list) -> list:

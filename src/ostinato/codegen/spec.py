@@ -157,6 +157,9 @@ class LinearSpec:
     epi: GroupSpec | None = None
     acc: list[int] | None = None
     wt: bool = False        # one weight stored [K, N] (GPT-2's Conv1D), read transposed
+    # the slices are consecutive row blocks of one weight (and one bias) passed once: a packed gate/up
+    # projection whose ``[..., :n]`` and ``[..., n:]`` halves the epilogue gates (Phi-3's gate_up_proj)
+    one_weight: bool = False
 
     def __post_init__(self):
         if self.acc is None:
@@ -166,8 +169,9 @@ class LinearSpec:
         d = {"v": SPEC_VERSION, "kind": "linear", "pro": self.pro.to_dict(), "a": self.a,
              "pro_store": self.pro_store, "w": self.w, "bias": self.bias, "dt": self.dt,
              "mm_store": self.mm_store, "epi": self.epi.to_dict() if self.epi else None, "acc": self.acc}
-        if self.wt:     # only when set: the digests of [N, K] groups stay what they were
-            d["wt"] = True
+        for flag in ("wt", "one_weight"):   # only when set: the digests of other groups stay what they were
+            if getattr(self, flag):
+                d[flag] = True
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @property
@@ -177,7 +181,12 @@ class LinearSpec:
     @property
     def n_tensors(self) -> int:
         epi = len(self.epi.inputs) - len(self.acc) if self.epi else 0
-        return len(self.pro.inputs) + len(self.w) * (2 if self.bias else 1) + epi
+        return len(self.pro.inputs) + self.n_weights * (2 if self.bias else 1) + epi
+
+    @property
+    def n_weights(self) -> int:
+        """The weight tensors a launch passes (as many biases when ``bias``)."""
+        return 1 if self.one_weight else len(self.w)
 
     @property
     def n_outputs(self) -> int:
@@ -188,7 +197,8 @@ class LinearSpec:
         if not isinstance(d, dict) or d.get("v") != SPEC_VERSION or d.get("kind") != "linear":
             raise ValueError("linear spec has another version")
         spec = cls(GroupSpec.from_dict(d["pro"]), d["a"], d["pro_store"], d["w"], d["bias"], d["dt"], d["mm_store"],
-                   GroupSpec.from_dict(d["epi"]) if d["epi"] is not None else None, d["acc"], d.get("wt", False))
+                   GroupSpec.from_dict(d["epi"]) if d["epi"] is not None else None, d["acc"], d.get("wt", False),
+                   d.get("one_weight", False))
         spec.check()
         return spec
 
@@ -208,6 +218,8 @@ class LinearSpec:
         need(isinstance(self.mm_store, list) and len(self.mm_store) == len(self.w)
              and all(isinstance(s, bool) for s in self.mm_store), "bad mm_store")
         need(isinstance(self.wt, bool) and (not self.wt or len(self.w) == 1), "a transposed weight is one slice")
+        need(isinstance(self.one_weight, bool) and (not self.one_weight or (self.epi is not None and not self.wt)),
+             "slices of one weight need an epilogue reading them")
         if epi is None:
             need(self.acc == [] and all(self.mm_store), "without an epilogue every slice is stored")
             return

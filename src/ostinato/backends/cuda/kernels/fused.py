@@ -337,7 +337,7 @@ class LinearLauncher:
         self.n_tensors = spec.n_tensors
         # the weights and biases when there are several slices: their places decide whether they are one
         # packed block (plans are shared by every executable holding this group)
-        n_pro, g = len(spec.pro.inputs), len(spec.w)
+        n_pro, g = len(spec.pro.inputs), spec.n_weights
         self._packed = slice(n_pro, n_pro + g * (2 if spec.bias else 1)) if g > 1 else slice(0, 0)
         self._plans: dict[tuple, _LinearPlan | None] = {}
         self._libraries: dict[tuple, KernelLibrary] = {}
