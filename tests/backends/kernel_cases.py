@@ -46,6 +46,7 @@ def _r(g, shape, dtype, device, scale=1.0):
 
 
 _ROPE_TOL = {torch.float16: 2.5e-3}
+_SOFTCAP_TOL = {torch.float16: 5e-3, torch.bfloat16: 4e-2}
 
 
 def _slices(packed, cols, *extra):
@@ -190,6 +191,17 @@ CASES = [
         (_r(g, (1, 2, 20, 16), dt, dev), _r(g, (1, 2, 20, 16), dt, dev), _r(g, (1, 4, 1, 16), dt, dev),
          _r(g, (1, 2, 1, 16), dt, dev), _r(g, (1, 2, 1, 16), dt, dev), torch.tensor([7], device=dev), 2, None,
          None, None, False, None, 0.2, 2, _r(g, (4, 1, 20), dt, dev)), {})),
+    # Gemma 2: soft-capped scores (scaled up so the cap bites), a sliding window, GQA; the reference is
+    # the eager form, which rounds each step to the dtype (the kernel keeps fp32): a wider tolerance
+    KernelCase("ost.decode_attention_", "softcap-window", lambda g, dt, dev: (
+        (_r(g, (1, 2, 40, 32), dt, dev), _r(g, (1, 2, 40, 32), dt, dev), _r(g, (1, 4, 1, 32), dt, dev, 3.0),
+         _r(g, (1, 2, 1, 32), dt, dev), _r(g, (1, 2, 1, 32), dt, dev), torch.tensor([30], device=dev), 2, None,
+         None, None, False, None, 0.25, 2, _window(40, 30, 8, dt, dev), 5.0), {}), tol=_SOFTCAP_TOL),
+    KernelCase("ost.sdpa", "decode-softcap", lambda g, dt, dev: ((_r(g, (2, 4, 1, 32), dt, dev, 3.0),
+                                                                  _r(g, (2, 2, 40, 32), dt, dev),
+                                                                  _r(g, (2, 2, 40, 32), dt, dev), None,
+                                                                  torch.tensor([[30]], device=dev), 0.25, 2, False, 5.0),
+                                                                 {}), tol=_SOFTCAP_TOL),
     KernelCase("ost.sdpa", "decode-window", lambda g, dt, dev: ((_r(g, (1, 4, 1, 32), dt, dev), _r(g, (1, 2, 40, 32), dt, dev),
                                                                  _r(g, (1, 2, 40, 32), dt, dev), _window(40, 30, 8, dt, dev),
                                                                  torch.tensor([[30]], device=dev), None, 2), {})),

@@ -35,7 +35,9 @@ PER_LAYER = {
     "llama": {**ROPE_LAYER, **ADD_NORMS, "ost.swiglu": 1},
     "qwen2": {**ROPE_LAYER, **ADD_NORMS, "ost.swiglu": 1},
     "gemma": {**ROPE_LAYER, **ADD_NORMS, "ost.geglu": 1},
-    "gpt2": {"ost.sdpa": 1, "ost.kv_update_": 2, "ost.layer_norm": 2, "ost.linear": 1},
+    # GPT-2's Conv1D projections: c_fc with its GELU, c_attn and mlp.c_proj whole (ost.linear without an
+    # activation); attn.c_proj flattens the heads itself and stays an addmm
+    "gpt2": {"ost.sdpa": 1, "ost.kv_update_": 2, "ost.layer_norm": 2, "ost.linear": 3, "aten.addmm": 1},
     "tiny": {**ROPE_LAYER, **ADD_NORMS, "ost.swiglu": 1},
 }
 # Built once however many layers: position ids, the causal mask's inputs, the rotary tables.

@@ -9,7 +9,8 @@ five launches for a few kilobytes of work. This pass, run on the scheduler's res
   query token and one row written per step (static shapes), on 4-D [B, H, S, D] caches written on
   dim 2, all of one dtype; a position mask is ``q_pos``, and an explicit mask (Mistral's sliding
   window, a padding mask: boolean, or additive as the sdpa pass makes them) is read by the kernel
-  when it broadcasts over the [B, Hq, 1, S] scores;
+  when it broadcasts over the [B, Hq, 1, S] scores, and a soft cap on the scores (Gemma 2) is applied
+  before it;
 - the ropes are absorbed only as a pair, with the same cos, sin and form, each read by nothing but the
   attention (q) and the key's write (k), keeping their dtype; otherwise they stay launches of their own;
 - moving the members to the attention's place changes nothing: no impure node stands between them
@@ -78,9 +79,9 @@ def _ropes(q: Value, k_new: Value, sdpa: Node, k_write: Node, users, graph_reads
 
 def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[Node]] | None:
     """The ost.decode_attention_ node for ``sdpa`` and the nodes it replaces, or None."""
-    if len(sdpa.args) != 8 or sdpa.kwargs:
+    if len(sdpa.args) not in (8, 9) or sdpa.kwargs:
         return None
-    q, k, v, mask, q_pos, scale, n_rep, causal = sdpa.args
+    q, k, v, mask, q_pos, scale, n_rep, causal, softcap = (*sdpa.args, None)[:9]
     if causal or not (_tensor(q) and _tensor(k) and _tensor(v)):
         return None
     kw, vw = k.producer, v.producer
@@ -110,7 +111,7 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
         q_in, k_in, cos, sin, interleaved, nodes = ropes
         members = nodes + members
     node = Node(OP, (kc, vc, q_in, k_in, vn, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
-                     mask), {}, sdpa.name, sdpa.source)
+                     mask, softcap), {}, sdpa.name, sdpa.source)
     node.outputs = [sdpa.outputs[0], kw.outputs[0], vw.outputs[0]]
     return node, members
 

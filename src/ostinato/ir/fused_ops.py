@@ -213,7 +213,7 @@ register_op(OpDef("ost.kv_update_", kv_update_, pure=False, category="inplace"))
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
          q_pos: torch.Tensor | None = None, scale: float | None = None, n_rep: int = 1,
-         is_causal: bool = False) -> torch.Tensor:
+         is_causal: bool = False, softcap: float | None = None) -> torch.Tensor:
     """Scaled dot-product attention with grouped KV heads and the causal mask built inside.
 
     q is [..., Hq, T, D]; k and v are [..., Hkv, S, D] with Hq = Hkv * n_rep: query head h reads KV
@@ -222,7 +222,13 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     query i when j <= q_pos[i] (the mask ``arange(S) <= q_pos`` that models build per step).
     ``mask`` is an explicit mask (bool: True = visible; float: added to the scores); with q_pos it
     is combined with the positional one.
+
+    ``softcap`` caps the scaled scores as ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2's
+    attention, written out eagerly: passes/patterns/eager_attention.py); that form computes as the
+    model wrote it, in q's dtype with the softmax in fp32.
     """
+    if softcap is not None:
+        return softcap_attention(q, k, v, mask, q_pos, scale, n_rep, is_causal, softcap)
     if q_pos is not None:
         visible = _positions(k.shape[-2], q_pos) <= q_pos
         if mask is None:
@@ -235,6 +241,32 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     # copying the cache n_rep times (same results on the CPU; about half the time at decode sizes).
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                             scale=scale, enable_gqa=n_rep > 1)
+
+
+def softcap_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                      q_pos: torch.Tensor | None = None, scale: float | None = None, n_rep: int = 1,
+                      is_causal: bool = False, softcap: float | None = None) -> torch.Tensor:
+    """Attention as eager models write it out: ``softmax(cap(q k^T * scale) + mask)`` in fp32, rounded to
+    q's dtype, times v; ``cap(s) = softcap * tanh(s / softcap)`` when ``softcap`` is given. The
+    reference of ost.sdpa with a soft cap, and of the ``ost.softcap_attention`` the eager-attention
+    pattern leaves for fuse_sdpa."""
+    if n_rep > 1:
+        k, v = k.repeat_interleave(n_rep, dim=-3), v.repeat_interleave(n_rep, dim=-3)
+    s = torch.matmul(q, k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    t, n = q.shape[-2], k.shape[-2]
+    if q_pos is not None:
+        s = s.masked_fill(~(_positions(n, q_pos) <= q_pos), float("-inf"))
+    if is_causal:
+        s = s.masked_fill(~torch.ones(t, n, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(p, v)
+
+
+register_op(OpDef("ost.softcap_attention", softcap_attention, category="fused"))
 
 
 _POSITIONS: dict[tuple, torch.Tensor] = {}
@@ -258,17 +290,18 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
                       v: torch.Tensor, index: torch.Tensor, dim: int, ring: int | None = None,
                       cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, interleaved: bool = False,
                       q_pos: torch.Tensor | None = None, scale: float | None = None,
-                      n_rep: int = 1, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      n_rep: int = 1, mask: torch.Tensor | None = None,
+                      softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step's attention with the step's cache writes: ``rope`` on q and k when ``cos`` and
     ``sin`` are given, ``kv_update_`` of k and v into the caches (in place), then ``sdpa`` of q over the
-    caches with the explicit ``mask``, if any. Returns (attention, k_cache, v_cache). Not made by any
+    caches with the explicit ``mask``, if any, and the scores' ``softcap``. Returns (attention, k_cache, v_cache). Not made by any
     pass: the CUDA code generator (codegen/attention.py) puts it in place of those nodes, one kernel
     instead of five."""
     if cos is not None:
         q, k = rope(q, cos, sin, interleaved), rope(k, cos, sin, interleaved)
     kv_update_(k_cache, k, index, dim, ring)
     kv_update_(v_cache, v, index, dim, ring)
-    return sdpa(q, k_cache, v_cache, mask, q_pos, scale, n_rep, False), k_cache, v_cache
+    return sdpa(q, k_cache, v_cache, mask, q_pos, scale, n_rep, False, softcap), k_cache, v_cache
 
 
 decode_attention_.multi_output = True

@@ -16,7 +16,7 @@ from ..ir import Graph, verify
 from .canonicalize import canonicalize
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
-from .patterns import (fuse_add_rms_norm, fuse_gated_mlp, fuse_kv_update, fuse_layer_norm, fuse_linear,
+from .patterns import (fuse_add_rms_norm, fuse_eager_attention, fuse_gated_mlp, fuse_kv_update, fuse_layer_norm, fuse_linear,
                        fuse_multi_linear, fuse_rms_norm, fuse_rope, fuse_sdpa)
 from .reinplace import reinplace_state_writes
 from .sink_permutes import sink_permutes
@@ -27,7 +27,8 @@ Pass = Callable[[Graph], Graph]
 
 # Canonicalize first: removing no-op views and folding sizes makes more duplicates look alike.
 # DCE after CSE clears what merging left unread. Patterns follow, in an order where none can
-# take another's nodes: kv_update before sdpa (sdpa reads the updated cache), multi_linear before
+# take another's nodes: kv_update before sdpa (sdpa reads the updated cache), eager_attention just before
+# sdpa (it leaves attention nodes for sdpa to take), multi_linear before
 # gated_mlp and linear (sibling projections become one matmul; their activations stay), gated_mlp before
 # linear (the gate's activation belongs to the gated MLP, not to a linear epilogue); the second DCE
 # clears what patterns left unread (a mask no attention reads any more). Permutes sink through pointwise
@@ -44,6 +45,7 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("add_rms_norm", fuse_add_rms_norm),
     ("rope", fuse_rope),
     ("kv_update", fuse_kv_update),
+    ("eager_attention", fuse_eager_attention),
     ("sdpa", fuse_sdpa),
     ("multi_linear", fuse_multi_linear),
     ("gated_mlp", fuse_gated_mlp),
@@ -55,7 +57,7 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
 
 # The pipeline without the fused patterns: every ATen op the exporter kept stays an ATen op (op
 # tests use it to exercise the op a row claims, not the fused op that replaces it).
-_PATTERNS = {"rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "sdpa", "multi_linear", "gated_mlp", "linear",
+_PATTERNS = {"rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "linear",
              "dce_after_fusion"}
 GENERIC_PIPELINE: list[tuple[str, Pass]] = [p for p in DEFAULT_PIPELINE if p[0] not in _PATTERNS]
 

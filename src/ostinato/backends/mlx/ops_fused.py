@@ -151,7 +151,9 @@ def positional_mask(s, q_pos):
     return mx.arange(s) <= q_pos
 
 
-def sdpa_of(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False):
+def sdpa_of(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, softcap=None):
+    if softcap is not None:
+        return softcap_attention_of(q, k, v, mask, q_pos, scale, n_rep, is_causal, softcap)
     if q_pos is not None:
         visible = positional_mask(k.shape[-2], q_pos)
         if mask is None:
@@ -163,16 +165,40 @@ def sdpa_of(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False
     return attention(q, k, v, mask, scale, is_causal)
 
 
+def softcap_attention_of(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, softcap=None):
+    """ir/fused_ops.softcap_attention: the eager form, the scores soft-capped, the softmax in fp32."""
+    if n_rep > 1:
+        k, v = mx.repeat(k, n_rep, axis=-3), mx.repeat(v, n_rep, axis=-3)
+    s = (q @ mx.swapaxes(k, -1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap is not None:
+        s = mx.tanh(s / softcap) * softcap
+    t, n = q.shape[-2], k.shape[-2]
+    hidden = mx.array(-float("inf"), dtype=s.dtype)
+    if q_pos is not None:
+        s = mx.where(positional_mask(n, q_pos), s, hidden)
+    if is_causal:
+        s = mx.where(mx.tril(mx.ones((t, n), mx.bool_)), s, hidden)
+    if mask is not None:
+        s = mx.where(mask, s, hidden) if mask.dtype == mx.bool_ else s + mask
+    p = mx.softmax(s.astype(mx.float32), axis=-1).astype(q.dtype)
+    return p @ v
+
+
+@handles("ost.softcap_attention")
+def softcap_attention(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, softcap=None):
+    return softcap_attention_of(q, k, v, mask, q_pos, scale, n_rep, is_causal, softcap)
+
+
 @handles("ost.sdpa")
-def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False):
-    return sdpa_of(q, k, v, mask, q_pos, scale, n_rep, is_causal)
+def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, softcap=None):
+    return sdpa_of(q, k, v, mask, q_pos, scale, n_rep, is_causal, softcap)
 
 
 @handles("ost.decode_attention_", multi=True)
 def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
-                     q_pos=None, scale=None, n_rep=1, mask=None):
+                     q_pos=None, scale=None, n_rep=1, mask=None, softcap=None):
     if cos is not None:
         q, k = rope_of(q, cos, sin, interleaved), rope_of(k, cos, sin, interleaved)
     k_cache = kv_update_of(k_cache, k, index, dim, ring)
     v_cache = kv_update_of(v_cache, v, index, dim, ring)
-    return sdpa_of(q, k_cache, v_cache, mask, q_pos, scale, n_rep), k_cache, v_cache
+    return sdpa_of(q, k_cache, v_cache, mask, q_pos, scale, n_rep, False, softcap), k_cache, v_cache

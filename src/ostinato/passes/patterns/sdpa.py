@@ -1,5 +1,6 @@
 """``ost.sdpa``: every ``aten.scaled_dot_product_attention`` (with dropout_p 0) becomes one
-``ost.sdpa(q, k, v, mask, q_pos, scale, n_rep, is_causal)``.
+``ost.sdpa(q, k, v, mask, q_pos, scale, n_rep, is_causal)``; eager_attention's soft-capped
+``ost.softcap_attention`` becomes one with a ninth argument, ``softcap``.
 
 Absorbed: the grouped-query head expansion of K and V, when both are expanded by the same factor and
 the expansion's intermediates are read by nothing else (and are not graph outputs or mutation values):
@@ -76,8 +77,18 @@ def _strip(shape: tuple) -> tuple[str, ...]:
     return tuple(text)
 
 
+_SOFTCAP_PARAMS = ("query", "key", "value", "attn_mask", "q_pos", "scale", "n_rep", "is_causal", "softcap")
+
+
 def _bind(node: Node) -> dict:
-    bound = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
+    bound = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False,
+             "softcap": None}
+    if node.op == "ost.softcap_attention":   # eager_attention's: no positions, no repeat yet
+        bound.update(zip(_SOFTCAP_PARAMS, node.args))
+        bound.update(node.kwargs)
+        if bound.get("q_pos") is not None or bound.get("n_rep", 1) != 1:
+            bound["dropout_p"] = None       # not a form this pass takes
+        return bound
     bound.update(zip(_SDPA_PARAMS, node.args))
     bound.update(node.kwargs)
     return bound
@@ -296,7 +307,8 @@ def _match(g: Graph, node: Node, users, pinned: set[int], masks: dict) -> tuple[
             masks[key] = _additive(g, mask, q.meta.dtype, node)
             made = list(masks[key][1])
         mask = masks[key][0]
-    return (q, k, v, mask, q_pos, a["scale"], n_rep, bool(a["is_causal"])), absorbed, made
+    args = (q, k, v, mask, q_pos, a["scale"], n_rep, bool(a["is_causal"]))
+    return args + ((a["softcap"],) if a["softcap"] is not None else ()), absorbed, made
 
 
 def _additive(g: Graph, mask: Value, dtype: torch.dtype, at: Node) -> tuple[Value, list[Node]]:
@@ -326,7 +338,7 @@ def fuse_sdpa(g: Graph) -> Graph:
     # scheduler's groups, so the mask's own group could not take them.
     after: dict[int | None, list[Node]] = {}
     for node in g.nodes:
-        if node.op != "aten.scaled_dot_product_attention":
+        if node.op not in ("aten.scaled_dot_product_attention", "ost.softcap_attention"):
             continue
         m = _match(g, node, users, pinned, masks)
         if m is None:

@@ -96,15 +96,16 @@ def _dense_last(mask):
     return base.contiguous().expand(mask.shape)
 
 
-def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, *, out=None):
+def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, softcap=None, *, out=None):
     """ost.sdpa on CUDA: the decode case runs the Triton kernel; every other case runs the reference
-    (torch's SDPA). The choice is made once per shapes and layout (the op-level graph cache)."""
+    (torch's SDPA, or the eager form with a soft cap). The choice is made once per shapes and layout (the
+    op-level graph cache)."""
     key = op_key("ost.sdpa", q, k, v, *(() if q_pos is None else (q_pos,)), *(() if mask is None else (mask,)),
                  masked=mask is not None, is_causal=is_causal)
     plan = op_graph_cache.get(key, lambda: _decode_plan(q, k, v, mask, q_pos, is_causal))
     if plan is None:
         from ....ir.fused_ops import sdpa as reference
-        res = reference(q, k, v, _dense_last(mask), q_pos, scale, n_rep, is_causal)
+        res = reference(q, k, v, _dense_last(mask), q_pos, scale, n_rep, is_causal, softcap)
         return res if out is None else out.copy_(res)
     block_n, block_d, mask_kind = plan
     B, Hq, _, D = q.shape
@@ -113,10 +114,10 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, *
     pos = q_pos.reshape(-1) if q_pos is not None else q
     pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
     mask, m_sb, m_sh, m_sn = _mask_args(mask, q, S, q)
-    LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind, BLOCK_N=block_n,
-                   BLOCK_D=block_d)(
+    LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
+                   SOFTCAP=softcap is not None, BLOCK_N=block_n, BLOCK_D=block_d)(
         q, k, v, pos, mask, out, D, n_rep, Hq,
-        float(scale if scale is not None else 1.0 / math.sqrt(D)),
+        float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), pos_sb, m_sb, m_sh, m_sn, grid=(B * Hq,))
     return out
@@ -154,7 +155,7 @@ def _rope_strides(t, shape) -> tuple[int, int]:
 
 
 def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
-                      q_pos=None, scale=None, n_rep=1, mask=None):
+                      q_pos=None, scale=None, n_rep=1, mask=None, softcap=None):
     """ost.decode_attention_ on CUDA: rope, the cache writes and the attention in one kernel
     (source/attention.py) where its plan allows, else the reference."""
     key = op_key("ost.decode_attention_", k_cache, v_cache, q, k, v, index,
@@ -165,7 +166,7 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
     if plan is None:
         from ....ir.fused_ops import decode_attention_ as reference
         return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
-                         mask)
+                         mask, softcap)
     block_n, block_d, mask_kind = plan
     B, Hkv, S, D = k_cache.shape
     Hq = q.shape[1]
@@ -181,10 +182,11 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
     pos = q_pos.reshape(-1) if q_pos is not None else index
     pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
     mask, m_sb, m_sh, m_sn = _mask_args(mask, q, S, q)
-    LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind, ROPE=rope,
-                   INTERLEAVED=bool(interleaved), RING=ring is not None, BLOCK_N=block_n, BLOCK_D=block_d)(
+    LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
+                   SOFTCAP=softcap is not None, ROPE=rope, INTERLEAVED=bool(interleaved), RING=ring is not None,
+                   BLOCK_N=block_n, BLOCK_D=block_d)(
         q, k, v, k_cache, v_cache, index, pos, cos, sin, mask, out, D, n_rep, Hq,
-        float(scale if scale is not None else 1.0 / math.sqrt(D)), int(ring or 1),
+        float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *strides,
         k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1), pos_sb, m_sb, m_sh, m_sn,
         grid=(B * Hq,))

@@ -42,9 +42,12 @@ def _online_softmax(m, l, acc, s, visible, vt):
 
 
 @triton.jit
-def _masked(s, visible, mask_base, m_sn, n, MASK: tl.constexpr):
-    """Scores ``s`` of keys ``n`` with an explicit mask row applied: MASK 1 adds it (a float mask),
-    MASK 2 hides the keys where it is False (a boolean one); 0 leaves them."""
+def _masked(s, visible, mask_base, m_sn, n, cap, MASK: tl.constexpr, SOFTCAP: tl.constexpr):
+    """Scores ``s`` of keys ``n`` soft-capped (``cap * tanh(s / cap)``) with SOFTCAP, then with an
+    explicit mask row applied: MASK 1 adds it (a float mask), MASK 2 hides the keys where it is False
+    (a boolean one); 0 leaves them."""
+    if SOFTCAP:     # tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both ends (exp overflowing to inf gives 1)
+        s = cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
     if MASK == 1:     # a key at -inf is hidden: a block of them must not give exp(-inf - -inf)
         s = s + tl.load(mask_base + n * m_sn, mask=visible, other=0.0).to(tl.float32)
         visible = visible & (s > float("-inf"))
@@ -54,10 +57,10 @@ def _masked(s, visible, mask_base, m_sn, n, MASK: tl.constexpr):
 
 
 @triton.jit
-def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, pos_ptr, pos_off, skip, scale, mask_base, m_sn,
-            n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr):
-    """softmax(q k^T * scale + mask) v online over the cache rows j <= pos (all rows without HAS_POS)
+def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, pos_ptr, pos_off, skip, scale, cap, mask_base, m_sn,
+            n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr, SOFTCAP: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """softmax(softcap(q k^T * scale) + mask) v online over the cache rows j <= pos (all rows without HAS_POS)
     except row ``skip``: (running max, sum, weighted values, the last row the query sees)."""
     limit = n_keys - 1
     if HAS_POS:
@@ -72,16 +75,16 @@ def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, pos_ptr, pos_off, skip, sca
                      other=0.0).to(tl.float32)
         vt = tl.load(v_base + n[:, None] * v_ss + d[None, :], mask=nmask[:, None] & dmask[None, :],
                      other=0.0).to(tl.float32)
-        s, seen = _masked(tl.sum(kt * q[None, :], axis=1) * scale, nmask, mask_base, m_sn, n, MASK)
+        s, seen = _masked(tl.sum(kt * q[None, :], axis=1) * scale, nmask, mask_base, m_sn, n, cap, MASK, SOFTCAP)
         m, l, acc = _online_softmax(m, l, acc, s, seen, vt)
     return m, l, acc, limit
 
 
 @triton.jit
-def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mask_ptr, out_ptr, head_dim, n_rep, hq, scale,
+def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mask_ptr, out_ptr, head_dim, n_rep, hq, scale, cap,
                             q_sb, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
                             n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                            SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """One (batch, query head): softmax(q k^T * scale + mask, keys j <= pos) v, online over key blocks.
     The cache length is a compile-time constant: a static cache has one."""
     pid = tl.program_id(0).to(tl.int64)
@@ -92,8 +95,8 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mask_ptr, out_ptr, hea
     dmask = d < head_dim
     q = tl.load(q_ptr + b * q_sb + h * q_sh + d, mask=dmask, other=0.0).to(tl.float32)
     m, l, acc, limit = _attend(q, k_ptr + b * k_sb + kvh * k_sh, v_ptr + b * v_sb + kvh * v_sh, k_ss, v_ss, d, dmask,
-                               pos_ptr, b * pos_sb, -1, scale, mask_ptr + b * m_sb + h * m_sh, m_sn, n_keys,
-                               HAS_POS, MASK, BLOCK_N, BLOCK_D)
+                               pos_ptr, b * pos_sb, -1, scale, cap, mask_ptr + b * m_sb + h * m_sh, m_sn, n_keys,
+                               HAS_POS, MASK, SOFTCAP, BLOCK_N, BLOCK_D)
     out = tl.where(l > 0, acc / l, 0.0)    # no visible key: 0, as torch's SDPA gives
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
@@ -121,10 +124,11 @@ def _rope_row(ptr, d, dmask, half, c_ptr, s_ptr, dt, ROPE: tl.constexpr, INTERLE
 
 @triton.jit
 def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr,
-                               out_ptr, head_dim, n_rep, hq, scale, ring,
+                               out_ptr, head_dim, n_rep, hq, scale, cap, ring,
                                q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, cq_b, cq_h, sq_b, sq_h, ck_b, ck_h, sk_b, sk_h,
                                c_sb, c_sh, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
-                               n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr, ROPE: tl.constexpr,
+                               n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr,
+                               SOFTCAP: tl.constexpr, ROPE: tl.constexpr,
                                INTERLEAVED: tl.constexpr, RING: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_D: tl.constexpr):
     """One (batch, query head) of ost.decode_attention_: q and the step's key rotated in registers, the
@@ -161,11 +165,11 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     base = b * c_sb + kvh * c_sh
     mask_base = mask_ptr + b * m_sb + h * m_sh
     m, l, acc, limit = _attend(q, kc_ptr + base, vc_ptr + base, head_dim, head_dim, d, dmask, pos_ptr, b * pos_sb,
-                               slot, scale, mask_base, m_sn, n_keys, HAS_POS, MASK, BLOCK_N, BLOCK_D)
+                               slot, scale, cap, mask_base, m_sn, n_keys, HAS_POS, MASK, SOFTCAP, BLOCK_N, BLOCK_D)
     # the step's own key, when the query sees its slot (its mask entry is the slot's)
     seen = first & (slot <= limit) & (slot >= 0) & (slot < n_keys)
     s, seen = _masked(tl.sum(kn.to(tl.float32) * q[None, :], axis=1) * scale, seen, mask_base, m_sn,
-                      slot + 0 * tl.arange(0, BLOCK_N), MASK)
+                      slot + 0 * tl.arange(0, BLOCK_N), cap, MASK, SOFTCAP)
     m, l, acc = _online_softmax(m, l, acc, s, seen, vn.to(tl.float32))
     out = tl.where(l > 0, acc / l, 0.0)    # no visible key: 0, as torch's SDPA gives
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
