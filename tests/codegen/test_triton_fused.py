@@ -86,9 +86,11 @@ def test_interpreted_symbolic_sizes():
 
 
 def test_interpreted_hf_decoders():
-    """transformers' Llama and Gemma, three decode steps with every group a generated kernel."""
+    """transformers' Llama and Gemma (three decode steps), Mistral's sliding window and Gemma 2's soft-capped
+    eager attention (six: the window slides) with every group a generated kernel and each layer's
+    attention the merged decode kernel."""
     results = _interpret("hf", "float32")
-    assert results == {"llama": "ok", "gemma": "ok"}, results
+    assert results == {"llama": "ok", "gemma": "ok", "mistral": "ok", "gemma2": "ok"}, results
 
 
 def _variants():
