@@ -112,3 +112,34 @@ def test_softcap_values_match_on_the_reference():
     got = sdpa(q, k, v, m, None, D ** -0.5, HQ // HKV, False, 2.0)
     assert_same(got, want, tol=1e-6)
     assert not torch.allclose(got, Eager(gqa=True)(q, k, v, m), atol=1e-3)     # the cap changes the result
+
+
+class Odd(nn.Module):
+    """Forms that must keep their written-out attention (each would change the result as SDPA):
+    ``bool``: a boolean tensor added to the scores (adds 1.0 where True, not a visibility mask);
+    ``wide``: a mask with more query rows than q, which broadcasts the scores larger;
+    ``heads_last``: the output viewed as [B, T, H, D] straight from the [B*H, T, D] product."""
+
+    def __init__(self, form: str):
+        super().__init__()
+        self.form = form
+
+    def forward(self, q, k, v, m):
+        s = torch.matmul(q, k.transpose(2, 3)) * D ** -0.5
+        s = s + (m > 0) if self.form == "bool" else s + m
+        p = F.softmax(s, dim=-1)
+        if self.form == "heads_last":
+            b, h, t, _ = q.shape
+            return torch.bmm(p.view(b * h, t, -1), v.reshape(b * h, -1, D)).view(b, t, h, D)
+        return torch.matmul(p, v)
+
+
+@pytest.mark.parametrize("form", ["bool", "wide", "heads_last"])
+def test_forms_sdpa_would_change_stay(form):
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, HQ, n, D, generator=g) for n in (3 if form == "heads_last" else 1, 6, 6))
+    m = torch.randn(B, 1, 3 if form == "wide" else 1, 6, generator=g)
+    model = Odd(form)
+    prog = ostinato.export(model, (q, k, v, m))
+    assert "ost.sdpa" not in prog.op_counts(), prog.op_counts()
+    assert_same(ostinato.compile(prog, device="cpu")(q, k, v, m), model(q, k, v, m), tol=1e-5)

@@ -153,3 +153,21 @@ def test_gpt2_decode_has_one_linear_per_mlp():
         assert_same(exe(**kwargs), expected, msg=f"step {step}")
         outs.append(expected)
     assert not torch.equal(outs[0], outs[-1])
+
+
+class ResidualAddmm(torch.nn.Module):
+    """A Conv1D-shaped addmm whose 'bias' is a [rows, N] residual: not one ost.linear's bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(16, 24) * 0.1)
+
+    def forward(self, x, r):
+        return torch.addmm(r, x.view(-1, 16), self.weight).view(2, 3, 24)
+
+
+def test_addmm_with_a_residual_for_bias_stays():
+    model, args = ResidualAddmm(), (torch.randn(2, 3, 16), torch.randn(6, 24))
+    prog = ostinato.export(model, args)
+    assert "ost.linear" not in prog.op_counts() and prog.op_counts().get("aten.addmm") == 1
+    assert_same(ostinato.compile(prog, device="cpu")(*args), model(*args), tol=1e-5)

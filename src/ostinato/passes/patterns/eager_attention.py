@@ -90,8 +90,13 @@ def _scores(x: Value, chain: _Chain, reader: Node):
         a, b = node.args
         pick = [(a, b), (b, a)] if _tensor(b) else []
         for y, m in pick:       # the scores' operand is the one made by the chain's ops
+            # an additive mask of the scores' own float dtype that does not broadcast them any larger (a
+            # bool or integer tensor added is a number there, not SDPA's mask; another dtype would promote)
             if _tensor(m) and y.producer is not None and y.producer.op in (
-                    "aten.mul.Tensor", "aten.div.Tensor", *_RESHAPES) and m.meta.rank <= 4:
+                    "aten.mul.Tensor", "aten.div.Tensor", *_RESHAPES) and m.meta.rank <= 4 \
+                    and m.meta.dtype == y.meta.dtype and y.meta.dtype.is_floating_point \
+                    and len(x.meta.shape) == len(y.meta.shape) \
+                    and all(_same(a, c) for a, c in zip(x.meta.shape, y.meta.shape)):
                 mask, x, reader = m, y, node
                 break
         else:
@@ -199,6 +204,9 @@ def _match(g: Graph, pv: Node, users, pinned: set[int]):
     shapes_ok = (all(_same(a, c) for a, c in zip(k4.meta.shape, v4.meta.shape))
                  and _same(k4.meta.shape[-1], d) and _same(k4.meta.shape[1], h) and _same(k4.meta.shape[0], b)
                  and all(_same(a, c) for a, c in zip(s4.meta.shape, (b, h, t, k4.meta.shape[2]))))
+    result = out_view.outputs[0]      # the output view must be the [B, H, T, D] the attention gives
+    shapes_ok = shapes_ok and result.meta.rank == 4 and all(
+        _same(a, c) for a, c in zip(result.meta.shape, (b, h, t, v4.meta.shape[-1])))
     if not shapes_ok or (softcap is not None and _int(t) != 1):
         return None
     if len({q4.meta.dtype, k4.meta.dtype, v4.meta.dtype, out3.meta.dtype}) != 1 or not q4.meta.dtype.is_floating_point:
@@ -209,7 +217,6 @@ def _match(g: Graph, pv: Node, users, pinned: set[int]):
     else:
         node = Node("ost.softcap_attention", (q4, k4, v4, mask, None, scale, 1, False, softcap), {}, pv.name,
                     pv.source)
-    result = out_view.outputs[0]
     node.outputs = [result]
     return node, v4_node, out_view, chain.nodes + [pv]
 

@@ -144,7 +144,11 @@ def _match(node: Node, users: Users, pinned: set[int]) -> tuple[list[Node], tupl
         return None
     act = _activation(y, users, pinned)
     if act is None:
-        if len(absorbed) == 3:      # a whole Conv1D: one node over x's rows, whatever reads it
+        # a whole Conv1D: one node over x's rows, whatever reads it; its bias one per column ([N]: an
+        # addmm adding a [rows, N] residual is not one ost.linear's bias)
+        if len(absorbed) == 3 and (bias is None or (isinstance(bias, Value) and isinstance(bias.meta, TensorMeta)
+                                                    and bias.meta.rank == 1 and _same_dims(bias.meta.shape,
+                                                                                            y.meta.shape[-1:]))):
             return absorbed, (x, weight, bias, None, True), y
         return None
     name, act_nodes = act

@@ -42,18 +42,26 @@ def _online_softmax(m, l, acc, s, visible, vt):
 
 
 @triton.jit
-def _masked(s, visible, mask_base, m_sn, n, cap, MASK: tl.constexpr, SOFTCAP: tl.constexpr):
-    """Scores ``s`` of keys ``n`` soft-capped (``cap * tanh(s / cap)``) with SOFTCAP, then with an
-    explicit mask row applied: MASK 1 adds it (a float mask), MASK 2 hides the keys where it is False
-    (a boolean one); 0 leaves them."""
-    if SOFTCAP:     # tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both ends (exp overflowing to inf gives 1)
-        s = cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
-    if MASK == 1:     # a key at -inf is hidden: a block of them must not give exp(-inf - -inf)
-        s = s + tl.load(mask_base + n * m_sn, mask=visible, other=0.0).to(tl.float32)
-        visible = visible & (s > float("-inf"))
+def _mask_row(visible, mask_base, m_sn, n, MASK: tl.constexpr):
+    """(what the explicit mask adds to the scores of keys ``n``, the keys still visible): MASK 1 adds a
+    float mask (a key at -inf is hidden), MASK 2 hides the keys where a boolean one is False, 0 neither.
+    Read before the keys and values, so a block the mask hides whole (a sliding window's far past, a
+    static cache's future) loads nothing else."""
+    add = tl.zeros(n.shape, tl.float32)
+    if MASK == 1:
+        add = tl.load(mask_base + n * m_sn, mask=visible, other=0.0).to(tl.float32)
+        visible = visible & (add > float("-inf"))
     if MASK == 2:
         visible = visible & (tl.load(mask_base + n * m_sn, mask=visible, other=0) != 0)
-    return s, visible
+    return add, visible
+
+
+@triton.jit
+def _capped(s, add, cap, SOFTCAP: tl.constexpr):
+    """Scores ``s`` soft-capped (``cap * tanh(s / cap)``) with SOFTCAP, then the mask's ``add``."""
+    if SOFTCAP:     # tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both ends (exp overflowing to inf gives 1)
+        s = cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
+    return s + add
 
 
 @triton.jit
@@ -70,13 +78,13 @@ def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, pos_ptr, pos_off, skip, sca
     acc = tl.zeros((BLOCK_D,), tl.float32)
     for start in range(0, n_keys, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
-        nmask = (n < n_keys) & (n <= limit) & (n != skip)
-        kt = tl.load(k_base + n[:, None] * k_ss + d[None, :], mask=nmask[:, None] & dmask[None, :],
+        add, seen = _mask_row((n < n_keys) & (n <= limit) & (n != skip), mask_base, m_sn, n, MASK)
+        kt = tl.load(k_base + n[:, None] * k_ss + d[None, :], mask=seen[:, None] & dmask[None, :],
                      other=0.0).to(tl.float32)
-        vt = tl.load(v_base + n[:, None] * v_ss + d[None, :], mask=nmask[:, None] & dmask[None, :],
+        vt = tl.load(v_base + n[:, None] * v_ss + d[None, :], mask=seen[:, None] & dmask[None, :],
                      other=0.0).to(tl.float32)
-        s, seen = _masked(tl.sum(kt * q[None, :], axis=1) * scale, nmask, mask_base, m_sn, n, cap, MASK, SOFTCAP)
-        m, l, acc = _online_softmax(m, l, acc, s, seen, vt)
+        m, l, acc = _online_softmax(m, l, acc, _capped(tl.sum(kt * q[None, :], axis=1) * scale, add, cap, SOFTCAP),
+                                    seen, vt)
     return m, l, acc, limit
 
 
@@ -168,8 +176,8 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
                                slot, scale, cap, mask_base, m_sn, n_keys, HAS_POS, MASK, SOFTCAP, BLOCK_N, BLOCK_D)
     # the step's own key, when the query sees its slot (its mask entry is the slot's)
     seen = first & (slot <= limit) & (slot >= 0) & (slot < n_keys)
-    s, seen = _masked(tl.sum(kn.to(tl.float32) * q[None, :], axis=1) * scale, seen, mask_base, m_sn,
-                      slot + 0 * tl.arange(0, BLOCK_N), cap, MASK, SOFTCAP)
+    add, seen = _mask_row(seen, mask_base, m_sn, slot + 0 * tl.arange(0, BLOCK_N), MASK)
+    s = _capped(tl.sum(kn.to(tl.float32) * q[None, :], axis=1) * scale, add, cap, SOFTCAP)
     m, l, acc = _online_softmax(m, l, acc, s, seen, vn.to(tl.float32))
     out = tl.where(l > 0, acc / l, 0.0)    # no visible key: 0, as torch's SDPA gives
     tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
