@@ -8,8 +8,9 @@ the projection's result never leaves registers before the epilogue.
 
 The pass runs on the scheduler's result (schedule.py): a projection absorbs the fusion group or the
 lone fusible node producing its input, and the one reading its result, when that moves no read across a
-write (an impure node) and no value is read before the merged kernel has made it. Projections with
-neither neighbour stay cuBLAS calls.
+write (an impure node) and no value is read before the merged kernel has made it. A projection of one
+row with neither neighbour is a matmul group of its own (the generated GEMV; OSTINATO_LONE_GEMV=0 keeps
+cuBLAS); of several rows, it stays a cuBLAS call.
 """
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ MAX_ROWS = 16       # decode-shaped: more rows are cuBLAS's (tensor-core GEMMs)
 def linear_fusion_enabled() -> bool:
     """OSTINATO_FUSE_LINEAR=0 keeps every projection a cuBLAS call (the A/B switch)."""
     return os.environ.get("OSTINATO_FUSE_LINEAR", "1") != "0"
+
+
+def lone_gemv_enabled() -> bool:
+    """OSTINATO_LONE_GEMV=0 keeps a one-row projection with no neighbour to take a cuBLAS call (the A/B
+    switch; part of the plan key)."""
+    return os.environ.get("OSTINATO_LONE_GEMV", "1") != "0"
 
 
 def _static(shape) -> bool:
@@ -178,6 +185,10 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
             sp.red == () or (not pointwise and sp.red == (len(shape) - 1,)))
 
     owner, holder = item_of()       # kept up to date as groups replace items (each node is in one item)
+    # A one-row projection with no neighbour is a matmul group too: on an H200, cuBLAS read a Llama-1B
+    # layer's down projection (K 8192) at 2.5 TB/s with a split-K reduce after it, and its output
+    # projection at 1.5 TB/s, where the generated GEMV read the gate/up weights at 3.4 TB/s.
+    lone = lone_gemv_enabled()
     keys = [run_at(it) for it in items]
     for node in [it for it in items if isinstance(it, Node) and it.op in LINEAR_OPS]:
         parts = linear_parts(node)
@@ -207,7 +218,7 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
         if epi is None and act is None:
             halves = _packed_gating(node, weights, weight_t, users, graph_reads, holder)
             epi = halves[0] if halves is not None else None
-        if pro is None and epi is None:
+        if pro is None and epi is None and not (lone and math.prod(x.meta.shape[:-1]) == 1):
             continue        # (an activation alone: ost.linear's cuBLAS + epilogue kernel already)
         group = _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, position, impure,
                        users, graph_reads, items, keys, halves[1:] if halves is not None else None)
