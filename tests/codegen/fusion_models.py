@@ -182,6 +182,22 @@ class BiasGeluHead(nn.Module):
         return y * 0.5 + r, self.fc2(x)
 
 
+class LoneProjections(nn.Module):
+    """Projections with no fusible neighbour: a biased one reading an input, a packed pair (q and k of
+    one input) returned as they are. One row: each is a matmul group of its own (the generated GEMV)."""
+
+    def __init__(self, d=64, n=40):
+        super().__init__()
+        self.proj, self.q, self.k = nn.Linear(d, n), nn.Linear(d, n, bias=False), nn.Linear(d, n, bias=False)
+
+    def forward(self, x, y):
+        return self.proj(x), self.q(y), self.k(y)
+
+    @staticmethod
+    def inputs(rows: int, dtype):
+        return torch.randn(rows, 64).to(dtype), torch.randn(rows, 1, 64).to(dtype)
+
+
 class PackedGatedMLP(nn.Module):
     """Phi-3's MLP: one gate_up projection (biased here), its output chunked in two and gated (SiLU, or
     GELU for the geglu form), the down projection and the residual: the gating is the packed

@@ -166,7 +166,7 @@ def main(what: str, dtype_name: str) -> None:
         print(json.dumps(results))
         return
     if what == "linear":     # matmul groups: one row, several, the most a group takes (16)
-        from fusion_models import BiasGeluHead, Conv1DBlock, DecoderLayer, PackedGatedMLP
+        from fusion_models import BiasGeluHead, Conv1DBlock, DecoderLayer, LoneProjections, PackedGatedMLP
         # the default pipeline's ost.linear takes fc + GELU as one op (the activation becomes the epilogue);
         # the generic pipeline leaves aten.gelu for the scheduler
         items = [(f"decoder_rows{m}", lambda m=m: (DecoderLayer().to(dtype), DecoderLayer.inputs(m, dtype), None))
@@ -176,6 +176,7 @@ def main(what: str, dtype_name: str) -> None:
         items += [(f"packed_{act}_rows{m}", lambda m=m, act=act: (PackedGatedMLP(act=act).to(dtype),
                                                                    PackedGatedMLP.inputs(m, dtype), None))
                   for act, m in (("silu", 1), ("gelu", 3))]
+        items.append(("lone_rows1", lambda: (LoneProjections().to(dtype), LoneProjections.inputs(1, dtype), None)))
         items.append(("bias_gelu_head", lambda: (BiasGeluHead().to(dtype), (torch.randn(2, 3, 48).to(dtype),
                                                                             torch.randn(2, 3, 80).to(dtype)),
                                                  GENERIC_PIPELINE)))
@@ -194,6 +195,8 @@ def main(what: str, dtype_name: str) -> None:
                 transposed = sum('"wt":true' in l.args[0] for l in groups)
                 if name.startswith("conv1d") and transposed < 3:    # all three Conv1D projections
                     raise AssertionError(f"{transposed} matmul groups read a transposed weight")
+                if name.startswith("lone") and len(groups) != 2:      # proj, and q + k as one multi_linear
+                    raise AssertionError(f"{len(groups)} matmul groups for two lone projections")
                 halves = sum('"one_weight":true' in l.args[0] for l in groups)
                 if name.startswith("packed") and halves != 1:       # the gate_up projection with its gating
                     raise AssertionError(f"{halves} matmul groups gate one weight's halves")

@@ -357,3 +357,23 @@ def test_bytes_moved_counts_what_broadcast_and_gathered_inputs_read():
     space = 6 * 7 * 7
     # qk scores, two gathers (each <= the space) and their two [7, 7] indices, the softmax's output
     assert scores.bytes_moved() == (space + 2 * space + space) * 4 + 2 * 7 * 7 * 8
+
+
+@pytest.mark.parametrize("lone", ["1", "0"])
+def test_lone_one_row_projections_are_matmul_groups(lone, monkeypatch):
+    """A one-row projection with no neighbour is a matmul group of its own (OSTINATO_LONE_GEMV=0 keeps
+    cuBLAS); with three rows it stays a cuBLAS call either way. Outputs equal eager through the reference."""
+    from fusion_models import LoneProjections
+    from ostinato.codegen.report import launch_table
+    monkeypatch.setenv("OSTINATO_LONE_GEMV", lone)
+    for rows in (1, 3):
+        torch.manual_seed(0)
+        model = LoneProjections().eval()
+        args = LoneProjections.inputs(rows, torch.float32)
+        prog = ostinato.export(model, args)
+        kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
+        groups = kinds.count("fused")
+        assert groups == (2 if rows == 1 and lone == "1" else 0), (rows, kinds)
+        with torch.no_grad():
+            for got, want in zip(fused_executable(prog, ReferenceFusionBackend())(*args), model(*args)):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -55,6 +55,7 @@ def test_interpreted_matmul_groups(dtype):
     results = _interpret("linear", dtype)
     assert results == {"decoder_rows1": "ok", "decoder_rows3": "ok", "decoder_rows16": "ok",
                        "conv1d_rows1": "ok", "conv1d_rows5": "ok", "packed_silu_rows1": "ok", "packed_gelu_rows3": "ok",
+                       "lone_rows1": "ok",
                        "bias_gelu_head": "ok", "bias_gelu_head_patterns": "ok"}, results
 
 
@@ -149,10 +150,10 @@ def test_linear_variants_compile_for_sm90():
     from ostinato.backends.cuda.binaries import compile_binary
     from ostinato.backends.cuda.kernels.fused import LinearLauncher, launcher
     from ostinato.backends.cuda.runtime import arg_type
-    from fusion_models import Conv1DBlock, DecoderLayer, PackedGatedMLP
+    from fusion_models import Conv1DBlock, DecoderLayer, LoneProjections, PackedGatedMLP
 
     builds = [c.build for c in CASES] + [lambda dt, m=m, cls=cls: (cls().to(dt), cls.inputs(m, dt))
-                                         for m in (1, 3) for cls in (DecoderLayer, Conv1DBlock, PackedGatedMLP)]
+                                         for m in (1, 3) for cls in (DecoderLayer, Conv1DBlock, PackedGatedMLP, LoneProjections)]
     compiled = set()
     for build in builds:
         for dtype in (torch.bfloat16, torch.float32):
