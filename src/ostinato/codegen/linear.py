@@ -219,7 +219,7 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
             halves = _packed_gating(node, weights, weight_t, users, graph_reads, holder)
             epi = halves[0] if halves is not None else None
         if pro is None and epi is None and not (lone and math.prod(x.meta.shape[:-1]) == 1):
-            continue        # (an activation alone: ost.linear's cuBLAS + epilogue kernel already)
+            continue        # several rows and no neighbour (an activation alone included): cuBLAS
         group = _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, position, impure,
                        users, graph_reads, items, keys, halves[1:] if halves is not None else None)
         if group is None:

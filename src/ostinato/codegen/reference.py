@@ -148,8 +148,9 @@ def split_linear_args(spec: LinearSpec, tensors) -> tuple[list, list, list, list
     rest = list(tensors[n_pro + g * (2 if spec.bias else 1):])
     if spec.one_weight:     # the slices as views of the one weight's (and bias's) row blocks
         starts = [sum(spec.w[:i]) for i in range(len(spec.w))]
-        weights = [weights[0].narrow(0, s, n) for s, n in zip(starts, spec.w)]
-        biases = [b if b is None else b.narrow(0, s, n) for b in biases for s, n in zip(starts, spec.w)]
+        weight, bias = weights[0], biases[0]
+        weights = [weight.narrow(0, s, n) for s, n in zip(starts, spec.w)]
+        biases = [None if bias is None else bias.narrow(0, s, n) for s, n in zip(starts, spec.w)]
     return list(tensors[:n_pro]), weights, biases, rest
 
 

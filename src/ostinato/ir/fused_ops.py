@@ -294,9 +294,9 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
                       softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step's attention with the step's cache writes: ``rope`` on q and k when ``cos`` and
     ``sin`` are given, ``kv_update_`` of k and v into the caches (in place), then ``sdpa`` of q over the
-    caches with the explicit ``mask``, if any, and the scores' ``softcap``. Returns (attention, k_cache, v_cache). Not made by any
-    pass: the CUDA code generator (codegen/attention.py) puts it in place of those nodes, one kernel
-    instead of five."""
+    caches with the explicit ``mask``, if any, and the scores' ``softcap``. Returns (attention, k_cache,
+    v_cache). Not made by any pass: the CUDA code generator (codegen/attention.py) puts it in place of
+    those nodes, one kernel instead of five."""
     if cos is not None:
         q, k = rope(q, cos, sin, interleaved), rope(k, cos, sin, interleaved)
     kv_update_(k_cache, k, index, dim, ring)

@@ -62,7 +62,7 @@ class _Chain:
         return node
 
 
-def _unflatten(v: Value, chain: _Chain, reader: Node, rank: int = 4) -> Value | None:
+def _unflatten(v: Value, chain: _Chain, reader: Node) -> Value | None:
     """The [B, H, ...] tensor ``v`` ([B*H, ...]) is a view of (through a no-op expand), when it is."""
     view = chain.back(v, reader, _RESHAPES)
     if view is None or not _tensor(view.args[0]):
@@ -73,7 +73,7 @@ def _unflatten(v: Value, chain: _Chain, reader: Node, rank: int = 4) -> Value | 
         chain.nodes.append(x.producer)
         view, x = x.producer, x.producer.args[0]
     s = x.meta.shape
-    if x.meta.rank != rank or v.meta.rank != 3 or _int(s[0]) is None or _int(s[1]) is None \
+    if x.meta.rank != 4 or v.meta.rank != 3 or _int(s[0]) is None or _int(s[1]) is None \
             or _int(v.meta.shape[0]) != _int(s[0]) * _int(s[1]) \
             or not all(_same(a, b) for a, b in zip(v.meta.shape[1:], s[2:])):
         return None
@@ -138,12 +138,11 @@ def _scores(x: Value, chain: _Chain, reader: Node):
     t = kt4.producer
     if t is None or not chain.only(kt4, chain.nodes[-1]):     # read by its flattening view (or expand)
         return None
-    if t.op == "aten.permute" and [_int(d) % 4 if _int(d) is not None else None for d in t.args[1]] == [0, 1, 3, 2]:
-        pass
-    elif t.op == "aten.transpose.int" and sorted(_int(d) % 4 for d in t.args[1:3]) == [2, 3]:
-        pass
-    else:
-        return None
+    dims = [_int(d) for d in (t.args[1] if t.op == "aten.permute" else t.args[1:3])]
+    if None in dims or (t.op, [d % 4 for d in dims]) not in (("aten.permute", [0, 1, 3, 2]),
+                                                              ("aten.transpose.int", [2, 3]),
+                                                              ("aten.transpose.int", [3, 2])):
+        return None     # k's last two dims swapped, and nothing else
     chain.nodes.append(t)
     k4 = t.args[0]
     if not _tensor(k4) or k4.meta.rank != 4:

@@ -146,11 +146,9 @@ def _match(node: Node, users: Users, pinned: set[int]) -> tuple[list[Node], tupl
     if act is None:
         # a whole Conv1D: one node over x's rows, whatever reads it; its bias one per column ([N]: an
         # addmm adding a [rows, N] residual is not one ost.linear's bias)
-        if len(absorbed) == 3 and (bias is None or (isinstance(bias, Value) and isinstance(bias.meta, TensorMeta)
-                                                    and bias.meta.rank == 1 and _same_dims(bias.meta.shape,
-                                                                                            y.meta.shape[-1:]))):
-            return absorbed, (x, weight, bias, None, True), y
-        return None
+        per_column = bias is None or (isinstance(bias, Value) and isinstance(bias.meta, TensorMeta)
+                                      and _same_dims(bias.meta.shape, y.meta.shape[-1:]))
+        return (absorbed, (x, weight, bias, None, True), y) if len(absorbed) == 3 and per_column else None
     name, act_nodes = act
     return absorbed + act_nodes, (x, weight, bias, name, weight_t), act_nodes[-1].outputs[0]
 

@@ -82,14 +82,8 @@ _SOFTCAP_PARAMS = ("query", "key", "value", "attn_mask", "q_pos", "scale", "n_re
 
 def _bind(node: Node) -> dict:
     bound = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False,
-             "softcap": None}
-    if node.op == "ost.softcap_attention":   # eager_attention's: no positions, no repeat yet
-        bound.update(zip(_SOFTCAP_PARAMS, node.args))
-        bound.update(node.kwargs)
-        if bound.get("q_pos") is not None or bound.get("n_rep", 1) != 1:
-            bound["dropout_p"] = None       # not a form this pass takes
-        return bound
-    bound.update(zip(_SDPA_PARAMS, node.args))
+             "softcap": None, "q_pos": None, "n_rep": 1}
+    bound.update(zip(_SOFTCAP_PARAMS if node.op == "ost.softcap_attention" else _SDPA_PARAMS, node.args))
     bound.update(node.kwargs)
     return bound
 
@@ -278,6 +272,8 @@ def _match(g: Graph, node: Node, users, pinned: set[int], masks: dict) -> tuple[
     if not (_tensor(q) and _tensor(k) and _tensor(v)) or q.meta.rank < 3 or k.meta.rank < 3:
         return None
     if a["dropout_p"] not in (0, 0.0) or (mask is not None and not _tensor(mask)):
+        return None
+    if a["q_pos"] is not None or a["n_rep"] != 1:     # eager_attention makes neither (positions, repeats)
         return None
     n_rep, absorbed = 1, []
     if a["enable_gqa"]:

@@ -50,38 +50,30 @@ def _batch_positions(q_pos, batch: int) -> bool:
     return shape[0] == batch and shape[1:] == (1, 1, 1)
 
 
-def _mask_kind(mask, q, n_keys: int) -> int | None:
-    """The decode kernels' MASK for an explicit mask over [B, Hq, 1, S] scores: 0 none, 1 added (a
-    float mask), 2 hiding where False (a boolean one); None when it does not broadcast so (the
-    reference then)."""
+def _mask_plan(mask, q, n_keys: int) -> tuple | None:
+    """The decode kernels' (MASK, batch, head and key strides) for an explicit mask over the [B, Hq, 1, S]
+    scores: MASK 0 none, 1 added (a float mask), 2 hiding where False (a boolean one); None when it does
+    not broadcast so (the reference then)."""
     if mask is None:
-        return 0
+        return 0, 0, 0, 0
     if mask.dim() > 4 or not (mask.dtype == torch.bool or mask.dtype.is_floating_point):
         return None
     try:
-        mask.expand(q.shape[0], q.shape[1], 1, n_keys)
+        e = mask.expand(q.shape[0], q.shape[1], 1, n_keys)
     except RuntimeError:
         return None
-    return 2 if mask.dtype == torch.bool else 1
-
-
-def _mask_args(mask, q, n_keys: int, like) -> tuple:
-    """(the mask or ``like`` standing in, its batch, head and key strides broadcast over [B, Hq, 1, S])."""
-    if mask is None:
-        return like, 0, 0, 0
-    e = mask.expand(q.shape[0], q.shape[1], 1, n_keys)
-    return mask, e.stride(0), e.stride(1), e.stride(3)
+    return 2 if mask.dtype == torch.bool else 1, e.stride(0), e.stride(1), e.stride(3)
 
 
 def _decode_plan(q, k, v, mask, q_pos, is_causal) -> tuple | None:
-    """(BLOCK_N, BLOCK_D, MASK) when the Triton decode kernel handles this call (one query token, a
-    mask broadcasting over [B, Hq, 1, S] if any, 4-D q/k/v with a dense head dim), else None (torch's
-    SDPA)."""
+    """(BLOCK_N, BLOCK_D, the mask's plan) when the Triton decode kernel handles this call (one query
+    token, a mask broadcasting over [B, Hq, 1, S] if any, 4-D q/k/v with a dense head dim), else None
+    (torch's SDPA)."""
     decode = (not is_causal and q.dim() == 4 and q.shape[-2] == 1 and k.dim() == 4
               and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and q.shape[-1] <= 256
               and _batch_positions(q_pos, q.shape[0]))
-    kind = _mask_kind(mask, q, k.shape[-2]) if decode else None
-    return None if kind is None else (64, block_for(q.shape[-1]), kind)
+    masking = _mask_plan(mask, q, k.shape[-2]) if decode else None
+    return None if masking is None else (64, block_for(q.shape[-1]), masking)
 
 
 def _dense_last(mask):
@@ -107,23 +99,22 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
         from ....ir.fused_ops import sdpa as reference
         res = reference(q, k, v, _dense_last(mask), q_pos, scale, n_rep, is_causal, softcap)
         return res if out is None else out.copy_(res)
-    block_n, block_d, mask_kind = plan
+    block_n, block_d, (mask_kind, *mask_strides) = plan
     B, Hq, _, D = q.shape
     S = k.shape[-2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     pos = q_pos.reshape(-1) if q_pos is not None else q
     pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
-    mask, m_sb, m_sh, m_sn = _mask_args(mask, q, S, q)
     LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
                    SOFTCAP=softcap is not None, BLOCK_N=block_n, BLOCK_D=block_d)(
-        q, k, v, pos, mask, out, D, n_rep, Hq,
+        q, k, v, pos, q if mask is None else mask, out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), pos_sb, m_sb, m_sh, m_sn, grid=(B * Hq,))
+        out.stride(0), out.stride(1), pos_sb, *mask_strides, grid=(B * Hq,))
     return out
 
 def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n_rep, mask) -> tuple | None:
-    """(BLOCK_N, BLOCK_D, MASK) when the fused decode kernel handles this call: one query token and one
+    """(BLOCK_N, BLOCK_D, the mask's plan) when the fused decode kernel handles this call: one query token and one
     new row, contiguous [B, Hkv, S, D] caches written on dim 2, rows with a dense head dim, cos and
     sin broadcasting over q and k, a mask broadcasting over [B, Hq, 1, S] if any; else None (the
     reference)."""
@@ -144,8 +135,8 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
                 t.expand(q.shape), t.expand(k.shape)
         except RuntimeError:
             return None
-    kind = _mask_kind(mask, q, S)
-    return None if kind is None else (64, block_for(D), kind)
+    masking = _mask_plan(mask, q, S)
+    return None if masking is None else (64, block_for(D), masking)
 
 
 def _rope_strides(t, shape) -> tuple[int, int]:
@@ -167,7 +158,7 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         from ....ir.fused_ops import decode_attention_ as reference
         return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
                          mask, softcap)
-    block_n, block_d, mask_kind = plan
+    block_n, block_d, (mask_kind, *mask_strides) = plan
     B, Hkv, S, D = k_cache.shape
     Hq = q.shape[1]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -181,15 +172,13 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         strides = (0,) * 8
     pos = q_pos.reshape(-1) if q_pos is not None else index
     pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
-    mask, m_sb, m_sh, m_sn = _mask_args(mask, q, S, q)
     LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
                    SOFTCAP=softcap is not None, ROPE=rope, INTERLEAVED=bool(interleaved), RING=ring is not None,
                    BLOCK_N=block_n, BLOCK_D=block_d)(
-        q, k, v, k_cache, v_cache, index, pos, cos, sin, mask, out, D, n_rep, Hq,
+        q, k, v, k_cache, v_cache, index, pos, cos, sin, q if mask is None else mask, out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *strides,
-        k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1), pos_sb, m_sb, m_sh, m_sn,
-        grid=(B * Hq,))
+        k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1), pos_sb, *mask_strides, grid=(B * Hq,))
     return out, k_cache, v_cache
 
 

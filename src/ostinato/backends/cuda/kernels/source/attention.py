@@ -93,7 +93,8 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mask_ptr, out_ptr, hea
                             q_sb, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
                             n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr,
                             SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One (batch, query head): softmax(q k^T * scale + mask, keys j <= pos) v, online over key blocks.
+    """One (batch, query head): softmax(softcap(q k^T * scale) + mask, keys j <= pos) v, online over key
+    blocks.
     The cache length is a compile-time constant: a static cache has one."""
     pid = tl.program_id(0).to(tl.int64)
     b = pid // hq
@@ -141,7 +142,7 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
                                BLOCK_D: tl.constexpr):
     """One (batch, query head) of ost.decode_attention_: q and the step's key rotated in registers, the
     key and value rows written into the (contiguous [B, Hkv, n_keys, D]) caches by the first query
-    head of each KV head, and softmax(q k^T * scale + mask, keys j <= pos) v online over the cache. No
+    head of each KV head, and softmax(softcap(q k^T * scale) + mask, keys j <= pos) v online over the cache. No
     program reads the slot being written: the step's key and value come from registers instead, so
     the write and the reads of other programs never race."""
     pid = tl.program_id(0).to(tl.int64)
