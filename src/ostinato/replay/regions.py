@@ -14,6 +14,7 @@ import torch
 from ..backends.base import Launch
 from ..errors import ReplayError
 from ..runtime.segments import Segment
+from ..runtime.session import write_state
 from .tape import resolve
 
 RegionCapture = Callable[[Segment, list, list], Callable[[], None]]
@@ -21,10 +22,7 @@ RegionCapture = Callable[[Segment, list, list], Callable[[], None]]
 
 def write_back(env: list, writes: list[tuple[torch.Tensor, int]]) -> None:
     """State and input writes a plan leaves to its caller: each target takes its slot's value."""
-    for target, slot in writes:
-        new = env[slot]
-        if new is not target:
-            target.copy_(new)
+    write_state([(target, env[slot]) for target, slot in writes])
 
 
 def _results(launch: Launch, res: Any) -> tuple:

@@ -27,7 +27,7 @@ from .segments import Segment, split_plan
 def launch_is_kernel(launch: Launch) -> bool:
     """Whether a launch runs device work (views, size arithmetic and no-op aliases do not)."""
     return does_device_work(launch.op)
-from .session import Session
+from .session import Session, write_state
 
 log = logging.getLogger("ostinato")
 
@@ -192,14 +192,9 @@ class Executable:
         if self._converts:
             return self._run_converting(session, leaves, env)
         self._plan(env)
-        for role, target_slot, name, new_slot in self._mutations:
-            new = env[new_slot]
-            if role == "state":
-                buf = state[name]
-                if new is not buf:  # reinplaced writes already updated the buffer itself
-                    buf.copy_(new)
-            else:
-                leaves[self._input_pos_by_slot[target_slot]].copy_(new)
+        # reinplaced writes already updated the buffer itself; the rest are copied back (batched)
+        write_state([(state[name] if role == "state" else leaves[self._input_pos_by_slot[target_slot]],
+                      env[new_slot]) for role, target_slot, name, new_slot in self._mutations])
         return self.outputs(env)
 
     def _run_converting(self, session: Session, leaves: list, env: list):
