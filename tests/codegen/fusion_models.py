@@ -198,6 +198,18 @@ class LoneProjections(nn.Module):
         return torch.randn(rows, 64).to(dtype), torch.randn(rows, 1, 64).to(dtype)
 
 
+class LongLoneProjections(LoneProjections):
+    """LoneProjections over a long K (8192, a Llama-1B down projection's): one row splits K four ways
+    (split-K: partials, then the last program of each column block finishes it)."""
+
+    def __init__(self, d=8192, n=40):
+        super().__init__(d, n)
+
+    @staticmethod
+    def inputs(rows: int, dtype):
+        return torch.randn(rows, 8192).to(dtype), torch.randn(rows, 1, 8192).to(dtype)
+
+
 class PackedGatedMLP(nn.Module):
     """Phi-3's MLP: one gate_up projection (biased here), its output chunked in two and gated (SiLU, or
     GELU for the geglu form), the down projection and the residual: the gating is the packed

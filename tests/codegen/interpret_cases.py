@@ -166,7 +166,9 @@ def main(what: str, dtype_name: str) -> None:
         print(json.dumps(results))
         return
     if what == "linear":     # matmul groups: one row, several, the most a group takes (16)
-        from fusion_models import BiasGeluHead, Conv1DBlock, DecoderLayer, LoneProjections, PackedGatedMLP
+        from fusion_models import (BiasGeluHead, Conv1DBlock, DecoderLayer, LongLoneProjections, LoneProjections,
+                                   PackedGatedMLP)
+        from ostinato.backends.cuda.kernels.fused import launcher
         # the default pipeline's ost.linear takes fc + GELU as one op (the activation becomes the epilogue);
         # the generic pipeline leaves aten.gelu for the scheduler
         items = [(f"decoder_rows{m}", lambda m=m: (DecoderLayer().to(dtype), DecoderLayer.inputs(m, dtype), None))
@@ -177,6 +179,8 @@ def main(what: str, dtype_name: str) -> None:
                                                                    PackedGatedMLP.inputs(m, dtype), None))
                   for act, m in (("silu", 1), ("gelu", 3))]
         items.append(("lone_rows1", lambda: (LoneProjections().to(dtype), LoneProjections.inputs(1, dtype), None)))
+        items.append(("lone_long_k", lambda: (LongLoneProjections().to(dtype), LongLoneProjections.inputs(1, dtype),
+                                              None)))
         items.append(("bias_gelu_head", lambda: (BiasGeluHead().to(dtype), (torch.randn(2, 3, 48).to(dtype),
                                                                             torch.randn(2, 3, 80).to(dtype)),
                                                  GENERIC_PIPELINE)))
@@ -202,6 +206,13 @@ def main(what: str, dtype_name: str) -> None:
                     raise AssertionError(f"{halves} matmul groups gate one weight's halves")
                 with torch.no_grad():
                     assert_same(exe(*args), model(*args), tol=tol)
+                    if name == "lone_long_k":   # twice: the counters were left at zero for the next launch
+                        assert_same(exe(*args), model(*args), tol=tol)
+                if name == "lone_long_k":   # (launchers are shared by spec: lone_rows1's K=64 plans are there too)
+                    splits = {p.nsplit for l in groups for k, p in launcher(l.args[0])._plans.items()
+                              if p is not None and k[0][0][0][-1] == 8192}
+                    if splits != {4}:
+                        raise AssertionError(f"split-K ways {splits}")
                 results[name] = "ok"
             except Exception as e:  # noqa: BLE001 - reported per case
                 results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"

@@ -55,7 +55,7 @@ def test_interpreted_matmul_groups(dtype):
     results = _interpret("linear", dtype)
     assert results == {"decoder_rows1": "ok", "decoder_rows3": "ok", "decoder_rows16": "ok",
                        "conv1d_rows1": "ok", "conv1d_rows5": "ok", "packed_silu_rows1": "ok", "packed_gelu_rows3": "ok",
-                       "lone_rows1": "ok",
+                       "lone_rows1": "ok", "lone_long_k": "ok",
                        "bias_gelu_head": "ok", "bias_gelu_head_patterns": "ok"}, results
 
 
@@ -150,10 +150,11 @@ def test_linear_variants_compile_for_sm90():
     from ostinato.backends.cuda.binaries import compile_binary
     from ostinato.backends.cuda.kernels.fused import LinearLauncher, launcher
     from ostinato.backends.cuda.runtime import arg_type
-    from fusion_models import Conv1DBlock, DecoderLayer, LoneProjections, PackedGatedMLP
+    from fusion_models import Conv1DBlock, DecoderLayer, LongLoneProjections, LoneProjections, PackedGatedMLP
 
     builds = [c.build for c in CASES] + [lambda dt, m=m, cls=cls: (cls().to(dt), cls.inputs(m, dt))
                                          for m in (1, 3) for cls in (DecoderLayer, Conv1DBlock, PackedGatedMLP, LoneProjections)]
+    builds.append(lambda dt: (LongLoneProjections().to(dt), LongLoneProjections.inputs(1, dt)))    # split-K
     compiled = set()
     for build in builds:
         for dtype in (torch.bfloat16, torch.float32):
@@ -226,6 +227,34 @@ def _stretch(tensors, spec):
     n = next(t.shape[-1] for k, t in enumerate(tensors) if spec.inputs[k][1] == "x")
     return [t.repeat_interleave(-(-5000 // n), dim=-1)[..., :5000].contiguous() if t.dim() and t.shape[-1] == n > 1
             else t for t in tensors]
+
+
+def test_lone_tiles():
+    """One-row projections with no neighbour: a long K splits (Llama-1B's down projection four ways), a
+    short one takes 4 columns per program; a norm before it, an epilogue, several rows or the switch
+    OSTINATO_SPLIT_K=0 leave linear_blocks' tiles."""
+    from ostinato.backends.cuda.kernels.fused import lone_tiles
+    from ostinato.codegen.spec import GroupSpec, LinearSpec
+
+    def group(ops: list) -> GroupSpec:     # (only what lone_tiles reads matters)
+        return GroupSpec(2, [1], [["bf16", "x", 0]], [], ops, [[0, "bf16", "x", False]])
+
+    def spec(reduces: bool, epi: bool) -> LinearSpec:
+        return LinearSpec(group([["sum", "f32", "r", 0]] if reduces else []), 0, [False], [2048], False, "bf16",
+                          [not epi], group([]) if epi else None, [0] if epi else None)
+    lone = spec(False, False)
+    assert lone_tiles(lone, 1, 2048, 8192) == (8, 256, 4)           # down: 1024 programs
+    assert lone_tiles(lone, 1, 896, 4864) == (8, 256, 2)            # Qwen2.5-0.5B's down
+    assert lone_tiles(lone, 1, 2048, 2048) == (4, 512, 1)           # o
+    assert lone_tiles(lone, 1, 128256, 2048) is None                # a head: linear_blocks'
+    assert lone_tiles(lone, 2, 2048, 8192) is None
+    assert lone_tiles(spec(True, False), 1, 2048, 8192) is None
+    assert lone_tiles(spec(False, True), 1, 2048, 8192) is None
+    os.environ["OSTINATO_SPLIT_K"] = "0"
+    try:
+        assert lone_tiles(lone, 1, 2048, 8192) is None
+    finally:
+        del os.environ["OSTINATO_SPLIT_K"]
 
 
 def test_linear_blocks_are_powers_of_two():

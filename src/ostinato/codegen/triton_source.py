@@ -345,36 +345,55 @@ def _prefixed(lines: list[str], prefix: str) -> list[str]:
     return [_OWN_NAMES.sub(lambda m: prefix + m.group(0), line) for line in lines]
 
 
-def linear_param_names(spec: LinearSpec, xr_pro: int = 1, xr_epi: int = 1) -> list[str]:
+def linear_param_names(spec: LinearSpec, xr_pro: int = 1, xr_epi: int = 1, split: bool = False) -> list[str]:
     """The matmul kernel's runtime parameters, in launch order: the prologue's (as a row group over
     [rows, K], ``xr_pro`` row dims), the weights and biases, the projection's output, the epilogue's
-    (over [rows, N]), then the columns walked, the weights' row stride and the output's."""
+    (over [rows, N]), then the columns walked, the weights' row stride and the output's; a split-K
+    kernel then takes its fp32 partials ``[NSPLIT, ncols]``, one arrival counter per column block and
+    the length of K each split walks."""
     names = ["p_" + n for n in param_names(spec.pro, xr_pro, 1)] + ["w"] + (["bias"] if spec.bias else [])
     names += ["mm"] + (["e_" + n for n in param_names(spec.epi, xr_epi, 1)] if spec.epi else [])
-    return names + ["ncols", "wst", "mmst"]
+    return names + ["ncols", "wst", "mmst"] + (["ws", "cnt", "kslice"] if split else [])
+
+
+def can_split_k(spec: LinearSpec) -> bool:
+    """Whether a one-row matmul group can walk K in several programs per column block (split-K): no
+    epilogue (the last program to arrive finishes the columns: bias, rounding, store)."""
+    return spec.epi is None
 
 
 def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int = 1,
-                  interpreted: bool = False) -> tuple[str, str]:
+                  interpreted: bool = False, split: bool = False) -> tuple[str, str]:
     """(module source, kernel name) of a matmul group's kernel. Each program computes NBLOCK columns of
     every row (XBLOCK >= the rows): the prologue's statistics first (loops over K), then one loop over
     K that makes A's tile from the prologue's ops and multiplies it into the weights' [NBLOCK, RBLOCK]
     tiles (one per slice the epilogue reads), then the bias, the rounding to the projection's dtype and
     the epilogue on the [XBLOCK, NBLOCK] result tile. ``one_row``: a single row, accumulated as
     [NBLOCK, RBLOCK] and reduced once at the end; ``xr_pro``/``xr_epi``: the row dims the prologue's and
-    the epilogue's operands walk (1 unless one broadcasts over part of the rows)."""
+    the epilogue's operands walk (1 unless one broadcasts over part of the rows).
+
+    ``split`` (one row, ``can_split_k``): grid axis 1 splits K in NSPLIT slices of ``kslice``. Each
+    program stores its slice's fp32 sums in ``ws``, then counts itself in on its column block's counter
+    (acquire-release at GPU scope, after a barrier: every thread's partials are written first); the
+    program that arrives last adds the NSPLIT partials in split order (the result does not depend on
+    which program came last), finishes the columns and sets the counter back to 0 for the next launch.
+    One launch, deterministic; a lone GEMV with a long K (a down projection) otherwise runs a few
+    programs per SM, each walking all of K."""
+    split = split and one_row and can_split_k(spec)
     name = (f"lin_{spec.digest[:16]}_{'m1' if one_row else 'mb'}{xr_pro}{xr_epi}"
-            f"{'_i' if interpreted else ''}")
+            f"{'_s' if split else ''}{'_i' if interpreted else ''}")
     dt = TRITON_TYPES[spec.dt]
     half = spec.dt in HALF
     pro = _Emitter(spec.pro, xr_pro, 1, interpreted)
     slices = [(g, g * spec.w[0]) for g in range(len(spec.w))] if spec.epi else [(0, 0)]
-    lines = ["@triton.jit", f"def {name}({', '.join(linear_param_names(spec, xr_pro, xr_epi))}, XBLOCK: tl.constexpr, "
-             "RBLOCK: tl.constexpr, NBLOCK: tl.constexpr):"]
+    lines = ["@triton.jit", f"def {name}({', '.join(linear_param_names(spec, xr_pro, xr_epi, split))}, "
+             f"XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, NBLOCK: tl.constexpr{', NSPLIT: tl.constexpr' if split else ''}):"]
     out = lines.append
 
     pro.lines = []
     pro.line("pid = tl.program_id(0)")
+    if split:
+        pro.line("sid = tl.program_id(1)")
     pro.line("xidx = tl.arange(0, XBLOCK)[:, None]")
     pro.line("xmask = xidx < xnumel")
     pro.coords("x", "xidx", xr_pro, 1)
@@ -385,7 +404,8 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     out("    cmask = col < ncols")
     for g, _ in slices:
         out(f"    mm_{g} = tl.zeros({'[NBLOCK, RBLOCK]' if one_row else '[XBLOCK, NBLOCK]'}, tl.float32)")
-    out("    for r0 in range(0, p_rnumel, RBLOCK):")
+    out("    for r0 in range(sid * kslice, sid * kslice + kslice, RBLOCK):" if split else
+        "    for r0 in range(0, p_rnumel, RBLOCK):")
     out("        ridx = r0 + tl.arange(0, RBLOCK)[None, :]")
     x_stores = [(k, o) for k, o in enumerate(spec.pro.outputs) if spec.pro_store[k] and o[2] == "x"]
     r_stores = [(k, o) for k, o in enumerate(spec.pro.outputs) if spec.pro_store[k] and o[2] == "r"]
@@ -405,15 +425,29 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
             out(f"        mm_{g} += wv * a")
         else:
             out(f"        mm_{g} += tl.sum(a[:, None, :] * wv[None, :, :], axis=2)")
+    pad = "    "
+    if split:       # (one slice: no epilogue)
+        out("    mm_0 = tl.sum(mm_0, axis=1)[None, :]")
+        out("    tl.store(ws + sid * ncols + col[None, :], mm_0, mask=cmask[None, :])")
+        out("    tl.debug_barrier()")
+        out('    arrived = tl.atomic_add(cnt + pid, 1, sem="acq_rel", scope="gpu")')
+        out("    if arrived == NSPLIT - 1:")
+        out("        mm_0 = tl.zeros([1, NBLOCK], tl.float32)")
+        out("        for s in range(NSPLIT):")
+        out('            mm_0 += tl.load(ws + s * ncols + col[None, :], mask=cmask[None, :], other=0.0, '
+            'cache_modifier=".cg")')
+        pad = "        "
     for g, off in slices:
-        if one_row:
+        if one_row and not split:
             out(f"    mm_{g} = tl.sum(mm_{g}, axis=1)[None, :]")
         if spec.bias:
-            out(f"    mm_{g} = mm_{g} + tl.load(bias + col + {off}, mask=cmask, other=0).to(tl.float32)[None, :]")
+            out(f"{pad}mm_{g} = mm_{g} + tl.load(bias + col + {off}, mask=cmask, other=0).to(tl.float32)[None, :]")
         if half:
-            out(f"    mm_{g} = mm_{g}.to({dt}).to(tl.float32)")
+            out(f"{pad}mm_{g} = mm_{g}.to({dt}).to(tl.float32)")
         if spec.mm_store[g]:
-            out(f"    tl.store(mm + xidx * mmst + (col + {off})[None, :], mm_{g}.to({dt}), mask=xmask & cmask[None, :])")
+            out(f"{pad}tl.store(mm + xidx * mmst + (col + {off})[None, :], mm_{g}.to({dt}), mask=xmask & cmask[None, :])")
+    if split:
+        out('        tl.atomic_xchg(cnt + pid, 0, sem="relaxed", scope="gpu")')
     pro.lines = []
     for k, (ref, code, *_) in r_stores:
         pro._store(k, ref, code, "xoff", "xmask & (pid == 0)", 1)

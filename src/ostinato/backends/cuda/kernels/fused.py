@@ -20,7 +20,7 @@ from ....codegen.prims import DTYPES, REDUCTIONS, compute_code
 from ....codegen.reference import (base_shape, epilogue_inputs, evaluate, evaluate_linear, iteration_shape, parse,
                                    split_dims, split_linear_args)
 from ....codegen.spec import GroupSpec, LinearSpec
-from ....codegen.triton_source import render, render_linear, split_stages
+from ....codegen.triton_source import can_split_k, render, render_linear, split_stages
 from ....ir.fused_ops import _packed_rows
 from ...cuda.binaries import register_source
 from ..runtime import KernelLibrary
@@ -319,8 +319,40 @@ def linear_blocks(m: int, n: int, k: int, slices: int, transposed: bool = False)
     return nblock, rblock, 4
 
 
+def split_k_enabled() -> bool:
+    """OSTINATO_SPLIT_K=0 keeps every one-row matmul group one program per column block walking all of K,
+    and its tiles as linear_blocks gives them (the A/B switch of ``lone_tiles``)."""
+    return os.environ.get("OSTINATO_SPLIT_K", "1") != "0"
+
+
+_SPLIT_K_PROGRAMS = 1024    # split K until about this many programs run (several per SM)
+_SPLIT_K_MIN = 2048         # elements of K each split walks, at least
+_SPLIT_K_RBLOCK = 256
+
+
+def lone_tiles(spec: LinearSpec, m: int, n: int, k: int) -> tuple[int, int, int] | None:
+    """(NBLOCK, RBLOCK, NSPLIT) of a one-row matmul group whose prologue reduces nothing and that has no
+    epilogue (a lone projection: a Llama layer's o and down projections), else None (linear_blocks').
+    From bench/splitk_probe.py on an H200 (bf16, 16 launches over 16 weights in one CUDA graph): a
+    one-row [8192 -> 2048] GEMV took 20.5 us walking all of K in 256 programs of 8 columns, 14.2 us in
+    512 programs of 4, and 12.2 us split four ways (1024 programs of 8 columns, K in steps of 256); at
+    K=2048 no split won, and 4 columns per program beat 8 (5.2 against 6.7 us at [2048 -> 2048])."""
+    if m != 1 or spec.wt or not can_split_k(spec) or not split_k_enabled() \
+            or any(op[0] in REDUCTIONS for op in spec.pro.ops):
+        return None
+    blocks, nsplit = cdiv(n, 8), 1
+    while nsplit < 8 and blocks * nsplit < _SPLIT_K_PROGRAMS and k // (2 * nsplit) >= _SPLIT_K_MIN:
+        nsplit *= 2
+    if nsplit > 1:
+        return 8, _SPLIT_K_RBLOCK, nsplit
+    if n <= 4096:
+        return 4, max(16, min(512, _pow2(k))), 1
+    return None
+
+
 class _LinearPlan:
-    __slots__ = ("kernel", "grid", "pro_ints", "epi_ints", "tail", "pro_shapes", "epi_shape", "mm_shape", "views")
+    __slots__ = ("kernel", "grid", "pro_ints", "epi_ints", "tail", "pro_shapes", "epi_shape", "mm_shape", "views",
+                 "nsplit", "kslice", "scratch")
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -349,12 +381,12 @@ class LinearLauncher:
         return (tuple((t.shape, t.stride()) for t in tensors),
                 tuple(t.data_ptr() - packed[0].data_ptr() for t in packed))
 
-    def library(self, one_row: bool, xr_pro: int = 1, xr_epi: int = 1) -> KernelLibrary:
+    def library(self, one_row: bool, xr_pro: int = 1, xr_epi: int = 1, split: bool = False) -> KernelLibrary:
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        key = (one_row, xr_pro, xr_epi, interpreted)
+        key = (one_row, xr_pro, xr_epi, interpreted, split)
         lib = self._libraries.get(key)
         if lib is None:
-            source, name = render_linear(self.spec, one_row, xr_pro, xr_epi, interpreted)
+            source, name = render_linear(self.spec, one_row, xr_pro, xr_epi, interpreted, split)
             register_source(f"gen_{name}", source)
             lib = self._libraries[key] = KernelLibrary(f"gen_{name}", {"k": name})
         return lib
@@ -398,13 +430,34 @@ class LinearLauncher:
             xr_epi, epi_ints = self._rows_and_cols(list(epi_shape), strides)
         m = math.prod(rows)
         nblock, rblock, warps = linear_blocks(m, n, k, len(spec.w) if spec.epi else 1, spec.wt)
-        kernel = self.library(m == 1, xr_pro, xr_epi).kernel("k", XBLOCK=_pow2(m), RBLOCK=rblock, NBLOCK=nblock,
-                                                              num_warps=warps)
+        nsplit = 1
+        tiles = lone_tiles(spec, m, n, k)
+        if tiles is not None:
+            nblock, rblock, nsplit = tiles
+        const = dict(XBLOCK=_pow2(m), RBLOCK=rblock, NBLOCK=nblock, num_warps=warps)
+        if nsplit > 1:
+            const["NSPLIT"] = nsplit
+        kernel = self.library(m == 1, xr_pro, xr_epi, nsplit > 1).kernel("k", **const)
         views = [(g * spec.w[0] if spec.epi else sum(spec.w[:g]), spec.w[g]) for g in range(len(spec.w))
                  if spec.mm_store[g]]
-        return _LinearPlan(kernel=kernel, grid=(cdiv(n, nblock),), pro_ints=pro_ints, epi_ints=epi_ints,
+        return _LinearPlan(kernel=kernel, grid=(cdiv(n, nblock), nsplit), pro_ints=pro_ints, epi_ints=epi_ints,
                            tail=[n, w.stride(0), ntot], pro_shapes=pro_shapes, epi_shape=epi_shape,
-                           mm_shape=rows + (ntot,), views=views)
+                           mm_shape=rows + (ntot,), views=views, nsplit=nsplit,
+                           kslice=cdiv(cdiv(k, nsplit), rblock) * rblock, scratch={})
+
+    @staticmethod
+    def _split_scratch(plan: _LinearPlan, device: torch.device) -> list:
+        """A split-K launch's partials and arrival counters (zero between launches: the last program of a
+        column block resets its counter). One pair per stream: launches on one stream run one after the
+        other, so every launch of this plan there (each layer's) shares it; a CUDA graph keeps the pair of
+        the stream it was captured on (made by the warm-up before the capture, outside the graph's pool)."""
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        pair = plan.scratch.get(stream)
+        if pair is None:
+            ncols, blocks = plan.tail[0], plan.grid[0]
+            pair = plan.scratch[stream] = (torch.empty((plan.nsplit, ncols), dtype=torch.float32, device=device),
+                                           torch.zeros(blocks, dtype=torch.int32, device=device))
+        return [*pair, plan.kslice]
 
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
         spec = self.spec
@@ -440,7 +493,8 @@ class LinearLauncher:
                       *plan.epi_ints]
         outs = [t for t, keep in zip(pro_outs, spec.pro_store) if keep]
         outs += [mm.narrow(-1, start, size) for start, size in plan.views]
-        return kargs + plan.tail, tuple(outs + epi_outs)
+        tail = plan.tail + self._split_scratch(plan, device) if plan.nsplit > 1 else plan.tail
+        return kargs + tail, tuple(outs + epi_outs)
 
 
 _LAUNCHERS: dict[str, "FusedLauncher | LinearLauncher"] = {}
