@@ -17,6 +17,7 @@ control flow that only its caller's constants resolve, for example).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -218,6 +219,17 @@ class Session:
         self._ids = itertools.count()
 
     # -- patching ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def bound(self):
+        """The opaque op answers from this session (its fake implementation), the model unpatched."""
+        global _session
+        with _lock:
+            _session = self
+            try:
+                yield self
+            finally:
+                _session = None
+
     def __enter__(self) -> "Session":
         global _session
         _lock.acquire()
@@ -455,8 +467,9 @@ class BlockExport:
     outer_syms: list[list[str | None]]
 
 
-def export_blocks(session: Session, decompose) -> dict[tuple, BlockExport]:
-    """Export each (kind, call signature) once. Raises Fallback for a kind that cannot be."""
+def export_blocks(session: Session) -> dict[tuple, BlockExport]:
+    """Export each (kind, call signature) once, not decomposed yet (``decompose_all``). Raises Fallback
+    for a kind that cannot be."""
     blocks: dict[tuple, BlockExport] = {}
     for rec in session.calls.values():
         key = rec.signature
@@ -471,13 +484,30 @@ def export_blocks(session: Session, decompose) -> dict[tuple, BlockExport]:
             with torch.no_grad():
                 ep = torch.export.export(flat, tuple(tensors), dynamic_shapes=(dyn,) if any(dyn) else None,
                                          strict=False)
-                ep = ep.run_decompositions(decompose)
         except Exception as e:  # noqa: BLE001 - any failure means: trace this kind inline
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise Fallback(rec.kind, f"{rec.path} cannot be exported alone ({type(e).__name__}: "
-                                     f"{first[:200]})") from None
+            raise _alone(rec, e) from None
         blocks[key] = BlockExport(ep, rec, syms)
     return blocks
+
+
+def _alone(rec: CallRecord, e: Exception) -> Fallback:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return Fallback(rec.kind, f"{rec.path} cannot be exported alone ({type(e).__name__}: {first[:200]})")
+
+
+def decompose_all(session: Session, ep, blocks: dict[tuple, BlockExport], table: dict):
+    """The model's program and each block's, decomposed to core ATen with torch's set-up for that done
+    once (``decompose.decompositions``). The model's opaque calls run their fake implementation again
+    (answered from the session's memo). Raises Fallback for a block that cannot be decomposed."""
+    from .decompose import decompositions
+    with session.bound(), torch.no_grad(), decompositions(table) as run:
+        ep = run(ep)
+        for block in blocks.values():
+            try:
+                block.ep = run(block.ep)
+            except Exception as e:  # noqa: BLE001 - as a failed export of the block
+                raise _alone(block.rec, e) from None
+    return ep
 
 
 # -- the whole regional trace -------------------------------------------------------------------------
@@ -539,7 +569,6 @@ def trace(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes, decompose
         try:
             with session:
                 ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
-                ep = ep.run_decompositions(decompose)
             split = None
             for kind in kinds:
                 reason = session.differing_state(kind)
@@ -551,7 +580,8 @@ def trace(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes, decompose
             if split is not None:
                 kinds = split
                 continue
-            blocks = export_blocks(session, decompose)
+            blocks = export_blocks(session)
+            ep = decompose_all(session, ep, blocks, decompose)
         except Exception as e:  # noqa: BLE001 - a Fallback, or the model is not traceable at all
             fb = _fallback_in(e)
             if fb is None:
