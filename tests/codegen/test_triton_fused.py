@@ -142,7 +142,7 @@ def test_every_variant_compiles_for_sm90():
     assert split_stages, "no split row was compiled"
 
 
-def test_linear_variants_compile_for_sm90():
+def test_linear_variants_compile_for_sm90(monkeypatch):
     """Each matmul group of the zoo and of a decoder layer (one row and several; bf16 and fp32) compiles
     for sm_90 with the arguments its launcher passes."""
     from ostinato.backends.base import fused_launches
@@ -155,7 +155,9 @@ def test_linear_variants_compile_for_sm90():
     builds = [c.build for c in CASES] + [lambda dt, m=m, cls=cls: (cls().to(dt), cls.inputs(m, dt))
                                          for m in (1, 3) for cls in (DecoderLayer, Conv1DBlock, PackedGatedMLP, LoneProjections)]
     builds.append(lambda dt: (LongLoneProjections().to(dt), LongLoneProjections.inputs(1, dt)))    # split-K
-    compiled = set()
+    from ostinato.backends.cuda.kernels import fused as fused_module
+    monkeypatch.setattr(fused_module, "_SPLIT_K_MIN_WEIGHTS", 0)     # its small weights split too
+    compiled, splits = set(), 0
     for build in builds:
         for dtype in (torch.bfloat16, torch.float32):
             model, args = build(dtype)
@@ -178,7 +180,9 @@ def test_linear_variants_compile_for_sm90():
                                              types, plan.kernel.specialization, 90)
                 assert cubin[:4] == b"\x7fELF"
                 compiled.add(key)
+                splits += plan.nsplit > 1
     assert len({k[0] for k in compiled}) >= 8, compiled
+    assert splits, "no split-K variant was compiled"
 
 
 def test_wide_index_variants_compile_for_sm90():
@@ -244,7 +248,8 @@ def test_lone_tiles():
                           [not epi], group([]) if epi else None, [0] if epi else None)
     lone = spec(False, False)
     assert lone_tiles(lone, 1, 2048, 8192) == (8, 256, 4)           # down: 1024 programs
-    assert lone_tiles(lone, 1, 896, 4864) == (8, 256, 2)            # Qwen2.5-0.5B's down
+    assert lone_tiles(lone, 1, 896, 4864) is None                   # Qwen2.5-0.5B's down: small, as before
+    assert lone_tiles(lone, 1, 4096, 14336) == (8, 256, 2)          # a hidden-4096 down
     assert lone_tiles(lone, 1, 2048, 2048) == (4, 512, 1)           # o
     assert lone_tiles(lone, 1, 128256, 2048) is None                # a head: linear_blocks'
     assert lone_tiles(lone, 2, 2048, 8192) is None

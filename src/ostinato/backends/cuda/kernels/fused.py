@@ -328,6 +328,11 @@ def split_k_enabled() -> bool:
 _SPLIT_K_PROGRAMS = 1024    # split K until about this many programs run (several per SM)
 _SPLIT_K_MIN = 2048         # elements of K each split walks, at least
 _SPLIT_K_RBLOCK = 256
+# where the probe measured each choice (the smallest weight split, the columns of the narrow tiles); other
+# shapes keep linear_blocks' tiles (Qwen2.5-0.5B's decode, [896 -> 896] and [4864 -> 896], was 2% slower
+# with both, not measured apart)
+_SPLIT_K_MIN_WEIGHTS = 16 << 20
+_NARROW_COLUMNS = (2048, 4096)
 
 
 def lone_tiles(spec: LinearSpec, m: int, n: int, k: int) -> tuple[int, int, int] | None:
@@ -341,11 +346,12 @@ def lone_tiles(spec: LinearSpec, m: int, n: int, k: int) -> tuple[int, int, int]
             or any(op[0] in REDUCTIONS for op in spec.pro.ops):
         return None
     blocks, nsplit = cdiv(n, 8), 1
-    while nsplit < 8 and blocks * nsplit < _SPLIT_K_PROGRAMS and k // (2 * nsplit) >= _SPLIT_K_MIN:
+    while (nsplit < 8 and blocks * nsplit < _SPLIT_K_PROGRAMS and k // (2 * nsplit) >= _SPLIT_K_MIN
+           and n * k >= _SPLIT_K_MIN_WEIGHTS):
         nsplit *= 2
     if nsplit > 1:
         return 8, _SPLIT_K_RBLOCK, nsplit
-    if n <= 4096:
+    if _NARROW_COLUMNS[0] <= n <= _NARROW_COLUMNS[1]:
         return 4, max(16, min(512, _pow2(k))), 1
     return None
 
