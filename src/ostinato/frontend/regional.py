@@ -351,6 +351,14 @@ class Session:
         out = type(rec.module).forward(rec.module, *args, **kwargs)
         return [x.clone() for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
 
+    def keep_calls_in(self, ep) -> None:
+        """Forget the calls ``ep``'s graph does not make: a trace straight to core ATen runs the model
+        twice (once for AOT autograd's metadata, then the trace), and only the second one's calls are
+        in the graph."""
+        op = torch.ops.ostinato_regional.call.default
+        used = {n.args[1] for n in ep.graph.nodes if n.op == "call_function" and n.target is op}
+        self.calls = {i: rec for i, rec in self.calls.items() if i in used}
+
     # -- checks after the outer trace ----------------------------------------------------------------
     def differing_state(self, kind: Kind) -> str | None:
         """Why instances of ``kind`` are not interchangeable, from the attributes its forward read."""
@@ -467,9 +475,9 @@ class BlockExport:
     outer_syms: list[list[str | None]]
 
 
-def export_blocks(session: Session) -> dict[tuple, BlockExport]:
-    """Export each (kind, call signature) once, not decomposed yet (``decompose_all``). Raises Fallback
-    for a kind that cannot be."""
+def export_blocks(session: Session, core) -> dict[tuple, BlockExport]:
+    """Export each (kind, call signature) once, to core ATen (``core``: a decompose.Decomposer). Raises
+    Fallback for a kind that cannot be."""
     blocks: dict[tuple, BlockExport] = {}
     for rec in session.calls.values():
         key = rec.signature
@@ -482,8 +490,7 @@ def export_blocks(session: Session) -> dict[tuple, BlockExport]:
         flat = _Flat(rec.module, rec).eval()
         try:
             with torch.no_grad():
-                ep = torch.export.export(flat, tuple(tensors), dynamic_shapes=(dyn,) if any(dyn) else None,
-                                         strict=False)
+                ep = core.export(flat, tuple(tensors), dynamic_shapes=(dyn,) if any(dyn) else None)
         except Exception as e:  # noqa: BLE001 - any failure means: trace this kind inline
             raise _alone(rec, e) from None
         blocks[key] = BlockExport(ep, rec, syms)
@@ -495,19 +502,6 @@ def _alone(rec: CallRecord, e: Exception) -> Fallback:
     return Fallback(rec.kind, f"{rec.path} cannot be exported alone ({type(e).__name__}: {first[:200]})")
 
 
-def decompose_all(session: Session, ep, blocks: dict[tuple, BlockExport], table: dict):
-    """The model's program and each block's, decomposed to core ATen with torch's set-up for that done
-    once (``decompose.decompositions``). The model's opaque calls run their fake implementation again
-    (answered from the session's memo). Raises Fallback for a block that cannot be decomposed."""
-    from .decompose import decompositions
-    with session.bound(), torch.no_grad(), decompositions(table) as run:
-        ep = run(ep)
-        for block in blocks.values():
-            try:
-                block.ep = run(block.ep)
-            except Exception as e:  # noqa: BLE001 - as a failed export of the block
-                raise _alone(block.rec, e) from None
-    return ep
 
 
 # -- the whole regional trace -------------------------------------------------------------------------
@@ -563,12 +557,21 @@ def trace(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes, decompose
     once (the caller then runs a full export)."""
     kinds, why = find_kinds(model)
     report = Report(fallbacks=why)
+    if not kinds:
+        return None, None, report
+    from .decompose import decompositions
+    with decompositions(decompose) as core:
+        return _trace(model, args, kwargs, dynamic_shapes, convert, strict, kinds, report, core)
+
+
+def _trace(model, args, kwargs, dynamic_shapes, convert, strict, kinds, report, core):
     while kinds:
         session = Session(model, kinds)
         report.traces += 1
         try:
             with session:
-                ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+                ep = core.export(model, args, kwargs, dynamic_shapes)
+            session.keep_calls_in(ep)
             split = None
             for kind in kinds:
                 reason = session.differing_state(kind)
@@ -580,8 +583,7 @@ def trace(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes, decompose
             if split is not None:
                 kinds = split
                 continue
-            blocks = export_blocks(session)
-            ep = decompose_all(session, ep, blocks, decompose)
+            blocks = export_blocks(session, core)
         except Exception as e:  # noqa: BLE001 - a Fallback, or the model is not traceable at all
             fb = _fallback_in(e)
             if fb is None:
