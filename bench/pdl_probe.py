@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from graph_timing import interleaved_graph_times
+
 
 @triton.jit
 def _prefetch(w, col, K, NBLOCK: tl.constexpr, LINES: tl.constexpr):
@@ -133,17 +135,7 @@ def main() -> None:
         outs[name] = bufs["logits"].float().clone()
     ref = outs["plain"]
     check = {k: float((v - ref).abs().max()) for k, v in outs.items()}
-    times = {k: [] for k in graphs}
-    for _ in range(a.rounds):
-        for name, gr in graphs.items():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            gr.replay()
-            s.record()
-            for _ in range(a.reps):
-                gr.replay()
-            e.record()
-            torch.cuda.synchronize()
-            times[name].append(s.elapsed_time(e) / a.reps)
+    times = interleaved_graph_times(graphs, a.reps, a.rounds)
     weights = sum(t.numel() * 2 for L in ws for t in L.values()) + head["w"].numel() * 2
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "layers": a.layers, "weights_GB": weights / 1e9, "max_abs_diff_vs_plain": check,

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from graph_timing import interleaved_graph_times
+
 
 @triton.jit
 def gemv(x, w, out, K, NBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
@@ -96,18 +98,8 @@ def main() -> None:
                 graphs[name] = gr
             except Exception as e:   # noqa: BLE001
                 errs[name] = f"failed: {str(e).splitlines()[0][:200]}"
-        times = {k: [] for k in graphs}
-        for _ in range(a.rounds):
-            for name, gr in graphs.items():
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                gr.replay()
-                s.record()
-                for _ in range(a.reps):
-                    gr.replay()
-                e.record()
-                torch.cuda.synchronize()
-                times[name].append(s.elapsed_time(e) * 1e3 / a.reps / layers)
-        us = {k: statistics.median(v) for k, v in times.items()}
+        times = interleaved_graph_times(graphs, a.reps, a.rounds)
+        us = {k: statistics.median(v) * 1e3 / layers for k, v in times.items()}
         nbytes = N * K * 2
         report["shapes"][sname] = {"us_per_launch": us, "TBps": {k: nbytes / (v * 1e-6) / 1e12 for k, v in us.items()},
                                    "max_abs_err": errs}
