@@ -81,3 +81,22 @@ def test_model_state_counters_match_eager(monkeypatch):
         for name, buf in model.named_buffers():
             torch.testing.assert_close(exe.session.state[name], buf, rtol=1e-5, atol=1e-5)
     assert calls and max(calls) >= 4    # the counters' write-backs were batched
+
+
+def test_a_target_written_twice_keeps_the_last_value(monkeypatch):
+    calls = _count_foreach(monkeypatch)
+    t, u = torch.zeros(3), torch.zeros(3)
+    n1, m1, n2 = torch.randn(3), torch.randn(3), torch.randn(3, dtype=torch.float64)
+    write_state([(t, n1), (u, m1), (t, n2)])
+    assert calls == []          # the order decides: copied one by one
+    assert torch.equal(t, n2.float()) and torch.equal(u, m1)
+
+
+def test_targets_sharing_storage_are_copied_in_order(monkeypatch):
+    calls = _count_foreach(monkeypatch)
+    base = torch.zeros(4)
+    a, b = base[:3], base[1:]       # overlapping views of one buffer
+    na, nb = torch.full((3,), 1.0), torch.full((3,), 2.0)
+    write_state([(a, na), (b, nb)])
+    assert calls == []
+    assert base.tolist() == [1.0, 2.0, 2.0, 2.0]
