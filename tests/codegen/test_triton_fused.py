@@ -328,3 +328,28 @@ def test_linear_plans_know_whether_the_weights_are_packed():
     assert f._plans[f.key(with_apart)] is None
     for a, b in zip(got, fused(launch.args[0], *with_apart)):
         assert torch.equal(a, b)
+
+
+def test_split_k_scratch_is_never_shared_by_a_capture():
+    """Split-K scratch: outside a capture one pair per (device, stream), reused by every launch there;
+    inside ostinato's capture a pair per launch, held for the graph and zeroed once after it; inside a
+    capture ostinato did not make, a pair per launch whose counters are zeroed by the capture itself."""
+    from ostinato.backends.cuda.kernels.fused import LinearLauncher, _LinearPlan, owned_scratch, zero_counters
+    plan = _LinearPlan(kernel=None, grid=(5, 4), pro_ints=[], epi_ints=[], tail=[40, 8192, 40], pro_shapes=[],
+                       epi_shape=None, mm_shape=(1, 40), views=[], nsplit=4, kslice=2048, scratch={})
+    cpu = torch.device("cpu")
+    a = LinearLauncher._split_scratch(plan, cpu, False)
+    b = LinearLauncher._split_scratch(plan, cpu, False)
+    assert a[0] is b[0] and a[1] is b[1] and a[2] == 2048
+    assert a[0].shape == (4, 40) and a[1].shape == (5,) and int(a[1].abs().sum()) == 0
+    with owned_scratch() as held:
+        c = LinearLauncher._split_scratch(plan, cpu, True)
+        d = LinearLauncher._split_scratch(plan, cpu, True)
+    assert len(held) == 2 and c[1] is not d[1] and c[1] is not a[1]
+    assert {id(t) for pair in held for t in pair} == {id(c[0]), id(c[1]), id(d[0]), id(d[1])}
+    for _, cnt in held:
+        cnt.fill_(3)
+    zero_counters(held)
+    assert all(int(cnt.abs().sum()) == 0 for _, cnt in held)
+    e = LinearLauncher._split_scratch(plan, cpu, True)      # someone else's capture: fresh zeros
+    assert e[1] is not a[1] and int(e[1].abs().sum()) == 0

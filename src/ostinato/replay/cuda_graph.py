@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..backends.cuda.compile_workers import wait_for_compiles
+from ..backends.cuda.kernels.fused import owned_scratch, zero_counters
 from ..backends.cuda.runtime import KernelLibrary, awaiting_compiles
 from .regions import capture_steps, chain, write_back
 from .tape import check_capturable
@@ -81,16 +82,24 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
         # process that imported torch, and empty_cache() would hand the warm-up's blocks back to the
         # driver only for the capture to allocate them again.
         torch.cuda.synchronize(device)
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), owned_scratch() as held:
             graph.capture_begin(pool)
             try:
                 segment.run(env)
                 write_back(env, writes)
             finally:
                 graph.capture_end()
+        # split-K counters of this graph's own, zeroed once here (each launch leaves them at zero), kept
+        # as long as the graph: no other graph or stream shares them
+        zero_counters(held)
         graph.replay()
         graphs.append(graph)
-        return graph.replay
+        if not held:
+            return graph.replay
+
+        def replay(graph=graph, held=held) -> None:    # (held: alive as long as the replay is)
+            graph.replay()
+        return replay
 
     env = list(env0)
     before = torch.cuda.memory_allocated(device)

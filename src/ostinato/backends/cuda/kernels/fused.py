@@ -10,6 +10,7 @@ without importing Triton.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -356,6 +357,29 @@ def lone_tiles(spec: LinearSpec, m: int, n: int, k: int) -> tuple[int, int, int]
     return None
 
 
+_CAPTURE = threading.local()
+
+
+@contextlib.contextmanager
+def owned_scratch():
+    """Around a CUDA graph's capture: the split-K scratch its launches take (a list of (partials,
+    counters) pairs, filled during the capture). The caller keeps the list as long as the graph and
+    zeroes the counters after the capture, before the graph's first replay (``zero_counters``)."""
+    outer = getattr(_CAPTURE, "held", None)
+    held: list = []
+    _CAPTURE.held = held
+    try:
+        yield held
+    finally:
+        _CAPTURE.held = outer
+
+
+def zero_counters(held: list) -> None:
+    """Zero the counters of a capture's split-K scratch (outside the capture: once, not per replay)."""
+    for _, cnt in held:
+        cnt.zero_()
+
+
 class _LinearPlan:
     __slots__ = ("kernel", "grid", "pro_ints", "epi_ints", "tail", "pro_shapes", "epi_shape", "mm_shape", "views",
                  "nsplit", "kslice", "scratch")
@@ -452,17 +476,28 @@ class LinearLauncher:
                            kslice=cdiv(cdiv(k, nsplit), rblock) * rblock, scratch={})
 
     @staticmethod
-    def _split_scratch(plan: _LinearPlan, device: torch.device) -> list:
-        """A split-K launch's partials and arrival counters (zero between launches: the last program of a
-        column block resets its counter). One pair per stream: launches on one stream run one after the
-        other, so every launch of this plan there (each layer's) shares it; a CUDA graph keeps the pair of
-        the stream it was captured on (made by the warm-up before the capture, outside the graph's pool)."""
-        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-        pair = plan.scratch.get(stream)
+    def _split_scratch(plan: _LinearPlan, device: torch.device, capturing: bool) -> list:
+        """A split-K launch's partials and arrival counters (the counters are zero before a launch and the
+        last program of each column block sets its own back to zero). Outside a capture: one pair per
+        (device, stream), shared by every launch of this plan there (each layer's), which run one after
+        another. Inside a CUDA graph capture a pair of the launch's own: taken from the graph's pool, kept
+        by the graph and zeroed once after it by ostinato's capture (``owned_scratch``), so a graph never
+        shares counters with another graph or stream (two graphs replayed at once on two streams would
+        interleave their counts); in a capture not made by ostinato, zeroed by a captured memset."""
+        if capturing:
+            held = getattr(_CAPTURE, "held", None)
+            ws = torch.empty((plan.nsplit, plan.tail[0]), dtype=torch.float32, device=device)
+            if held is None:
+                cnt = torch.zeros(plan.grid[0], dtype=torch.int32, device=device)
+            else:
+                cnt = torch.empty(plan.grid[0], dtype=torch.int32, device=device)
+                held.append((ws, cnt))
+            return [ws, cnt, plan.kslice]
+        key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+        pair = plan.scratch.get(key)
         if pair is None:
-            ncols, blocks = plan.tail[0], plan.grid[0]
-            pair = plan.scratch[stream] = (torch.empty((plan.nsplit, ncols), dtype=torch.float32, device=device),
-                                           torch.zeros(blocks, dtype=torch.int32, device=device))
+            pair = plan.scratch[key] = (torch.empty((plan.nsplit, plan.tail[0]), dtype=torch.float32, device=device),
+                                        torch.zeros(plan.grid[0], dtype=torch.int32, device=device))
         return [*pair, plan.kslice]
 
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
@@ -499,7 +534,11 @@ class LinearLauncher:
                       *plan.epi_ints]
         outs = [t for t, keep in zip(pro_outs, spec.pro_store) if keep]
         outs += [mm.narrow(-1, start, size) for start, size in plan.views]
-        tail = plan.tail + self._split_scratch(plan, device) if plan.nsplit > 1 else plan.tail
+        if plan.nsplit > 1:
+            capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            tail = plan.tail + self._split_scratch(plan, device, capturing)
+        else:
+            tail = plan.tail
         return kargs + tail, tuple(outs + epi_outs)
 
 
