@@ -61,3 +61,26 @@ def test_jit_switch_is_read_from_the_environment():
         env = {**__import__("os").environ, "OSTINATO_TRITON_JIT": value}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == want
+
+
+def test_a_kernel_loads_its_binary_once_per_device(monkeypatch):
+    """A loaded binary belongs to one GPU's context: a kernel called on two devices loads one binary on
+    each (the compiled cubin is shared through the cache), and each device's launches use its own."""
+    from ostinato.backends.cuda import runtime
+    loaded, lookups = [], []
+
+    class FakeBinary:
+        def __init__(self, meta, cubin, index, types):
+            self.index = index
+            loaded.append(index)
+
+    monkeypatch.setattr(runtime, "LoadedBinary", FakeBinary)
+    monkeypatch.setattr(runtime, "cached_binary", lambda *a: lookups.append(a[-1]) or ("meta", b"cubin"))
+    monkeypatch.setattr(runtime.torch.cuda, "get_device_capability", lambda index: (9, 0))
+    kernel = runtime.KernelLibrary("norms", {"rms_norm": "rms_norm_kernel"}).kernel("rms_norm", BLOCK=128)
+    types = ("*fp32", "i32")
+    a0 = kernel._binary(types, torch.device("cuda", 0))
+    a1 = kernel._binary(types, torch.device("cuda", 1))
+    assert (a0.index, a1.index) == (0, 1) and a0 is not a1
+    assert kernel._binary(types, torch.device("cuda", 0)) is a0 and kernel._binary(types, torch.device("cuda", 1)) is a1
+    assert loaded == [0, 1] and lookups == [90, 90]

@@ -128,8 +128,10 @@ class Kernel:
     def __init__(self, library: "KernelLibrary", name: str, specialization: dict[str, Any]):
         self.library, self.name, self.specialization = library, name, dict(specialization)
         self.launches = 0
+        # (device index, types) -> the binary loaded on that device (a loaded function belongs to one
+        # device's context: launched on another GPU it fails or runs another module)
         self._binaries: dict[tuple, LoadedBinary] = {}
-        self._pending: dict[tuple, Any] = {}    # types -> Future of a worker's compile
+        self._pending: dict[tuple, Any] = {}    # (arch, types) -> Future of a worker's compile
         self._lock = threading.Lock()
 
     def _fail(self, e: Exception, what: str) -> BackendError:
@@ -144,26 +146,27 @@ class Kernel:
         current op may run its reference instead (deferring(): nothing launched yet in this op, no CUDA
         graph being captured); otherwise waits for it."""
         with self._lock:
-            b = self._binaries.get(types)
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            b = self._binaries.get((index, types))
             if b is not None:
                 return b
-            index = device.index if device.index is not None else torch.cuda.current_device()
             major, minor = torch.cuda.get_device_capability(index)
             module, fn, arch = self.library.module, self.library.function_name(self.name), major * 10 + minor
-            job = self._pending.get(types)
+            key, pending = (index, types), (arch, types)
+            job = self._pending.get(pending)
             if job is None:
                 t0 = time.perf_counter()
                 found = cached_binary(module, fn, types, self.specialization, arch)
                 if found is not None:
-                    b = self._binaries[types] = LoadedBinary(*found, index, types)
+                    b = self._binaries[key] = LoadedBinary(*found, index, types)
                     self.library.count("cache", time.perf_counter() - t0)
                     return b
-                job = self._pending[types] = submit_binary(module, fn, types, self.specialization, arch)
+                job = self._pending[pending] = submit_binary(module, fn, types, self.specialization, arch)
                 if job is None:     # compiles run in-process (the cache was just asked: no second lookup)
-                    del self._pending[types]
+                    del self._pending[pending]
                     meta, cubin = compile_binary(module, fn, types, self.specialization, arch)
                     put_binary(module, fn, types, self.specialization, arch, meta, cubin)
-                    b = self._binaries[types] = LoadedBinary(meta, cubin, index, types)
+                    b = self._binaries[key] = LoadedBinary(meta, cubin, index, types)
                     self.library.count("compiled", time.perf_counter() - t0)
                     return b
             if not job.done() and getattr(_op_scope, "deferrable", False) \
@@ -179,8 +182,8 @@ class Kernel:
                 put_binary(module, fn, types, self.specialization, arch, meta, cubin)
                 seconds = time.perf_counter() - t0
             finally:
-                del self._pending[types]
-            b = self._binaries[types] = LoadedBinary(meta, cubin, index, types)
+                del self._pending[pending]
+            b = self._binaries[key] = LoadedBinary(meta, cubin, index, types)
             self.library.count("compiled", seconds)
             return b
 
@@ -190,7 +193,7 @@ class Kernel:
             self._run_jit(args, grid)
             return
         types = tuple(map(arg_type, args))
-        b = self._binaries.get(types)
+        b = self._binaries.get((first.device.index, types))
         try:
             if b is None:
                 b = self._binary(types, first.device)
