@@ -1,15 +1,13 @@
 """``ostinato.export``: nn.Module → torch.export → core ATen → verified ostinato Program."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gc
 import inspect
 import logging
 import os
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
@@ -93,29 +91,6 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     Raises ExportError when the model cannot be traced and UnsupportedOpError listing every op that
     cannot run (with ``strict``: every op ostinato lacks), with the model's source line of each.
     """
-    with _quiet_collector():
-        return _export(model, args, kwargs, dynamic_shapes, strict, trace_strict, passes, regional, cache)
-
-
-@contextlib.contextmanager
-def _quiet_collector() -> Iterator[None]:
-    """Keep the cyclic collector off the objects that were alive before the export (torch's and the
-    model's): an export allocates enough to trigger full collections, and each one walked that whole
-    heap (~0.2 s on a 2-core VM, once during a 64-layer export and once more in the compile after it),
-    though none of it is the export's garbage. ``gc.freeze`` moves them out of the collector's sight
-    until ``gc.unfreeze``; what the export allocates is still collected. A process that froze objects
-    itself (a preforking server) is left as it is."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-def _export(model, args, kwargs, dynamic_shapes, strict, trace_strict, passes, regional, cache) -> Program:
     if not isinstance(model, torch.nn.Module):
         raise ExportError(f"ostinato.export takes a torch.nn.Module, got {type(model).__name__}; "
                           "wrap a function in an nn.Module whose forward calls it")
