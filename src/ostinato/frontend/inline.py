@@ -16,7 +16,8 @@ import torch
 from ..ir import Graph, ScalarMeta, SymDim, TensorMeta, Value
 from ..ir.graph import map_values
 from ..ir import verify
-from .regional import BlockExport, CallRecord, _hint
+from .kinds import CallRecord
+from .regional import BlockExport, _hint
 
 PREFIX = "block."
 _SUFFIX = re.compile(r"_\d+$")
