@@ -379,7 +379,8 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     which program came last), finishes the columns and sets the counter back to 0 for the next launch.
     One launch, deterministic; a lone GEMV with a long K (a down projection) otherwise runs a few
     programs per SM, each walking all of K."""
-    split = split and one_row and can_split_k(spec)
+    if split and not (one_row and can_split_k(spec)):
+        raise ValueError("a split-K matmul kernel takes one row and no epilogue")
     name = (f"lin_{spec.digest[:16]}_{'m1' if one_row else 'mb'}{xr_pro}{xr_epi}"
             f"{'_s' if split else ''}{'_i' if interpreted else ''}")
     dt = TRITON_TYPES[spec.dt]

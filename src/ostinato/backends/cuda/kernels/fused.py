@@ -484,20 +484,20 @@ class LinearLauncher:
         by the graph and zeroed once after it by ostinato's capture (``owned_scratch``), so a graph never
         shares counters with another graph or stream (two graphs replayed at once on two streams would
         interleave their counts); in a capture not made by ostinato, zeroed by a captured memset."""
+        def new_pair(zeroed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            counters = torch.zeros if zeroed else torch.empty
+            return (torch.empty((plan.nsplit, plan.tail[0]), dtype=torch.float32, device=device),
+                    counters(plan.grid[0], dtype=torch.int32, device=device))
         if capturing:
             held = getattr(_CAPTURE, "held", None)
-            ws = torch.empty((plan.nsplit, plan.tail[0]), dtype=torch.float32, device=device)
-            if held is None:
-                cnt = torch.zeros(plan.grid[0], dtype=torch.int32, device=device)
-            else:
-                cnt = torch.empty(plan.grid[0], dtype=torch.int32, device=device)
-                held.append((ws, cnt))
-            return [ws, cnt, plan.kslice]
+            pair = new_pair(zeroed=held is None)
+            if held is not None:
+                held.append(pair)
+            return [*pair, plan.kslice]
         key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
         pair = plan.scratch.get(key)
         if pair is None:
-            pair = plan.scratch[key] = (torch.empty((plan.nsplit, plan.tail[0]), dtype=torch.float32, device=device),
-                                        torch.zeros(plan.grid[0], dtype=torch.int32, device=device))
+            pair = plan.scratch[key] = new_pair(zeroed=True)
         return [*pair, plan.kslice]
 
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
