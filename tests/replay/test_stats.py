@@ -8,7 +8,8 @@ import ostinato
 from helpers import assert_same
 from replay.replay_models import accumulator, eager, row_mlp
 
-REPLAY_KEYS = {"captures", "replays", "bucket_hits", "plan_hits", "plan_misses", "capture_seconds"}
+REPLAY_KEYS = {"captures", "replays", "bucket_hits", "plan_hits", "plan_misses", "uncaptured_calls",
+               "capture_seconds"}
 
 
 def test_exact_counts_for_two_shape_signatures_without_buckets():

@@ -4,6 +4,9 @@ On the CPU the replay is a tape (``tape.py``); on CUDA a CUDA graph (``cuda_grap
 capture *is* a call: its outputs hold that call's results, and its state writes happened once.
 Each replay first checks that the buffers it reads are the ones captured (same storage, same shape)
 and raises ReplayError naming the input otherwise.
+
+``Captured(..., wait=False)`` on CUDA may raise ``CompilesInFlight`` instead: the warm-up found kernels
+still compiling in worker processes, and nothing was captured nor changed (``cuda_graph.py``).
 """
 from __future__ import annotations
 
@@ -59,11 +62,24 @@ def _address(buf) -> int:
     return buf.data_ptr() if isinstance(buf, torch.Tensor) else id(buf)
 
 
+class CompilesInFlight(Exception):
+    """A capture given up (``wait=False``) because its warm-up ran op references while kernels compiled
+    in worker processes. Nothing was captured and the session's state is as it was: the caller runs the
+    call step by step and tries to capture again on a later call."""
+
+    def __init__(self, deferred: int):
+        super().__init__(f"{deferred} op call(s) of the warm-up ran their references while kernels compiled")
+        self.deferred = deferred
+
+
 class Captured:
-    """A captured call. ``replay()`` recomputes ``outputs`` from the static inputs in place."""
+    """A captured call. ``replay()`` recomputes ``outputs`` from the static inputs in place.
+
+    ``wait``: on CUDA, wait for kernels compiling in workers before capturing (the default); False raises
+    CompilesInFlight instead, with nothing captured and the state untouched."""
 
     def __init__(self, exe, session, leaves: list, bindings: dict[str, int], holder: dict | None = None,
-                 pool=None):
+                 pool=None, *, wait: bool = True):
         t0 = time.perf_counter()
         signature = ",".join(f"{k}={v}" for k, v in sorted(bindings.items()))
         self.executable, self.session, self.signature = exe, session, signature
@@ -88,7 +104,7 @@ class Captured:
         elif exe.device.type == "cuda":
             mutations = exe.mutation_targets(session, leaves)
             from .cuda_graph import capture_cuda_graph
-            self._run, senv, peak = capture_cuda_graph(exe, env0, session.state, mutations, pool)
+            self._run, senv, peak = capture_cuda_graph(exe, env0, session.state, mutations, pool, wait=wait)
             naive, count = naive_bytes(exe, bindings)
             self.report, self.source = MemoryReport(signature, peak, naive, count), ""
         else:

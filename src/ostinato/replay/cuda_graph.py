@@ -1,10 +1,19 @@
 """Capturing a Plan into CUDA graphs (through torch.cuda.CUDAGraph).
 
 The Plan's generated function runs once on a side stream to warm up (library handles, lazy kernel
-loads; the state is saved before and restored after, so the warm-up leaves no trace; twice where
-kernels were still compiling in worker processes), then under
+loads; the state is saved before and restored after, so the warm-up leaves no trace), then under
 capture on that stream into the memory pool of the session: temporaries are freed after their last use inside
 the capture, so the caching allocator reuses their blocks there, as the CPU tape's arena does.
+
+A cold kernel cache: the first warm-up submits every missing kernel to the compile workers at once
+(its ops run their torch references meanwhile). What then depends on ``wait``:
+
+- ``wait=True`` (the default; ``capture_buckets``, ``ostinato.graph``): wait for those compiles, warm
+  up again (which loads them) and capture;
+- ``wait=False`` (a call of ``compile(..., replay=True)``, ``runner.py``): give the capture up and raise
+  ``CompilesInFlight``, the warm-up's state writes undone like any warm-up's; the caller answers the
+  call step by step and captures on a later call, once the compiles are done (as torch.compile's
+  CUDA-graph trees warm up eagerly and record later), so a cold first output does not wait for them.
 
 A plan with ops run through eager torch (``fallback.*``: they may do host work a graph cannot hold) is
 captured region by region (``regions.py``): one graph per region, all in the same pool, replayed in
@@ -29,6 +38,7 @@ import torch
 from ..backends.cuda.compile_workers import wait_for_compiles
 from ..backends.cuda.kernels.fused import owned_scratch, zero_counters
 from ..backends.cuda.runtime import KernelLibrary, awaiting_compiles
+from .capture import CompilesInFlight
 from .regions import capture_steps, chain, write_back
 from .tape import check_capturable
 
@@ -44,8 +54,12 @@ def clear_cublas_workspaces() -> None:
         clear()
 
 
-def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutations: list, pool):
-    """(replay function, the static environment, peak bytes the capture allocated) for one call."""
+def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutations: list, pool, *,
+                       wait: bool = True):
+    """(replay function, the static environment, peak bytes the capture allocated) for one call.
+
+    ``wait=False``: raise CompilesInFlight instead of waiting when the warm-up ran op references while
+    kernels compiled in workers (nothing captured; the state is as it was before the call)."""
     check_capturable(exe, exe.launches)
     device = exe.device
     current = torch.cuda.current_stream(device)
@@ -64,9 +78,12 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
     # A cold cache: the first warm-up submits every missing kernel to the compile workers at once (its
     # ops run their references meanwhile), then a second one, once they are all done, loads them: the
     # capture must find every binary loaded, and the compiles ran in parallel rather than one by one.
+    # Without ``wait`` the capture is given up instead (the warm-up restored the state already).
     deferred = KernelLibrary.counts["deferred"]
     warm_up()
     if KernelLibrary.counts["deferred"] != deferred:
+        if not wait:
+            raise CompilesInFlight(KernelLibrary.counts["deferred"] - deferred)
         wait_for_compiles()
         with awaiting_compiles():
             warm_up()

@@ -5,6 +5,15 @@ never share a buffer. With ``buckets``, the named dynamic dims are padded up to 
 (powers of two by default): one capture serves every size up to its rung, the padding is zeroed, and
 outputs are narrowed back to the real sizes. Padding is only right for batch-like dims, whose rows
 do not interact: name only those.
+
+A cold kernel cache (CUDA): the capture's warm-up submits the missing kernels to the compile workers.
+A call does not wait for them, as torch.compile's CUDA-graph trees warm up eagerly and record later:
+the capture is given up (``CompilesInFlight``; the warm-up's writes were undone) and the call runs
+step by step on the caller's own inputs, as a call without replay does (the ops whose kernels still
+compile run their torch references; state and input writes happen once; the outputs are new tensors
+of the real sizes). No capture is stored: the next call of that shape tries again, and once every
+compile is done captures as on a warm cache. ``stats()["uncaptured_calls"]`` counts those calls
+(each is also a plan miss). ``capture_buckets`` waits for the compiles and captures, as before.
 """
 from __future__ import annotations
 
@@ -17,7 +26,8 @@ from torch.utils import _pytree as pytree
 
 from ..errors import InputError, OstinatoError, ReplayError
 from ..ir import TensorMeta, Value
-from .capture import Captured
+from ..runtime.session import write_state
+from .capture import Captured, CompilesInFlight
 
 
 def bucket_ladders(program, buckets: dict[str, Any] | None) -> dict[str, list[int]]:
@@ -66,8 +76,9 @@ class ReplayRunner:
         self._mutated_pos = [exe._input_pos_by_slot[target] for role, target, _, _ in exe._mutations
                              if role == "input"]
         self._lock = threading.Lock()
+        # uncaptured_calls: calls answered step by step, without a capture, while kernels compiled
         self._counts = {"captures": 0, "replays": 0, "bucket_hits": 0, "plan_hits": 0, "plan_misses": 0,
-                        "capture_seconds": 0.0}
+                        "uncaptured_calls": 0, "capture_seconds": 0.0}
 
     def _count(self, **inc) -> None:
         with self._lock:
@@ -100,7 +111,12 @@ class ReplayRunner:
         graphs = session.replay.setdefault("graphs", {})
         cap = graphs.get(key)
         if cap is None:
-            cap = self._capture(session, self._static_leaves(leaves, padded), padded)
+            try:
+                cap = self._capture(session, self._static_leaves(leaves, padded), padded, wait=False)
+            except CompilesInFlight:
+                # kernels still compile in workers: answer now, step by step; capture on a later call
+                self._count(plan_misses=1, uncaptured_calls=1)
+                return self._step(session, leaves)
             graphs[key] = cap
             self._count(plan_misses=1)
             out = cap.outputs   # the capture was this call
@@ -118,16 +134,30 @@ class ReplayRunner:
             out = self._narrowed(cap, bindings)
         return out
 
-    def _capture(self, session, leaves: list, padded: dict[str, int]) -> Captured:
+    def _capture(self, session, leaves: list, padded: dict[str, int], wait: bool = True) -> Captured:
+        """A capture of one call (CompilesInFlight, with nothing changed, where ``wait`` is False and
+        kernels were still compiling)."""
         pool = None
         if self.exe.device.type == "cuda":
             pool = session.replay.get("pool")
             if pool is None:
                 pool = session.replay["pool"] = torch.cuda.graph_pool_handle()
-        cap = Captured(self.exe, session, leaves, padded, holder=session.replay, pool=pool)
+        cap = Captured(self.exe, session, leaves, padded, holder=session.replay, pool=pool, wait=wait)
         self.exe.capture_reports.append(cap.report)
         self._count(captures=1, capture_seconds=cap.seconds)
         return cap
+
+    def _step(self, session, leaves: list) -> Any:
+        """This call step by step, as ``Executable.run`` without replay: on the caller's own inputs (real
+        sizes, no padding), its state and input writes done once, its outputs new tensors."""
+        exe = self.exe
+        env = exe.bind(session, leaves)
+        if exe._converts:
+            return exe._run_converting(session, leaves, env)
+        exe._plan(env)
+        # reinplaced writes already updated the buffer itself; the rest are copied back (batched)
+        write_state([(target, env[slot]) for target, slot in exe.mutation_targets(session, leaves)])
+        return exe.outputs(env)
 
     def _static_leaves(self, leaves: list, padded: dict[str, int]) -> list:
         """Fresh contiguous input buffers at the padded sizes holding ``leaves``, zero-padded."""
@@ -172,7 +202,9 @@ class ReplayRunner:
     def static_inputs(self, session) -> tuple:
         cap = session.replay.get("last")
         if cap is None:
-            raise ReplayError("no capture yet in this session: call the executable once first")
+            raise ReplayError("no capture yet in this session: call the executable once first (on a cold "
+                              "kernel cache, the calls made while kernels compile capture nothing: "
+                              "stats()['uncaptured_calls'])")
         args, kwargs = pytree.tree_unflatten(cap.leaves, self.exe.program.in_spec)
         return tuple(args) if not kwargs else (tuple(args), kwargs)
 
