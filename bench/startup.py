@@ -17,6 +17,14 @@ them, as torch.compile's imports are. Per configuration, in order:
   export (an export-cache hit), save (the weights' write), compile, first output;
 - ``torch_compile``: torch.compile(mode="reduce-overhead"), first call, empty Inductor/Triton caches.
 
+After its first output each ostinato row calls again: ``second_call_s`` (that call alone) and, with
+replay, the calls until one replays a captured graph: ``first_replay_call`` (its number: 2 where the
+first call captured) and ``first_replay_output_s`` (from the first output's clock start, as
+``first_output_s``, to that call's output), with ``uncaptured_calls``. On a cold kernel cache the first
+call answers step by step while kernels compile and the capture comes on a later call (issue #19), so
+``first_output_s`` no longer holds the capture: these keys show when it happened. ``max_abs_err`` is
+the first output's; ``replay_max_abs_err`` the replayed one's.
+
     .venv/bin/python bench/startup.py --device cpu --out docs/benchmarks/startup_cpu.json
     .venv/bin/python bench/startup.py --device cuda --dtype bfloat16 --out startup_gpu.json
     .venv/bin/python bench/startup.py --layers 64 --no-1b --no-torch-compile     # one quick row
@@ -59,6 +67,25 @@ with torch.device(device):
 ids = torch.randint(0, config["vocab_size"], (1, seq), device=device, generator=None)
 kwargs = {{"use_cache": False}}
 out = {{"params": sum(p.numel() for p in model.parameters())}}
+def later_calls(exe, t0, offset):
+    # the second call; with replay, the calls until one replays a captured graph (the first calls on a
+    # cold kernel cache run step by step while the kernels compile, and capture nothing)
+    t1 = time.perf_counter()
+    y = exe(ids, **kwargs); sync()
+    out["second_call_s"] = time.perf_counter() - t1
+    runner = getattr(exe, "runner", None)
+    if runner is None:
+        return None
+    n = 2
+    while runner.stats()["replays"] == 0 and n < 2000 and time.perf_counter() - t1 < 300:
+        y = exe(ids, **kwargs); sync()
+        n += 1
+    stats = runner.stats()
+    if stats["replays"]:
+        out["first_replay_call"] = n
+        out["first_replay_output_s"] = time.perf_counter() - t0 - offset
+    out["uncaptured_calls"] = stats.get("uncaptured_calls", 0)
+    return y if stats["replays"] else None
 if mode == "ostinato_warm":
     t0 = time.perf_counter()
     import ostinato
@@ -75,9 +102,13 @@ if mode == "ostinato_warm":
     out["first_call_s"] = time.perf_counter() - t1
     out["first_output_s"] = time.perf_counter() - t0
     out["kernel_stats"] = {{k: v for k, v in exe.stats().items() if isinstance(v, (int, float))}}
+    first = y.logits.float().clone()    # a replay rewrites the captured outputs in place
+    again = later_calls(exe, t0, 0.0)
     with torch.no_grad():
         ref = model(ids, **kwargs).logits
-    out["max_abs_err"] = float((y.logits.float() - ref.float()).abs().max())
+    out["max_abs_err"] = float((first - ref.float()).abs().max())
+    if again is not None:
+        out["replay_max_abs_err"] = float((again.logits.float() - ref.float()).abs().max())
 elif mode.startswith("ostinato"):
     t0 = time.perf_counter()
     import ostinato   # inside the clock, as torch.compile's imports are on its side
@@ -104,9 +135,13 @@ elif mode.startswith("ostinato"):
     out["kernel_stats"] = {{k: v for k, v in exe.stats().items() if isinstance(v, (int, float))}}
     # Cold first output: export + compile + first call (import included; the file's write is not).
     out["first_output_s"] = time.perf_counter() - t0 - out["save_s"]
+    first = y.logits.float().clone()    # a replay rewrites the captured outputs in place
+    again = later_calls(exe, t0, out["save_s"])
     with torch.no_grad():
         ref = model(ids, **kwargs).logits
-    out["max_abs_err"] = float((y.logits.float() - ref.float()).abs().max())
+    out["max_abs_err"] = float((first - ref.float()).abs().max())
+    if again is not None:
+        out["replay_max_abs_err"] = float((again.logits.float() - ref.float()).abs().max())
 else:
     compiled = torch.compile(model, mode="reduce-overhead")
     t0 = time.perf_counter()
@@ -195,7 +230,8 @@ def main() -> None:
                     help="also time a full export (regional=False) in its own process, for the export/depth table")
     ap.add_argument("--replay", choices=["on", "off"], default="on",
                     help="ostinato.compile(..., replay=): on (default) includes the first call's capture (a CUDA "
-                         "graph, or the CPU tape: the plan run about three times) in the first output")
+                         "graph, or the CPU tape: the plan run about three times) in the first output, except on "
+                         "a cold kernel cache, where a later call captures (first_replay_output_s)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per process (default 600)")
     ap.add_argument("--cold-bytecode", action="store_true",
                     help="leave Python's bytecode cache as the machine has it (default: one process fills a "
@@ -220,8 +256,10 @@ def main() -> None:
             print(f"  {name:24s} {mode:22s} {r.get('status')}: {r.get('error', '')[-300:]}", flush=True)
             return
         parts = [f"{k} {r[k]:.2f}s" for k in ("first_output_s", "export_s", "load_s", "save_s", "compile_s",
-                                               "first_call_s")
+                                               "first_call_s", "second_call_s", "first_replay_output_s")
                  if isinstance(r.get(k), float)]
+        if "first_replay_call" in r:
+            parts.append(f"first replay at call {r['first_replay_call']} ({r['uncaptured_calls']} uncaptured)")
         print(f"  {name:24s} {mode:22s} {', '.join(parts)}", flush=True)
 
     import torch
@@ -244,13 +282,13 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     rows = [(n, r) for n, r in report["results"].items()]
     print(f"\n{'model':24s} {'cold s':>8s} {'export s':>9s} {'warm s':>8s} {'hit export s':>13s} {'t.compile s':>12s} "
-          f"{'ratio':>7s}")
+          f"{'ratio':>7s} {'cold replay s':>14s}")
     for n, r in rows:
         c, w, h, tc = r["ostinato_cold"], r["ostinato_warm"], r["ostinato_cache_hit"], r.get("torch_compile", {})
         f = lambda d, k: f"{d[k]:.2f}" if d.get("status") == "ok" and k in d else "-"  # noqa: E731
         ratio = f"{r['cold_over_torch_compile']:.3f}" if "cold_over_torch_compile" in r else "-"
         print(f"{n:24s} {f(c, 'first_output_s'):>8s} {f(c, 'export_s'):>9s} {f(w, 'first_output_s'):>8s} {f(h, 'export_s'):>13s} "
-              f"{f(tc, 'first_output_s'):>12s} {ratio:>7s}")
+              f"{f(tc, 'first_output_s'):>12s} {ratio:>7s} {f(c, 'first_replay_output_s'):>14s}")
 
 
 if __name__ == "__main__":
