@@ -358,6 +358,19 @@ def lone_tiles(spec: LinearSpec, m: int, n: int, k: int) -> tuple[int, int, int]
 
 
 _CAPTURE = threading.local()
+_SCRATCH_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _scratch_stream(device: torch.device):
+    """A stream of the device that never captures: allocations made on it during a capture come from the
+    caching allocator's ordinary pool, not the graph's (``LinearLauncher._split_scratch``)."""
+    if device.type != "cuda":
+        return None     # (torch.cuda.stream(None) is a no-op: the tests' CPU tensors)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    s = _SCRATCH_STREAMS.get(index)
+    if s is None:
+        s = _SCRATCH_STREAMS.setdefault(index, torch.cuda.Stream(device=index))
+    return s
 
 
 @contextlib.contextmanager
@@ -483,16 +496,24 @@ class LinearLauncher:
         another. Inside a CUDA graph capture a pair of the launch's own: taken from the graph's pool, kept
         by the graph and zeroed once after it by ostinato's capture (``owned_scratch``), so a graph never
         shares counters with another graph or stream (two graphs replayed at once on two streams would
-        interleave their counts); in a capture not made by ostinato, zeroed by a captured memset."""
+        interleave their counts); in a capture not made by ostinato, zeroed by a captured memset.
+
+        A held pair is not taken from the graph's pool: a block of the pool may have held a temporary
+        that an earlier node of the same graph writes on every replay (blocks freed inside a capture are
+        reused by later allocations there), which would overwrite the counters' zeros between replays.
+        It is allocated on a stream that is not capturing, so the caching allocator serves it from its
+        ordinary pool, used by nothing else while the graph holds it."""
         def new_pair(zeroed: bool) -> tuple[torch.Tensor, torch.Tensor]:
             counters = torch.zeros if zeroed else torch.empty
             return (torch.empty((plan.nsplit, plan.tail[0]), dtype=torch.float32, device=device),
                     counters(plan.grid[0], dtype=torch.int32, device=device))
         if capturing:
             held = getattr(_CAPTURE, "held", None)
-            pair = new_pair(zeroed=held is None)
-            if held is not None:
-                held.append(pair)
+            if held is None:
+                return [*new_pair(zeroed=True), plan.kslice]
+            with torch.cuda.stream(_scratch_stream(device)):
+                pair = new_pair(zeroed=False)
+            held.append(pair)
             return [*pair, plan.kslice]
         key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
         pair = plan.scratch.get(key)
