@@ -82,3 +82,13 @@ class LastHidden(torch.nn.Module):
 
     def forward(self, ids):
         return self.model(input_ids=ids, **self.kwargs).last_hidden_state
+
+
+def assert_replay_counts(stats: dict, calls: int, captures: int = 1) -> None:
+    """A replayed executable's counts after ``calls`` calls over ``captures`` shapes: one capture per shape,
+    at most one call per shape answered without a capture (the first, on a cold kernel cache: its kernels
+    still compiled in workers), every other call a replay."""
+    uncaptured = stats.get("uncaptured_calls", 0)
+    assert stats["captures"] == captures, stats
+    assert 0 <= uncaptured <= captures, stats
+    assert stats["replays"] == calls - captures - uncaptured, stats

@@ -65,7 +65,7 @@ def _address(buf) -> int:
 class CompilesInFlight(Exception):
     """A capture given up (``wait=False``) because its warm-up ran op references while kernels compiled
     in worker processes. Nothing was captured and the session's state is as it was: the caller runs the
-    call step by step and tries to capture again on a later call."""
+    call step by step; its next call of that shape waits for the compiles and captures."""
 
     def __init__(self, deferred: int):
         super().__init__(f"{deferred} op call(s) of the warm-up ran their references while kernels compiled")

@@ -12,7 +12,7 @@ A cold kernel cache: the first warm-up submits every missing kernel to the compi
   up again (which loads them) and capture;
 - ``wait=False`` (a call of ``compile(..., replay=True)``, ``runner.py``): give the capture up and raise
   ``CompilesInFlight``, the warm-up's state writes undone like any warm-up's; the caller answers the
-  call step by step and captures on a later call, once the compiles are done (as torch.compile's
+  call step by step and captures on the next call, which waits for the compiles (as torch.compile's
   CUDA-graph trees warm up eagerly and record later), so a cold first output does not wait for them.
 
 A plan with ops run through eager torch (``fallback.*``: they may do host work a graph cannot hold) is

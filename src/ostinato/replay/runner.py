@@ -7,13 +7,14 @@ outputs are narrowed back to the real sizes. Padding is only right for batch-lik
 do not interact: name only those.
 
 A cold kernel cache (CUDA): the capture's warm-up submits the missing kernels to the compile workers.
-A call does not wait for them, as torch.compile's CUDA-graph trees warm up eagerly and record later:
-the capture is given up (``CompilesInFlight``; the warm-up's writes were undone) and the call runs
-step by step on the caller's own inputs, as a call without replay does (the ops whose kernels still
+The first call of a shape does not wait for them, as torch.compile's CUDA-graph trees warm up eagerly
+and record later: the capture is given up (``CompilesInFlight``; the warm-up's writes were undone) and
+the call runs step by step on the caller's own inputs (``Executable.step``: the ops whose kernels still
 compile run their torch references; state and input writes happen once; the outputs are new tensors
-of the real sizes). No capture is stored: the next call of that shape tries again, and once every
-compile is done captures as on a warm cache. ``stats()["uncaptured_calls"]`` counts those calls
-(each is also a plan miss). ``capture_buckets`` waits for the compiles and captures, as before.
+of the real sizes). No capture is stored; the next call of that shape waits for the compiles still
+running and captures, so at most one call per shape goes uncaptured and the steps after it replay.
+``stats()["uncaptured_calls"]`` counts those calls (each is also a plan miss). ``capture_buckets``
+always waits for the compiles and captures.
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ from torch.utils import _pytree as pytree
 
 from ..errors import InputError, OstinatoError, ReplayError
 from ..ir import TensorMeta, Value
-from ..runtime.session import write_state
 from .capture import Captured, CompilesInFlight
 
 
@@ -111,12 +111,15 @@ class ReplayRunner:
         graphs = session.replay.setdefault("graphs", {})
         cap = graphs.get(key)
         if cap is None:
+            # the first call of a shape does not wait for kernels compiling in workers; the next one does
+            answered = session.replay.setdefault("uncaptured", set())
             try:
-                cap = self._capture(session, self._static_leaves(leaves, padded), padded, wait=False)
+                cap = self._capture(session, self._static_leaves(leaves, padded), padded,
+                                    wait=key in answered)
             except CompilesInFlight:
-                # kernels still compile in workers: answer now, step by step; capture on a later call
+                answered.add(key)
                 self._count(plan_misses=1, uncaptured_calls=1)
-                return self._step(session, leaves)
+                return self.exe.step(session, leaves)
             graphs[key] = cap
             self._count(plan_misses=1)
             out = cap.outputs   # the capture was this call
@@ -146,18 +149,6 @@ class ReplayRunner:
         self.exe.capture_reports.append(cap.report)
         self._count(captures=1, capture_seconds=cap.seconds)
         return cap
-
-    def _step(self, session, leaves: list) -> Any:
-        """This call step by step, as ``Executable.run`` without replay: on the caller's own inputs (real
-        sizes, no padding), its state and input writes done once, its outputs new tensors."""
-        exe = self.exe
-        env = exe.bind(session, leaves)
-        if exe._converts:
-            return exe._run_converting(session, leaves, env)
-        exe._plan(env)
-        # reinplaced writes already updated the buffer itself; the rest are copied back (batched)
-        write_state([(target, env[slot]) for target, slot in exe.mutation_targets(session, leaves)])
-        return exe.outputs(env)
 
     def _static_leaves(self, leaves: list, padded: dict[str, int]) -> list:
         """Fresh contiguous input buffers at the padded sizes holding ``leaves``, zero-padded."""

@@ -187,6 +187,11 @@ class Executable:
         leaves, bindings = self.check_inputs(args, kwargs)
         if target is not None:
             return target.capture(self, session, leaves, bindings)
+        return self.step(session, leaves)
+
+    def step(self, session: Session, leaves: list):
+        """One call op by op on checked inputs (no replay): the plan, the state and input writes once,
+        new output tensors. Also what a replayed call runs while its capture waits for kernel compiles."""
         env = self.bind(session, leaves)
         state = session.state
         if self._converts:
