@@ -79,7 +79,11 @@ def test_conv_stack(dtype):
     exe = ostinato.compile(ostinato.export(model, (x,)), device="cuda", replay=True)
     with torch.no_grad():
         ref = model(x)
-    assert_same(exe(x), ref, tol=TOL[dtype] * (3 if dtype == torch.bfloat16 else 1))
+    # fp32: cuDNN runs fp32 convolutions in TF32 (torch's default), by algorithms that differ between
+    # eager's call and ours (an element 1.03e-4 off on an H200), as the suite allows 1e-3 on CUDA
+    tol = 3 * TOL[dtype] if dtype == torch.bfloat16 else 1e-3
+    for call in range(3):       # the first call, its capture, a replay
+        assert_same(exe(x), ref, tol=tol, msg=f"call {call}:")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -331,22 +331,35 @@ def test_linear_plans_know_whether_the_weights_are_packed():
 
 
 def test_split_k_scratch_is_never_shared_by_a_capture():
-    """Split-K scratch: outside a capture one pair per (device, stream), reused by every launch there;
-    inside ostinato's capture a pair per launch, held for the graph and zeroed once after it; inside a
-    capture ostinato did not make, a pair per launch whose counters are zeroed by the capture itself."""
-    from ostinato.backends.cuda.kernels.fused import LinearLauncher, _LinearPlan, owned_scratch, zero_counters
+    """Split-K scratch: outside a capture one pair per (device, stream), reused by every launch there; a
+    warm-up under recording_scratch lists each launch's pair; inside ostinato's capture each launch takes
+    the next pair reserved before it (made outside the graph's pool), held for the graph and zeroed after
+    it; a launch the reserve does not fit, or one inside a capture ostinato did not make, gets a pair of
+    its own whose counters are zeroed by the capture itself."""
+    from ostinato.backends.cuda.kernels.fused import (LinearLauncher, _LinearPlan, owned_scratch, recording_scratch,
+                                                      reserve_scratch, zero_counters)
     plan = _LinearPlan(kernel=None, grid=(5, 4), pro_ints=[], epi_ints=[], tail=[40, 8192, 40], pro_shapes=[],
                        epi_shape=None, mm_shape=(1, 40), views=[], nsplit=4, kslice=2048, scratch={})
+    other = _LinearPlan(kernel=None, grid=(3, 2), pro_ints=[], epi_ints=[], tail=[24, 4096, 24], pro_shapes=[],
+                        epi_shape=None, mm_shape=(1, 24), views=[], nsplit=2, kslice=2048, scratch={})
     cpu = torch.device("cpu")
-    a = LinearLauncher._split_scratch(plan, cpu, False)
-    b = LinearLauncher._split_scratch(plan, cpu, False)
+    with recording_scratch() as shapes:
+        a = LinearLauncher._split_scratch(plan, cpu, False)
+        b = LinearLauncher._split_scratch(plan, cpu, False)
     assert a[0] is b[0] and a[1] is b[1] and a[2] == 2048
     assert a[0].shape == (4, 40) and a[1].shape == (5,) and int(a[1].abs().sum()) == 0
-    with owned_scratch() as held:
+    assert shapes == [((4, 40), 5), ((4, 40), 5)]
+    reserve = reserve_scratch(shapes, cpu)
+    made = [id(t) for pair in reserve for t in pair]
+    with owned_scratch(reserve) as held:
         c = LinearLauncher._split_scratch(plan, cpu, True)
+        f = LinearLauncher._split_scratch(other, cpu, True)     # not foreseen: a pair of its own, not held
         d = LinearLauncher._split_scratch(plan, cpu, True)
-    assert len(held) == 2 and c[1] is not d[1] and c[1] is not a[1]
-    assert {id(t) for pair in held for t in pair} == {id(c[0]), id(c[1]), id(d[0]), id(d[1])}
+        g = LinearLauncher._split_scratch(plan, cpu, True)      # the reserve is spent: likewise
+    assert len(held) == 2 and not reserve and c[1] is not d[1] and c[1] is not a[1]
+    assert [id(t) for pair in held for t in pair] == made == [id(c[0]), id(c[1]), id(d[0]), id(d[1])]
+    assert f[0].shape == (2, 24) and f[1].shape == (3,) and int(f[1].abs().sum()) == 0
+    assert int(g[1].abs().sum()) == 0 and all(g[1] is not t for pair in held for t in pair)
     for _, cnt in held:
         cnt.fill_(3)
     zero_counters(held)

@@ -64,6 +64,15 @@ def iteration_shape(spec: GroupSpec, tensors) -> tuple[int, ...]:
     return split_dims(spec, shape) if spec.split else shape
 
 
+def _scalar(x, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-d tensor of ``x`` on ``device`` made by a fill, not a host-to-device copy: a reference may run
+    inside a CUDA graph capture (a matmul group whose weights are not one packed block), where a copy
+    from pageable host memory is refused."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=dtype)
+    return torch.full((), x, dtype=dtype, device=device)
+
+
 def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
     shape = iteration_shape(spec, tensors)
     red = tuple(spec.red)
@@ -78,14 +87,14 @@ def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
         elif name == "gather":
             v = _gathered(tensors[args[0]], spec.inputs[args[0]][3], vals[args[1]], shape).to(ct)
         elif name == "scalar":
-            v = torch.tensor(scalars[args[0]], dtype=ct, device=device)
+            v = _scalar(scalars[args[0]], ct, device)
         elif name == "const":
-            v = torch.tensor(decode_const(args[0]), dtype=ct, device=device)
+            v = _scalar(decode_const(args[0]), ct, device)
         elif name == "rnumel":
             n = 1
             for d in red:
                 n *= shape[d]
-            v = torch.tensor(float(n), dtype=ct, device=device)
+            v = _scalar(float(n), ct, device)
         elif name == "cast":
             v = vals[args[0]].to(DTYPES[code]).to(ct)
         elif name == "where":

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from ..backends.cuda.compile_workers import wait_for_compiles
-from ..backends.cuda.kernels.fused import owned_scratch, zero_counters
+from ..backends.cuda.kernels.fused import owned_scratch, recording_scratch, reserve_scratch, zero_counters
 from ..backends.cuda.runtime import KernelLibrary, awaiting_compiles
 from .capture import CompilesInFlight
 from .regions import capture_steps, chain, write_back
@@ -79,15 +79,19 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
     # ops run their references meanwhile), then a second one, once they are all done, loads them: the
     # capture must find every binary loaded, and the compiles ran in parallel rather than one by one.
     # Without ``wait`` the capture is given up instead (the warm-up restored the state already).
+    # The last warm-up records the split-K scratch its launches take: the capture's pairs are made
+    # before it begins, outside the graph's pool (fused.LinearLauncher._split_scratch says why).
     deferred = KernelLibrary.counts["deferred"]
-    warm_up()
+    with recording_scratch() as scratch:
+        warm_up()
     if KernelLibrary.counts["deferred"] != deferred:
         if not wait:
             raise CompilesInFlight(KernelLibrary.counts["deferred"] - deferred)
         wait_for_compiles()
-        with awaiting_compiles():
+        with awaiting_compiles(), recording_scratch() as scratch:
             warm_up()
     del snapshot
+    reserve = reserve_scratch(scratch, device)
     torch.cuda.synchronize(device)
     graphs: list[torch.cuda.CUDAGraph] = []
 
@@ -99,15 +103,16 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
         # process that imported torch, and empty_cache() would hand the warm-up's blocks back to the
         # driver only for the capture to allocate them again.
         torch.cuda.synchronize(device)
-        with torch.cuda.stream(side), owned_scratch() as held:
+        with torch.cuda.stream(side), owned_scratch(reserve) as held:
             graph.capture_begin(pool)
             try:
                 segment.run(env)
                 write_back(env, writes)
             finally:
                 graph.capture_end()
-        # split-K counters of this graph's own, zeroed once here (each launch leaves them at zero), kept
-        # as long as the graph: no other graph or stream shares them
+        # split-K pairs of this graph's own (made before the capture, outside the pool), zeroed here
+        # before the first replay (each launch leaves them at zero), kept as long as the graph: no other
+        # graph or stream shares them
         zero_counters(held)
         graph.replay()
         graphs.append(graph)

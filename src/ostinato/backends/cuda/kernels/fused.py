@@ -10,6 +10,7 @@ without importing Triton.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -358,33 +359,42 @@ def lone_tiles(spec: LinearSpec, m: int, n: int, k: int) -> tuple[int, int, int]
 
 
 _CAPTURE = threading.local()
-_SCRATCH_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _scratch_stream(device: torch.device):
-    """A stream of the device that never captures: allocations made on it during a capture come from the
-    caching allocator's ordinary pool, not the graph's (``LinearLauncher._split_scratch``)."""
-    if device.type != "cuda":
-        return None     # (torch.cuda.stream(None) is a no-op: the tests' CPU tensors)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    s = _SCRATCH_STREAMS.get(index)
-    if s is None:
-        s = _SCRATCH_STREAMS.setdefault(index, torch.cuda.Stream(device=index))
-    return s
 
 
 @contextlib.contextmanager
-def owned_scratch():
+def recording_scratch():
+    """Around the warm-up before ostinato's capture: the split-K scratch each launch takes, in launch
+    order (a list of (partials shape, counter count)), so the capture can be handed pairs made before it
+    began (``reserve_scratch``)."""
+    outer = getattr(_CAPTURE, "recording", None)
+    shapes: list = []
+    _CAPTURE.recording = shapes
+    try:
+        yield shapes
+    finally:
+        _CAPTURE.recording = outer
+
+
+def reserve_scratch(shapes: list, device: torch.device) -> collections.deque:
+    """Split-K pairs for a capture, made outside it (so not from the graph's pool): fp32 partials and
+    zeroed counters, one per launch the warm-up recorded, in that order."""
+    return collections.deque((torch.empty(ws, dtype=torch.float32, device=device),
+                              torch.zeros(blocks, dtype=torch.int32, device=device)) for ws, blocks in shapes)
+
+
+@contextlib.contextmanager
+def owned_scratch(reserve: collections.deque | None = None):
     """Around a CUDA graph's capture: the split-K scratch its launches take (a list of (partials,
-    counters) pairs, filled during the capture). The caller keeps the list as long as the graph and
-    zeroes the counters after the capture, before the graph's first replay (``zero_counters``)."""
-    outer = getattr(_CAPTURE, "held", None)
+    counters) pairs, filled during the capture from ``reserve``, in order). The caller keeps the list as
+    long as the graph and zeroes the counters after the capture, before the graph's first replay
+    (``zero_counters``)."""
+    outer = getattr(_CAPTURE, "held", None), getattr(_CAPTURE, "reserve", None)
     held: list = []
-    _CAPTURE.held = held
+    _CAPTURE.held, _CAPTURE.reserve = held, reserve if reserve is not None else collections.deque()
     try:
         yield held
     finally:
-        _CAPTURE.held = outer
+        _CAPTURE.held, _CAPTURE.reserve = outer
 
 
 def zero_counters(held: list) -> None:
@@ -493,28 +503,36 @@ class LinearLauncher:
         """A split-K launch's partials and arrival counters (the counters are zero before a launch and the
         last program of each column block sets its own back to zero). Outside a capture: one pair per
         (device, stream), shared by every launch of this plan there (each layer's), which run one after
-        another. Inside a CUDA graph capture a pair of the launch's own: taken from the graph's pool, kept
-        by the graph and zeroed once after it by ostinato's capture (``owned_scratch``), so a graph never
-        shares counters with another graph or stream (two graphs replayed at once on two streams would
-        interleave their counts); in a capture not made by ostinato, zeroed by a captured memset.
+        another. Inside ostinato's CUDA graph capture a pair of the launch's own, kept by the graph
+        (``owned_scratch``), so a graph never shares counters with another graph or stream (two graphs
+        replayed at once on two streams would interleave their counts); in a capture not made by
+        ostinato, a pair from the capture's pool whose counters a captured memset zeroes.
 
-        A held pair is not taken from the graph's pool: a block of the pool may have held a temporary
+        A held pair is never taken from the graph's pool: a block of the pool may have held a temporary
         that an earlier node of the same graph writes on every replay (blocks freed inside a capture are
         reused by later allocations there), which would overwrite the counters' zeros between replays.
-        It is allocated on a stream that is not capturing, so the caching allocator serves it from its
-        ordinary pool, used by nothing else while the graph holds it."""
+        Nor can it be allocated elsewhere during the capture (a new segment's cudaMalloc is refused while
+        a stream captures). So the warm-up before the capture records each launch's pair shapes
+        (``recording_scratch``), the pairs are made before the capture begins (``reserve_scratch``), and
+        each launch in the capture takes the next; a launch the warm-up did not foresee falls back to a
+        pair zeroed by a captured memset."""
+        ws_shape, blocks = (plan.nsplit, plan.tail[0]), plan.grid[0]
+
         def new_pair(zeroed: bool) -> tuple[torch.Tensor, torch.Tensor]:
             counters = torch.zeros if zeroed else torch.empty
-            return (torch.empty((plan.nsplit, plan.tail[0]), dtype=torch.float32, device=device),
-                    counters(plan.grid[0], dtype=torch.int32, device=device))
+            return (torch.empty(ws_shape, dtype=torch.float32, device=device),
+                    counters(blocks, dtype=torch.int32, device=device))
         if capturing:
-            held = getattr(_CAPTURE, "held", None)
-            if held is None:
-                return [*new_pair(zeroed=True), plan.kslice]
-            with torch.cuda.stream(_scratch_stream(device)):
-                pair = new_pair(zeroed=False)
-            held.append(pair)
-            return [*pair, plan.kslice]
+            held, reserve = getattr(_CAPTURE, "held", None), getattr(_CAPTURE, "reserve", None)
+            if held is not None and reserve and tuple(reserve[0][0].shape) == ws_shape \
+                    and reserve[0][1].numel() == blocks:
+                pair = reserve.popleft()
+                held.append(pair)
+                return [*pair, plan.kslice]
+            return [*new_pair(zeroed=True), plan.kslice]
+        recording = getattr(_CAPTURE, "recording", None)
+        if recording is not None:
+            recording.append((ws_shape, blocks))
         key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
         pair = plan.scratch.get(key)
         if pair is None:
