@@ -395,6 +395,25 @@ def _relative(dt):
                               _r(bh, 2 * p, d, dtype=dt), rel)
 
 
+class SelectiveScan(nn.Module):
+    """A state-space scan as transformers' Mamba writes it without its CUDA kernels: per token the state
+    is updated pointwise and multiplied by that token's C column (a matmul of one output column, K the
+    state size)."""
+
+    def forward(self, dA, dBu, C):      # dA, dBu [b, d, L, n]; C [b, L, n]
+        state = torch.zeros(dA.shape[0], dA.shape[1], dA.shape[3], dtype=dA.dtype)
+        ys = []
+        for i in range(dA.shape[2]):
+            state = dA[:, :, i, :] * state + dBu[:, :, i, :]
+            ys.append(torch.matmul(state, C[:, i, :].unsqueeze(-1))[:, :, 0])
+        return torch.stack(ys, dim=-1), state
+
+    @staticmethod
+    def inputs(dtype, b=2, d=24, steps=6, n=16):
+        return (torch.rand(b, d, steps, n).to(dtype), torch.randn(b, d, steps, n).to(dtype),
+                torch.randn(b, steps, n).to(dtype))
+
+
 CASES = [
     Case("rms_plain", lambda dt: (RMSPlain().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),
     Case("rms_upcast_div", lambda dt: (RMSUpcastDiv().to(dt), (_r(2, 5, 64, dtype=dt),)), 1),

@@ -14,7 +14,7 @@ for p in (HERE, os.path.dirname(HERE), os.path.join(os.path.dirname(os.path.dirn
 import torch  # noqa: E402
 
 import ostinato  # noqa: E402
-from ostinato.passes import GENERIC_PIPELINE  # noqa: E402
+from ostinato.passes import DEFAULT_PIPELINE, GENERIC_PIPELINE  # noqa: E402
 from fusion_backend import InterpretedFusionBackend, fused_executable, fused_ops  # noqa: E402
 from fusion_models import CASES  # noqa: E402
 from helpers import assert_same  # noqa: E402
@@ -219,6 +219,26 @@ def main(what: str, dtype_name: str) -> None:
             except Exception as e:  # noqa: BLE001 - reported per case
                 results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         print(json.dumps(results))
+        return
+    if what == "scan":       # a state-space scan: each token's update and its small matvec in one group
+        from fusion_models import SelectiveScan
+        torch.manual_seed(0)
+        model, args = SelectiveScan(), SelectiveScan.inputs(dtype)
+        steps = args[0].shape[2]
+
+        def scan():
+            # the pipeline of a program exported from CUDA tensors (small_matvec rewrites; not from CPU ones)
+            prog = ostinato.export(model.eval(), args, passes=DEFAULT_PIPELINE)
+            exe = fused_executable(prog, InterpretedFusionBackend())
+            ops = fused_ops(exe)
+            if ops.get("aten.bmm") or ops.get("aten.mm"):
+                raise AssertionError(f"matmuls left: {ops}")
+            reducing = [l for l in exe.launches if l.op == "ost.fused" and '"red":[2]' in l.args[0]]
+            if len(reducing) != steps:      # one group per token: its state update and its sum
+                raise AssertionError(f"{len(reducing)} reducing groups for {steps} tokens: {ops}")
+            with torch.no_grad():
+                assert_same(exe(*args), model(*args), tol=TOL[dtype] * (4 if dtype == torch.float16 else 1))
+        print(json.dumps({"scan": _check(scan)}))
         return
     if what == "layout":     # fp16 convolutions lowered channels-last, as on CUDA
         print(json.dumps({"conv_net": _check(lambda: _layout_case(dtype))}))

@@ -41,6 +41,13 @@ def test_interpreted_kernels_match_eager(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_interpreted_scan_steps(dtype):
+    """A Mamba-style scan (passes/matvec.py): each token's state update and its product with C (a small
+    matvec, rewritten as a multiply and a sum) are one generated kernel, and the scan matches eager."""
+    assert _interpret("scan", dtype) == {"scan": "ok"}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_interpreted_conv_layouts(dtype):
     """A conv net (stem, residual block, GroupNorm, attention over pixels, upsampling, depthwise conv,
     pixel shuffle) lowered as on CUDA: fp16 convolutions channels-last with the layout handed from conv

@@ -133,6 +133,11 @@ def _cli_wording(e: ExportError, args: argparse.Namespace) -> ExportError:
                        "(--verbose shows torch's error)")
 
 
+def _pipeline(name: str, ex_args, ex_kwargs) -> list:
+    """The named pipeline; "default" as ``export`` picks it for where the example tensors are."""
+    return ost_passes.default_pipeline((ex_args, ex_kwargs)) if name == "default" else PIPELINES[name]
+
+
 def _tracked(pipeline, stages: Stages) -> list:
     """The pipeline with each pass reporting to ``stages``; the first pass ends torch.export's stage."""
     out = []
@@ -174,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             with contextlib.redirect_stderr(sys.stderr if args.verbose else held):
                 prog = export(model, ex_args, built.kwargs, dynamic_shapes=dyn,
-                              passes=_tracked(PIPELINES[args.passes], stages),
+                              passes=_tracked(_pipeline(args.passes, ex_args, built.kwargs), stages),
                               trace_strict=args.trace_strict, strict=args.strict,
                               regional=not args.no_regional, cache=not args.no_cache)
         except ExportError as e:

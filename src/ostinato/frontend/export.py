@@ -16,7 +16,7 @@ from .. import __version__
 from ..errors import ExportError, OstinatoError, first_line
 from ..ir import SymDim, TensorMeta, verify
 from ..ir.fallback import fallback_nodes
-from ..passes import DEFAULT_PIPELINE, run_passes
+from ..passes import DEFAULT_PIPELINE, default_pipeline, run_passes
 from ..program import Program
 from . import export_cache
 from . import regional as regional_mod
@@ -80,8 +80,9 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     op outside its table) run through eager torch between ostinato's plans, with one warning per export
     (``ostinato inspect`` lists them); ``strict=True`` refuses them instead. ``trace_strict`` is
     torch.export's ``strict`` (TorchDynamo tracing).
-    ``passes`` replaces the default graph pipeline (``ostinato.passes.DEFAULT_PIPELINE``); ``[]`` keeps
-    the graph exactly as torch.export gave it.
+    ``passes`` replaces the default graph pipeline (``ostinato.passes.default_pipeline``: all of
+    ``DEFAULT_PIPELINE`` for example tensors on an accelerator, without the rewrites only fused kernels
+    profit from for CPU ones); ``[]`` keeps the graph exactly as torch.export gave it.
     ``regional`` traces each kind of repeated block (a decoder's layers) once and instantiates it per
     layer (``frontend/regional.py``), so export time does not grow with depth; a kind whose instances
     cannot be shown interchangeable is traced inline, and the program's ``export_report`` says why.
@@ -98,6 +99,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
         args = (args,)
     kwargs = dict(kwargs or {})
     name = type(model).__name__
+    passes = _resolve_passes(passes, args, kwargs)
     t0 = time.perf_counter()
     key, cache_report = None, {"hit": False}
     if cache:
@@ -142,7 +144,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             "The original error is chained below (raise ... from).") from e
     t_export = time.perf_counter() - t0
     graph, weights, state_init, slots = convert(ep, strict=strict, regions=regions)
-    if regions is not None or passes is None or len(passes) > 0:
+    if regions is not None or len(passes) > 0:
         # Before values are numbered: a block's outputs its caller ignores (a regional trace has those
         # nodes, a full one does not) and nodes torch.export leaves unused (a full trace has those, a
         # regional one may not) would otherwise shift the numbering of one program against the other.
@@ -156,7 +158,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     # With regions, each block's shapes were re-derived once when it was converted (inline.Block).
     verify(graph, check_shapes=regions is None, hints=hints)
     exported_nodes = len(graph.nodes)
-    graph, pass_report = run_passes(graph, DEFAULT_PIPELINE if passes is None else passes)
+    graph, pass_report = run_passes(graph, passes)
     graph.assign_slots()
     _warn_fallbacks(name, graph)
     # Node counts are saved (the file says how it was optimized); seconds are not: the same model
@@ -189,11 +191,16 @@ def export_cache_key(model: torch.nn.Module, args: tuple, kwargs: dict | None = 
     return key, report.get("why", "")
 
 
+def _resolve_passes(passes, args: tuple, kwargs: dict) -> Sequence[tuple[str, Callable]]:
+    """``passes``, or the default pipeline for the devices of the example tensors (passes/manager.py)."""
+    return passes if passes is not None else default_pipeline((args, kwargs))
+
+
 def _cache_key(model, args, kwargs, dynamic_shapes, strict, trace_strict, passes):
     """The export cache key, or None and why (the report the program carries)."""
     from ..passes import GENERIC_PIPELINE
     known = {n for n, _ in DEFAULT_PIPELINE} | {n for n, _ in GENERIC_PIPELINE}
-    names = [n for n, _ in (DEFAULT_PIPELINE if passes is None else passes)]
+    names = [n for n, _ in _resolve_passes(passes, args, kwargs)]
     if any(n not in known for n in names):
         return None, {"hit": False, "why": "custom passes: not cached"}
     try:

@@ -18,6 +18,7 @@ from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .patterns import (fuse_add_rms_norm, fuse_eager_attention, fuse_gated_mlp, fuse_kv_update, fuse_layer_norm, fuse_linear,
                        fuse_multi_linear, fuse_rms_norm, fuse_rope, fuse_sdpa)
+from .matvec import rewrite_small_matvecs
 from .reinplace import reinplace_state_writes
 from .sink_permutes import sink_permutes
 
@@ -30,7 +31,8 @@ Pass = Callable[[Graph], Graph]
 # take another's nodes: kv_update before sdpa (sdpa reads the updated cache), eager_attention just before
 # sdpa (it leaves attention nodes for sdpa to take), multi_linear before
 # gated_mlp and linear (sibling projections become one matmul; their activations stay), gated_mlp before
-# linear (the gate's activation belongs to the gated MLP, not to a linear epilogue); the second DCE
+# linear (the gate's activation belongs to the gated MLP, not to a linear epilogue); small matrix-vector
+# products become a multiply and a sum (matvec.py) once the patterns have taken theirs; the second DCE
 # clears what patterns left unread (a mask no attention reads any more). Permutes sink through pointwise
 # ops after the patterns (which match the forms torch.export gives), for the code generator's groups.
 # Reinplace stays last: it
@@ -50,15 +52,33 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("multi_linear", fuse_multi_linear),
     ("gated_mlp", fuse_gated_mlp),
     ("linear", fuse_linear),
+    ("small_matvec", rewrite_small_matvecs),
     ("sink_permutes", sink_permutes),
     ("dce_after_fusion", eliminate_dead_code),
     ("reinplace", reinplace_state_writes),
 ]
 
+# What the default pipeline is for a program exported from CPU tensors: small matrix-vector products stay
+# matmuls there (the CPU backend has no code generator to fuse a multiply and a sum with their producer:
+# a 4-layer Mamba's replayed step took 12-18% longer with them on the 2-core VM).
+CPU_ONLY_SKIPS = {"small_matvec"}
+
+
+def default_pipeline(example) -> list[tuple[str, Pass]]:
+    """DEFAULT_PIPELINE for a program exported from ``example`` (its example inputs, any nesting): all
+    of it when one of its tensors is on an accelerator, else without CPU_ONLY_SKIPS."""
+    import torch
+    from torch.utils import _pytree
+    devices = {x.device.type for x in _pytree.tree_leaves(example) if isinstance(x, torch.Tensor)}
+    if devices - {"cpu"}:
+        return DEFAULT_PIPELINE
+    return [p for p in DEFAULT_PIPELINE if p[0] not in CPU_ONLY_SKIPS]
+
+
 # The pipeline without the fused patterns: every ATen op the exporter kept stays an ATen op (op
 # tests use it to exercise the op a row claims, not the fused op that replaces it).
 _PATTERNS = {"rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "linear",
-             "dce_after_fusion"}
+             "small_matvec", "dce_after_fusion"}
 GENERIC_PIPELINE: list[tuple[str, Pass]] = [p for p in DEFAULT_PIPELINE if p[0] not in _PATTERNS]
 
 
