@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ostinato
-from ostinato.passes import GENERIC_PIPELINE
+from ostinato.passes import DEFAULT_PIPELINE, GENERIC_PIPELINE
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fusion_backend import fused_executable  # noqa: E402
@@ -102,8 +102,12 @@ def test_interpreted_hf_decoders():
 
 
 def _variants():
-    """(case, dtype): bf16 and fp32 groups, persistent and looped rows."""
-    return [(c, dt) for c in CASES for dt in (torch.bfloat16, torch.float32)]
+    """(case, pipeline, dtype): bf16 and fp32 groups, persistent and looped rows; the zoo through the generic
+    pipeline, a Mamba-style scan through the default one (its matvecs rewritten, passes/matvec.py)."""
+    from fusion_models import Case, SelectiveScan
+    scan = Case("selective_scan", lambda dt: (SelectiveScan(), SelectiveScan.inputs(dt)), 6)
+    cases = [(c, GENERIC_PIPELINE) for c in CASES] + [(scan, DEFAULT_PIPELINE)]
+    return [(c, p, dt) for c, p in cases for dt in (torch.bfloat16, torch.float32)]
 
 
 def test_every_variant_compiles_for_sm90():
@@ -114,10 +118,10 @@ def test_every_variant_compiles_for_sm90():
     from ostinato.backends.cuda.kernels.fused import LinearLauncher, launcher
     from ostinato.backends.cuda.runtime import arg_type
 
-    compiled, split_stages = set(), 0
-    for case, dtype in _variants():
+    compiled, split_stages, cases_compiled = set(), 0, set()
+    for case, pipeline, dtype in _variants():
         model, args = case.build(dtype)
-        prog = ostinato.export(model.eval(), args, passes=GENERIC_PIPELINE)
+        prog = ostinato.export(model.eval(), args, passes=pipeline)
         for launch in fused_launches(CPUBackend(), prog.graph, lambda *a: None):
             if launch.op != "ost.fused":
                 continue
@@ -144,8 +148,9 @@ def test_every_variant_compiles_for_sm90():
                                                  types, kernel.specialization, 90)
                     assert cubin[:4] == b"\x7fELF" and meta.num_warps in (4, 8)
                     compiled.add(key)
+                    cases_compiled.add(case.name)
                     split_stages += bool(plan.stages)
-    assert len(compiled) >= len(CASES)
+    assert len(compiled) >= len(CASES) and "selective_scan" in cases_compiled
     assert split_stages, "no split row was compiled"
 
 
