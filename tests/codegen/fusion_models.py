@@ -401,7 +401,7 @@ class SelectiveScan(nn.Module):
     state size)."""
 
     def forward(self, dA, dBu, C):      # dA, dBu [b, d, L, n]; C [b, L, n]
-        state = torch.zeros(dA.shape[0], dA.shape[1], dA.shape[3], dtype=dA.dtype)
+        state = torch.zeros(dA.shape[0], dA.shape[1], dA.shape[3], dtype=dA.dtype, device=dA.device)
         ys = []
         for i in range(dA.shape[2]):
             state = dA[:, :, i, :] * state + dBu[:, :, i, :]

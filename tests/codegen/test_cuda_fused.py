@@ -199,3 +199,22 @@ def test_split_k_layers_replayed(dtype, monkeypatch):
              for p in f._plans.values() if p is not None]
     assert any(p.nsplit > 1 for p in plans), "no projection was split: the test checks nothing"
     assert_replay_counts(exe.stats(), calls=6)
+
+
+@pytest.mark.parametrize("replay", [False, True], ids=["step", "replay"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_scan_steps_fused_on_cuda(dtype, replay):
+    """A Mamba-style scan exported from CUDA tensors: the default pipeline rewrites each token's small
+    matvec (passes/matvec.py), so no matmul is left and each token is one generated kernel."""
+    from fusion_models import SelectiveScan
+    torch.manual_seed(0)
+    model, args = SelectiveScan(), _cuda(SelectiveScan.inputs(dtype))
+    prog = ostinato.export(model, args)
+    ops = prog.op_counts()
+    assert not {"aten.bmm", "aten.mm"} & set(ops), ops
+    exe = ostinato.compile(prog, device="cuda", replay=replay)
+    with torch.no_grad():
+        ref = model(*args)
+    for call in range(3):
+        assert_same(exe(*args), ref, tol=TOL[dtype], msg=f"call {call}:")
+    assert exe.stats()["fused_kernels"] >= args[0].shape[2]
