@@ -48,23 +48,36 @@ class Node:
 
     @property
     def inputs(self) -> list[Value]:
-        """Every Value the node reads, in argument order."""
-        return [v for v in iter_values((self.args, self.kwargs))]
+        """Every Value the node reads, in argument order (computed on each access: passes rewrite args)."""
+        out: list[Value] = []
+        _collect(self.args, out)
+        if self.kwargs:
+            _collect(self.kwargs, out)
+        return out
 
     def __repr__(self) -> str:
         return f"Node({self.name}: {self.op})"
 
 
-def iter_values(obj: Any) -> Iterator[Value]:
-    """Yield the Values inside a nested structure of tuples, lists and dicts."""
+def _collect(obj: Any, out: list[Value]) -> None:
+    """Append the Values inside a nested structure of tuples, lists and dicts to ``out``, in order (a
+    loop, not nested generators: passes and the scheduler ask every node for its inputs many times)."""
     if isinstance(obj, Value):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from iter_values(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from iter_values(o)
+        out.append(obj)
+        return
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    for o in items:
+        if isinstance(o, Value):
+            out.append(o)
+        elif isinstance(o, (list, tuple, dict)):
+            _collect(o, out)
+
+
+def iter_values(obj: Any) -> Iterator[Value]:
+    """The Values inside a nested structure of tuples, lists and dicts, in order."""
+    out: list[Value] = []
+    _collect(obj, out)
+    return iter(out)
 
 
 def map_values(obj: Any, fn) -> Any:
@@ -72,12 +85,21 @@ def map_values(obj: Any, fn) -> Any:
     if isinstance(obj, Value):
         return fn(obj)
     if isinstance(obj, tuple):
-        return tuple(map_values(o, fn) for o in obj)
+        return tuple([_map_item(o, fn) for o in obj])
     if isinstance(obj, list):
-        return [map_values(o, fn) for o in obj]
+        return [_map_item(o, fn) for o in obj]
     if isinstance(obj, dict):
-        return {k: map_values(o, fn) for k, o in obj.items()}
+        return {k: _map_item(o, fn) for k, o in obj.items()}
     return obj
+
+
+def _map_item(o: Any, fn) -> Any:
+    """map_values of one element, without a call for the leaves that hold no Value (ints of a shape)."""
+    if isinstance(o, Value):
+        return fn(o)
+    if isinstance(o, (tuple, list, dict)):
+        return map_values(o, fn)
+    return o
 
 
 @dataclass

@@ -27,8 +27,9 @@ def resolve(mapping: Replacements, v: Value) -> Any:
 
 
 def substitute(node: Node, mapping: Replacements) -> None:
-    """Rewrite ``node``'s arguments through ``mapping`` (forward passes call it node by node)."""
-    if mapping:
+    """Rewrite ``node``'s arguments through ``mapping`` (forward passes call it node by node); a node that
+    reads no mapped Value keeps its arguments as they are."""
+    if mapping and any(v.id in mapping for v in node.inputs):
         node.args = map_values(node.args, lambda v: resolve(mapping, v))
         node.kwargs = map_values(node.kwargs, lambda v: resolve(mapping, v))
 
