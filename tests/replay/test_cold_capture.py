@@ -313,3 +313,20 @@ def test_cold_cache_on_cuda_answers_step_by_step_then_captures(case, tmp_path):
     written in place)."""
     res = _cold_case(case, str(tmp_path / "cache"))
     assert res["ok"], res
+
+
+def test_static_inputs_never_hand_out_another_shapes_buffers(cold):
+    """Shape A captured, then shape B's first call goes uncaptured: static_inputs() raises (it named A's
+    buffers before, found by review), and gives B's once B is captured."""
+    model, prog = counting_row_mlp()
+    exe = ostinato.compile(prog, device="cpu", replay=True)
+    cold.compiling = False
+    exe(torch.randn(3, 8))
+    assert exe.static_inputs()[0].shape == (3, 8)
+    cold.compiling = True
+    exe(torch.randn(5, 8))
+    assert exe.stats()["uncaptured_calls"] == 1
+    with pytest.raises(ReplayError, match="uncaptured_calls"):
+        exe.static_inputs()
+    exe(torch.randn(5, 8))
+    assert exe.static_inputs()[0].shape == (5, 8)

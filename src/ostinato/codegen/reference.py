@@ -70,6 +70,10 @@ def _scalar(x, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     from pageable host memory is refused."""
     if isinstance(x, torch.Tensor):
         return x.to(device=device, dtype=dtype)
+    if dtype.is_floating_point and isinstance(x, float) and dtype != torch.float64:
+        # filled in fp64 and rounded, as torch.tensor(x, dtype=...) rounds (1e40 in fp32 is inf, where
+        # torch.full refuses it)
+        return torch.full((), x, dtype=torch.float64, device=device).to(dtype)
     return torch.full((), x, dtype=dtype, device=device)
 
 

@@ -40,7 +40,7 @@ from ..backends.cuda.kernels.fused import owned_scratch, recording_scratch, rese
 from ..backends.cuda.runtime import KernelLibrary, awaiting_compiles
 from .capture import CompilesInFlight
 from .regions import capture_steps, chain, write_back
-from .tape import check_capturable
+from .tape import check_capturable, restore_buffers, snapshot_buffers
 
 # The capture clears cuBLAS's workspaces around itself (see the module's note). A switch only for the
 # test that shows what goes wrong without it (tests/replay/mixed_case.py).
@@ -63,7 +63,7 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
     check_capturable(exe, exe.launches)
     device = exe.device
     current = torch.cuda.current_stream(device)
-    snapshot = {name: t.clone() for name, t in state.items()}
+    snapshot = snapshot_buffers(state, mutations)      # the state, and inputs written in place
     side = torch.cuda.Stream(device=device)
 
     def warm_up() -> None:
@@ -71,9 +71,7 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
         with torch.cuda.stream(side), torch.no_grad():
             exe._plan(list(env0))
         current.wait_stream(side)
-        with torch.no_grad():
-            for name, t in snapshot.items():
-                state[name].copy_(t)
+        restore_buffers(snapshot)
 
     # A cold cache: the first warm-up submits every missing kernel to the compile workers at once (its
     # ops run their references meanwhile), then a second one, once they are all done, loads them: the

@@ -119,6 +119,7 @@ class ReplayRunner:
             except CompilesInFlight:
                 answered.add(key)
                 self._count(plan_misses=1, uncaptured_calls=1)
+                session.replay.pop("last", None)    # static_inputs() must not hand out another shape's
                 return self.exe.step(session, leaves)
             graphs[key] = cap
             self._count(plan_misses=1)

@@ -140,6 +140,24 @@ def _note(launch: Launch) -> str:
     return "".join(c if c.isalnum() or c in "_." else "_" for c in launch.name)[:80]
 
 
+def snapshot_buffers(state: dict, mutations: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of what a warm-up or probe run may write, to put back after it: every state buffer and
+    every input a mutation targets (an input written in place, such as a reinplaced
+    ``index_put_(..., accumulate=True)``, which a second run would apply again), each once."""
+    saved, seen = [], set()
+    for t in [*state.values(), *(target for target, _ in mutations)]:
+        if isinstance(t, torch.Tensor) and id(t) not in seen:
+            seen.add(id(t))
+            saved.append((t, t.clone()))
+    return saved
+
+
+def restore_buffers(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for t, copy in saved:
+            t.copy_(copy)
+
+
 def capture_tape(exe, launches: list[Launch], env0: list, state: dict[str, torch.Tensor],
                  kept: set[int], mutations: list[tuple[torch.Tensor, int]], arena_for: Callable[[int], torch.Tensor],
                  signature: str) -> tuple[Tape, list]:
@@ -150,8 +168,9 @@ def capture_tape(exe, launches: list[Launch], env0: list, state: dict[str, torch
     t0 = time.perf_counter()
     check_capturable(exe, launches)
 
-    # 1. Probe: the plan as it runs today, every result kept; the state is restored afterwards.
-    snapshot = {name: t.clone() for name, t in state.items()}
+    # 1. Probe: the plan as it runs today, every result kept; the state and the inputs it writes are
+    # restored afterwards.
+    snapshot = snapshot_buffers(state, mutations)
     env = list(env0)
     probe: list[tuple] = []
     with torch.no_grad():
@@ -160,8 +179,7 @@ def capture_tape(exe, launches: list[Launch], env0: list, state: dict[str, torch
                                              **{k: resolve(a, env) for k, a in launch.kwargs.items()}))
             probe.append(res)
             _store(launch, res, env)
-        for name, t in snapshot.items():
-            state[name].copy_(t)
+    restore_buffers(snapshot)
     del snapshot
 
     # 2. What each launch is, and which buffer (root) each tensor value lives in.
