@@ -1,7 +1,8 @@
 """Capturing a Plan into CUDA graphs (through torch.cuda.CUDAGraph).
 
 The Plan's generated function runs once on a side stream to warm up (library handles, lazy kernel
-loads; the state is saved before and restored after, so the warm-up leaves no trace), then under
+loads; the state and the inputs the plan writes in place are saved before and restored after, so the
+warm-up leaves no trace), then under
 capture on that stream into the memory pool of the session: temporaries are freed after their last use inside
 the capture, so the caching allocator reuses their blocks there, as the CPU tape's arena does.
 
