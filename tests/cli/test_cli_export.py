@@ -361,3 +361,24 @@ def test_export_reports_regional_and_the_cache(in_factory_dir, tmp_path, capsys)
         assert "miss" in out and "target.structure" in out and "target.inputs" in out, out
     finally:
         set_cache(None)
+
+
+def test_device_moves_model_and_inputs_and_picks_the_passes(in_factory_dir, tmp_path, capsys, monkeypatch):
+    """--device cpu exports as before (the CPU default passes); a device this machine lacks is refused with
+    a fix; the pipeline the export gets is the one for the device the inputs were moved to."""
+    from ostinato.cli import export as cli_export
+    seen = []
+    real = cli_export._pipeline
+    monkeypatch.setattr(cli_export, "_pipeline", lambda name, a, k: seen.append({t.device.type for t in a}) or real(name, a, k))
+    out = tmp_path / "m.ost"
+    assert main(["export", "cli_export_factories:with_kwargs", "--device", "cpu", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert seen == [{"cpu"}]
+    assert "small_matvec" not in [r["pass"] for r in ostinato.load(out).info["passes"]]
+    first, hint = _fail(capsys, ["export", "cli_export_factories:mlp_with_inputs", "--device", "nonsense",
+                                 "-o", str(tmp_path / "x.ost")])
+    assert "--device nonsense: not a device torch knows" in first and hint.strip().startswith("Fix:")
+    if not torch.cuda.is_available():
+        first, hint = _fail(capsys, ["export", "cli_export_factories:mlp_with_inputs", "--device", "cuda",
+                                     "-o", str(tmp_path / "x.ost")])
+        assert "no CUDA device" in first and "leave --device out" in hint

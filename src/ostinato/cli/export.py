@@ -19,7 +19,7 @@ import sys
 import torch
 
 from .. import passes as ost_passes
-from ..errors import ExportError, OstinatoError, UnsupportedOpError
+from ..errors import ExportError, OstinatoError, UnsupportedOpError, first_line
 from ..frontend import export
 from .factory import SPEC_HELP, call_factory, example_inputs
 from .progress import Stages
@@ -51,6 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true",
                    help="refuse ops ostinato does not support instead of running them with eager torch")
     p.add_argument("--seed", type=int, default=0, help="seed of the random --example-inputs (default 0)")
+    p.add_argument("--device", metavar="DEVICE",
+                   help="move the model and its example inputs to DEVICE (e.g. cuda) before tracing; the "
+                        "default passes are those for where the example inputs are (a small matrix-vector "
+                        "product becomes a fusible sum only for an accelerator). Default: where the factory "
+                        "put them (--example-inputs are made on the CPU)")
     p.add_argument("--no-regional", action="store_true",
                    help="trace every block (regional export traces each kind of repeated block once)")
     p.add_argument("--no-cache", action="store_true",
@@ -133,6 +138,22 @@ def _cli_wording(e: ExportError, args: argparse.Namespace) -> ExportError:
                        "(--verbose shows torch's error)")
 
 
+def _on_device(name: str, model: torch.nn.Module, ex_args: tuple, ex_kwargs):
+    """The model and its example inputs moved to device ``name`` (--device)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise OstinatoError(f"--device {name}: not a device torch knows ({first_line(e)})\n"
+                            "Fix: pass cpu, cuda or cuda:N") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise OstinatoError(f"--device {name}: this machine has no CUDA device torch can use\n"
+                            "Fix: export on a machine with the GPU, or leave --device out (a program "
+                            "exported on the CPU compiles for CUDA too, without the accelerator-only passes)")
+    move = lambda x: x.to(device) if isinstance(x, torch.Tensor) else x  # noqa: E731
+    return (model.to(device), torch.utils._pytree.tree_map(move, ex_args),
+            None if ex_kwargs is None else torch.utils._pytree.tree_map(move, ex_kwargs))
+
+
 def _pipeline(name: str, ex_args, ex_kwargs) -> list:
     """The named pipeline; "default" as ``export`` picks it for where the example tensors are."""
     return ost_passes.default_pipeline((ex_args, ex_kwargs)) if name == "default" else PIPELINES[name]
@@ -170,16 +191,18 @@ def run(args: argparse.Namespace) -> int:
             raise ExportError(f"{args.factory} returned a model without example inputs\n"
                               "Fix: pass --example-inputs SPEC (e.g. \"2x16:float32\"), or return "
                               "(model, args) from the factory")
-        model = built.model.eval()
-        dyn = dynamic_shapes(args.dynamic, model, ex_args, built.kwargs)
+        model, ex_kwargs = built.model.eval(), built.kwargs
+        if args.device is not None:
+            model, ex_args, ex_kwargs = _on_device(args.device, model, ex_args, ex_kwargs)
+        dyn = dynamic_shapes(args.dynamic, model, ex_args, ex_kwargs)
         stages.begin("trace (torch.export)")
         # torch.export prints a failed trace's partial graph to stderr, which would bury the one-line
         # error: held back, and passed on only if the export succeeds (or with --verbose, as it comes).
         held = io.StringIO()
         try:
             with contextlib.redirect_stderr(sys.stderr if args.verbose else held):
-                prog = export(model, ex_args, built.kwargs, dynamic_shapes=dyn,
-                              passes=_tracked(_pipeline(args.passes, ex_args, built.kwargs), stages),
+                prog = export(model, ex_args, ex_kwargs, dynamic_shapes=dyn,
+                              passes=_tracked(_pipeline(args.passes, ex_args, ex_kwargs), stages),
                               trace_strict=args.trace_strict, strict=args.strict,
                               regional=not args.no_regional, cache=not args.no_cache)
         except ExportError as e:
