@@ -168,9 +168,9 @@ def main(what: str, dtype_name: str) -> None:
     if what == "linear":     # matmul groups: one row, several, the most a group takes (16)
         from fusion_models import (BiasGeluHead, Conv1DBlock, DecoderLayer, LongLoneProjections, LoneProjections,
                                    PackedGatedMLP)
-        from ostinato.backends.cuda.kernels import fused
+        from ostinato.backends.cuda.kernels import split_k
         from ostinato.backends.cuda.kernels.fused import launcher
-        fused._SPLIT_K_MIN_WEIGHTS = 0      # lone_long_k's small weights split as a Llama-1B down projection's
+        split_k._SPLIT_K_MIN_WEIGHTS = 0    # lone_long_k's small weights split as a Llama-1B down projection's
         # the default pipeline's ost.linear takes fc + GELU as one op (the activation becomes the epilogue);
         # the generic pipeline leaves aten.gelu for the scheduler
         items = [(f"decoder_rows{m}", lambda m=m: (DecoderLayer().to(dtype), DecoderLayer.inputs(m, dtype), None))

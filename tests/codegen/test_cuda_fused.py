@@ -172,7 +172,7 @@ def test_split_k_layers_replayed(dtype, monkeypatch):
     the graph's pool that earlier nodes write on every replay are there to be reused): the counters must
     keep their zeros from one replay to the next. Found on an H200: with the scratch taken from the
     graph's pool, every suite decoder with a split-K down projection replayed wrong (max error ~1)."""
-    from ostinato.backends.cuda.kernels import fused as fused_module
+    from ostinato.backends.cuda.kernels import fused as fused_module, split_k
 
     class Layers(torch.nn.Module):
         def __init__(self, d=8192, r=64, layers=4):
@@ -185,7 +185,7 @@ def test_split_k_layers_replayed(dtype, monkeypatch):
                 x = x + up(down(torch.tanh(x) * 0.5)) * 0.1
             return x
 
-    monkeypatch.setattr(fused_module, "_SPLIT_K_MIN_WEIGHTS", 0)     # these small weights split as a 1B's
+    monkeypatch.setattr(split_k, "_SPLIT_K_MIN_WEIGHTS", 0)     # these small weights split as a 1B's
     torch.manual_seed(0)
     model = Layers().eval().to(dtype).cuda()
     prog = ostinato.export(model, (torch.randn(1, 8192, dtype=dtype, device="cuda"),), passes=GENERIC_PIPELINE)

@@ -167,8 +167,8 @@ def test_linear_variants_compile_for_sm90(monkeypatch):
     builds = [c.build for c in CASES] + [lambda dt, m=m, cls=cls: (cls().to(dt), cls.inputs(m, dt))
                                          for m in (1, 3) for cls in (DecoderLayer, Conv1DBlock, PackedGatedMLP, LoneProjections)]
     builds.append(lambda dt: (LongLoneProjections().to(dt), LongLoneProjections.inputs(1, dt)))    # split-K
-    from ostinato.backends.cuda.kernels import fused as fused_module
-    monkeypatch.setattr(fused_module, "_SPLIT_K_MIN_WEIGHTS", 0)     # its small weights split too
+    from ostinato.backends.cuda.kernels import split_k
+    monkeypatch.setattr(split_k, "_SPLIT_K_MIN_WEIGHTS", 0)     # its small weights split too
     compiled, splits = set(), 0
     for build in builds:
         for dtype in (torch.bfloat16, torch.float32):
@@ -249,7 +249,7 @@ def test_lone_tiles():
     """One-row projections with no neighbour: a long K splits (Llama-1B's down projection four ways), a
     short one takes 4 columns per program; a norm before it, an epilogue, several rows or the switch
     OSTINATO_SPLIT_K=0 leave linear_blocks' tiles."""
-    from ostinato.backends.cuda.kernels.fused import lone_tiles
+    from ostinato.backends.cuda.kernels.split_k import lone_tiles
     from ostinato.codegen.spec import GroupSpec, LinearSpec
 
     def group(ops: list) -> GroupSpec:     # (only what lone_tiles reads matters)
@@ -348,26 +348,27 @@ def test_split_k_scratch_is_never_shared_by_a_capture():
     the next pair reserved before it (made outside the graph's pool), held for the graph and zeroed after
     it; a launch the reserve does not fit, or one inside a capture ostinato did not make, gets a pair of
     its own whose counters are zeroed by the capture itself."""
-    from ostinato.backends.cuda.kernels.fused import (LinearLauncher, _LinearPlan, owned_scratch, recording_scratch,
-                                                      reserve_scratch, zero_counters)
+    from ostinato.backends.cuda.kernels.fused import _LinearPlan
+    from ostinato.backends.cuda.kernels.split_k import (owned_scratch, recording_scratch, reserve_scratch,
+                                                        split_scratch, zero_counters)
     plan = _LinearPlan(kernel=None, grid=(5, 4), pro_ints=[], epi_ints=[], tail=[40, 8192, 40], pro_shapes=[],
                        epi_shape=None, mm_shape=(1, 40), views=[], nsplit=4, kslice=2048, scratch={})
     other = _LinearPlan(kernel=None, grid=(3, 2), pro_ints=[], epi_ints=[], tail=[24, 4096, 24], pro_shapes=[],
                         epi_shape=None, mm_shape=(1, 24), views=[], nsplit=2, kslice=2048, scratch={})
     cpu = torch.device("cpu")
     with recording_scratch() as shapes:
-        a = LinearLauncher._split_scratch(plan, cpu, False)
-        b = LinearLauncher._split_scratch(plan, cpu, False)
+        a = split_scratch(plan, cpu, False)
+        b = split_scratch(plan, cpu, False)
     assert a[0] is b[0] and a[1] is b[1] and a[2] == 2048
     assert a[0].shape == (4, 40) and a[1].shape == (5,) and int(a[1].abs().sum()) == 0
     assert shapes == [((4, 40), 5), ((4, 40), 5)]
     reserve = reserve_scratch(shapes, cpu)
     made = [id(t) for pair in reserve for t in pair]
     with owned_scratch(reserve) as held:
-        c = LinearLauncher._split_scratch(plan, cpu, True)
-        f = LinearLauncher._split_scratch(other, cpu, True)     # not foreseen: a pair of its own, not held
-        d = LinearLauncher._split_scratch(plan, cpu, True)
-        g = LinearLauncher._split_scratch(plan, cpu, True)      # the reserve is spent: likewise
+        c = split_scratch(plan, cpu, True)
+        f = split_scratch(other, cpu, True)     # not foreseen: a pair of its own, not held
+        d = split_scratch(plan, cpu, True)
+        g = split_scratch(plan, cpu, True)      # the reserve is spent: likewise
     assert len(held) == 2 and not reserve and c[1] is not d[1] and c[1] is not a[1]
     assert [id(t) for pair in held for t in pair] == made == [id(c[0]), id(c[1]), id(d[0]), id(d[1])]
     assert f[0].shape == (2, 24) and f[1].shape == (3,) and int(f[1].abs().sum()) == 0
@@ -376,5 +377,5 @@ def test_split_k_scratch_is_never_shared_by_a_capture():
         cnt.fill_(3)
     zero_counters(held)
     assert all(int(cnt.abs().sum()) == 0 for _, cnt in held)
-    e = LinearLauncher._split_scratch(plan, cpu, True)      # someone else's capture: fresh zeros
+    e = split_scratch(plan, cpu, True)      # someone else's capture: fresh zeros
     assert e[1] is not a[1] and int(e[1].abs().sum()) == 0

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from ..backends.cuda.compile_workers import wait_for_compiles
-from ..backends.cuda.kernels.fused import owned_scratch, recording_scratch, reserve_scratch, zero_counters
+from ..backends.cuda.kernels.split_k import owned_scratch, recording_scratch, reserve_scratch, zero_counters
 from ..backends.cuda.runtime import KernelLibrary, awaiting_compiles
 from .capture import CompilesInFlight
 from .regions import capture_steps, chain, write_back
@@ -79,7 +79,7 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
     # capture must find every binary loaded, and the compiles ran in parallel rather than one by one.
     # Without ``wait`` the capture is given up instead (the warm-up restored the state already).
     # The last warm-up records the split-K scratch its launches take: the capture's pairs are made
-    # before it begins, outside the graph's pool (fused.LinearLauncher._split_scratch says why).
+    # before it begins, outside the graph's pool (kernels/split_k.split_scratch says why).
     deferred = KernelLibrary.counts["deferred"]
     with recording_scratch() as scratch:
         warm_up()

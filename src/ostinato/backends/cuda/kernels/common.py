@@ -8,10 +8,15 @@ MAX_BLOCK = 1 << 16   # one program holds a whole row; rows longer than this are
 
 def block_for(n: int) -> int:
     """The power-of-two block that holds ``n`` elements."""
-    block = 1 << (max(int(n), 1) - 1).bit_length()
+    block = pow2(n)
     if block > MAX_BLOCK:
         raise ValueError(f"a row of {n} elements is longer than these kernels handle ({MAX_BLOCK})")
     return block
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two at least ``n`` (1 for n <= 1)."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
 
 
 def cdiv(a: int, b: int) -> int:

@@ -10,8 +10,6 @@ without importing Triton.
 """
 from __future__ import annotations
 
-import collections
-import contextlib
 import math
 import os
 import threading
@@ -22,11 +20,12 @@ from ....codegen.prims import DTYPES, REDUCTIONS, compute_code
 from ....codegen.reference import (base_shape, epilogue_inputs, evaluate, evaluate_linear, iteration_shape, parse,
                                    split_dims, split_linear_args)
 from ....codegen.spec import GroupSpec, LinearSpec
-from ....codegen.triton_source import can_split_k, render, render_linear, split_stages
+from ....codegen.triton_source import render, render_linear, split_stages
 from ....ir.fused_ops import _packed_rows
 from ...cuda.binaries import register_source
 from ..runtime import KernelLibrary
-from .common import cdiv
+from .common import cdiv, pow2 as _pow2
+from .split_k import lone_tiles, split_scratch
 
 MAX_PERSISTENT_ROW = 4096   # rows up to this many elements are held in registers
 _LOOP_RBLOCK = 4096        # long rows: few, wide iterations (each pass over a row is a chain of dependent loads)
@@ -61,10 +60,6 @@ def _across_memory(xst: list[list[int]], rst: list[list[int]]) -> bool:
 def split_enabled() -> bool:
     """OSTINATO_SPLIT_REDUCTION=0 keeps every long row in one program (the A/B switch of split rows)."""
     return os.environ.get("OSTINATO_SPLIT_REDUCTION", "1") != "0"
-
-
-def _pow2(n: int) -> int:
-    return 1 << (max(int(n), 1) - 1).bit_length()
 
 
 def _collapse(sizes: list[int], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:
@@ -321,88 +316,6 @@ def linear_blocks(m: int, n: int, k: int, slices: int, transposed: bool = False)
     return nblock, rblock, 4
 
 
-def split_k_enabled() -> bool:
-    """OSTINATO_SPLIT_K=0 keeps every one-row matmul group one program per column block walking all of K,
-    and its tiles as linear_blocks gives them (the A/B switch of ``lone_tiles``)."""
-    return os.environ.get("OSTINATO_SPLIT_K", "1") != "0"
-
-
-_SPLIT_K_PROGRAMS = 1024    # split K until about this many programs run (several per SM)
-_SPLIT_K_MIN = 2048         # elements of K each split walks, at least
-_SPLIT_K_RBLOCK = 256
-# where the probe measured each choice (the smallest weight split, the columns of the narrow tiles); other
-# shapes keep linear_blocks' tiles (Qwen2.5-0.5B's decode, [896 -> 896] and [4864 -> 896], was 2% slower
-# with both, not measured apart)
-_SPLIT_K_MIN_WEIGHTS = 16 << 20
-_NARROW_COLUMNS = (2048, 4096)
-
-
-def lone_tiles(spec: LinearSpec, m: int, n: int, k: int) -> tuple[int, int, int] | None:
-    """(NBLOCK, RBLOCK, NSPLIT) of a one-row matmul group whose prologue reduces nothing and that has no
-    epilogue (a lone projection: a Llama layer's o and down projections), else None (linear_blocks').
-    From bench/splitk_probe.py on an H200 (bf16, 16 launches over 16 weights in one CUDA graph): a
-    one-row [8192 -> 2048] GEMV took 20.5 us walking all of K in 256 programs of 8 columns, 14.2 us in
-    512 programs of 4, and 12.2 us split four ways (1024 programs of 8 columns, K in steps of 256); at
-    K=2048 no split won, and 4 columns per program beat 8 (5.2 against 6.7 us at [2048 -> 2048])."""
-    if m != 1 or spec.wt or not can_split_k(spec) or not split_k_enabled() \
-            or any(op[0] in REDUCTIONS for op in spec.pro.ops):
-        return None
-    blocks, nsplit = cdiv(n, 8), 1
-    while (nsplit < 8 and blocks * nsplit < _SPLIT_K_PROGRAMS and k // (2 * nsplit) >= _SPLIT_K_MIN
-           and n * k >= _SPLIT_K_MIN_WEIGHTS):
-        nsplit *= 2
-    if nsplit > 1:
-        return 8, _SPLIT_K_RBLOCK, nsplit
-    if _NARROW_COLUMNS[0] <= n <= _NARROW_COLUMNS[1]:
-        return 4, max(16, min(512, _pow2(k))), 1
-    return None
-
-
-_CAPTURE = threading.local()
-
-
-@contextlib.contextmanager
-def recording_scratch():
-    """Around the warm-up before ostinato's capture: the split-K scratch each launch takes, in launch
-    order (a list of (partials shape, counter count)), so the capture can be handed pairs made before it
-    began (``reserve_scratch``)."""
-    outer = getattr(_CAPTURE, "recording", None)
-    shapes: list = []
-    _CAPTURE.recording = shapes
-    try:
-        yield shapes
-    finally:
-        _CAPTURE.recording = outer
-
-
-def reserve_scratch(shapes: list, device: torch.device) -> collections.deque:
-    """Split-K pairs for a capture, made outside it (so not from the graph's pool): fp32 partials and
-    zeroed counters, one per launch the warm-up recorded, in that order."""
-    return collections.deque((torch.empty(ws, dtype=torch.float32, device=device),
-                              torch.zeros(blocks, dtype=torch.int32, device=device)) for ws, blocks in shapes)
-
-
-@contextlib.contextmanager
-def owned_scratch(reserve: collections.deque | None = None):
-    """Around a CUDA graph's capture: the split-K scratch its launches take (a list of (partials,
-    counters) pairs, filled during the capture from ``reserve``, in order). The caller keeps the list as
-    long as the graph and zeroes the counters after the capture, before the graph's first replay
-    (``zero_counters``)."""
-    outer = getattr(_CAPTURE, "held", None), getattr(_CAPTURE, "reserve", None)
-    held: list = []
-    _CAPTURE.held, _CAPTURE.reserve = held, reserve if reserve is not None else collections.deque()
-    try:
-        yield held
-    finally:
-        _CAPTURE.held, _CAPTURE.reserve = outer
-
-
-def zero_counters(held: list) -> None:
-    """Zero the counters of a capture's split-K scratch (outside the capture: once, not per replay)."""
-    for _, cnt in held:
-        cnt.zero_()
-
-
 class _LinearPlan:
     __slots__ = ("kernel", "grid", "pro_ints", "epi_ints", "tail", "pro_shapes", "epi_shape", "mm_shape", "views",
                  "nsplit", "kslice", "scratch")
@@ -498,47 +411,6 @@ class LinearLauncher:
                            mm_shape=rows + (ntot,), views=views, nsplit=nsplit,
                            kslice=cdiv(cdiv(k, nsplit), rblock) * rblock, scratch={})
 
-    @staticmethod
-    def _split_scratch(plan: _LinearPlan, device: torch.device, capturing: bool) -> list:
-        """A split-K launch's partials and arrival counters (the counters are zero before a launch and the
-        last program of each column block sets its own back to zero). Outside a capture: one pair per
-        (device, stream), shared by every launch of this plan there (each layer's), which run one after
-        another. Inside ostinato's CUDA graph capture a pair of the launch's own, kept by the graph
-        (``owned_scratch``), so a graph never shares counters with another graph or stream (two graphs
-        replayed at once on two streams would interleave their counts); in a capture not made by
-        ostinato, a pair from the capture's pool whose counters a captured memset zeroes.
-
-        A held pair is never taken from the graph's pool: a block of the pool may have held a temporary
-        that an earlier node of the same graph writes on every replay (blocks freed inside a capture are
-        reused by later allocations there), which would overwrite the counters' zeros between replays.
-        Nor can it be allocated elsewhere during the capture (a new segment's cudaMalloc is refused while
-        a stream captures). So the warm-up before the capture records each launch's pair shapes
-        (``recording_scratch``), the pairs are made before the capture begins (``reserve_scratch``), and
-        each launch in the capture takes the next; a launch the warm-up did not foresee falls back to a
-        pair zeroed by a captured memset."""
-        ws_shape, blocks = (plan.nsplit, plan.tail[0]), plan.grid[0]
-
-        def new_pair(zeroed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-            counters = torch.zeros if zeroed else torch.empty
-            return (torch.empty(ws_shape, dtype=torch.float32, device=device),
-                    counters(blocks, dtype=torch.int32, device=device))
-        if capturing:
-            held, reserve = getattr(_CAPTURE, "held", None), getattr(_CAPTURE, "reserve", None)
-            if held is not None and reserve and tuple(reserve[0][0].shape) == ws_shape \
-                    and reserve[0][1].numel() == blocks:
-                pair = reserve.popleft()
-                held.append(pair)
-                return [*pair, plan.kslice]
-            return [*new_pair(zeroed=True), plan.kslice]
-        recording = getattr(_CAPTURE, "recording", None)
-        if recording is not None:
-            recording.append((ws_shape, blocks))
-        key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
-        pair = plan.scratch.get(key)
-        if pair is None:
-            pair = plan.scratch[key] = new_pair(zeroed=True)
-        return [*pair, plan.kslice]
-
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
         spec = self.spec
         tensors, scalars = args[:self.n_tensors], args[self.n_tensors:]
@@ -575,7 +447,7 @@ class LinearLauncher:
         outs += [mm.narrow(-1, start, size) for start, size in plan.views]
         if plan.nsplit > 1:
             capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-            tail = plan.tail + self._split_scratch(plan, device, capturing)
+            tail = plan.tail + split_scratch(plan, device, capturing)
         else:
             tail = plan.tail
         return kargs + tail, tuple(outs + epi_outs)
