@@ -16,7 +16,7 @@ import torch  # noqa: E402
 import ostinato  # noqa: E402
 from ostinato.passes import DEFAULT_PIPELINE, GENERIC_PIPELINE  # noqa: E402
 from fusion_backend import InterpretedFusionBackend, fused_executable, fused_ops  # noqa: E402
-from fusion_models import CASES  # noqa: E402
+from fusion_models import CASES, GroupNormSiLU as ResCore  # noqa: E402
 from helpers import assert_same  # noqa: E402
 
 # fp16 on the CPU: eager rounds some ops differently from the kernel's fp32 arithmetic (one ulp of fp16).
@@ -257,6 +257,10 @@ def main(what: str, dtype_name: str) -> None:
         items.append(("pooled_channels_last_looped", lambda: (PooledChannelsLast(), (torch.randn(2, 24, 70, 70),), 1)))
         # a reduction-only group of few long rows, with NaN in one row: max/min keep it across split parts
         items.append(("few_long_rows_nan", lambda: (LongRowStats(), (_with_nan(torch.randn(3, 9000)),), 1)))
+        # few long rows of a GroupNorm + SiLU (parts of unequal length) and of a variance about a value
+        # other than the mean, over an input far from zero: a split row's centred pair (moment_pairs)
+        items.append(("split_group_norm", lambda: (ResCore(64, 8), (torch.randn(2, 64, 40, 40) * 3 + 50,), None)))
+        items.append(("split_shifted_moment", lambda: (ShiftedMoment(), (torch.randn(3, 9000) * 2 + 30,), 1)))
         tol = 1e-4
     for name, make in items:
         torch.manual_seed(0)
@@ -298,6 +302,15 @@ class LongRowStats(torch.nn.Module):
         return m, x.amax(-1), x.amin(-1), ((x - m) ** 2).sum(-1)
 
 
+class ShiftedMoment(torch.nn.Module):
+    """Squares about the mean plus an offset, as a user might write a biased second moment."""
+
+    def forward(self, x):
+        c = x - (x.sum(-1, keepdim=True) / x.shape[-1] + 0.125)
+        v = (c * c).sum(-1, keepdim=True) / x.shape[-1]
+        return c * torch.rsqrt(v + 1e-5), v
+
+
 def _with_nan(x):
     x[1, 4321] = float("nan")
     return x
@@ -310,6 +323,13 @@ def _split_rows_seen() -> str:
                 if p is not None and hasattr(p, "ws_shape"))
     if split_enabled() != (split > 0):
         return f"{split} split launch plans with OSTINATO_SPLIT_REDUCTION={os.environ.get('OSTINATO_SPLIT_REDUCTION')}"
+    # the centred pairs (moment_pairs) of the split norms and variances share a kernel: one fewer each
+    from ostinato.codegen.triton_source import moment_pairs, split_slots
+    paired = [(len(p.stages) + 1, split_slots(f.spec) + 1 - len(moment_pairs(f.spec)))
+              for f in _LAUNCHERS.values() for p in getattr(f, "_plans", {}).values()
+              if getattr(p, "ws_shape", None) is not None and moment_pairs(f.spec)]
+    if split_enabled() and (len(paired) < 3 or any(k != want for k, want in paired)):
+        return f"split launch plans with a centred pair (kernels, expected): {paired}"
     return "ok"
 
 

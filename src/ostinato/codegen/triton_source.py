@@ -232,26 +232,44 @@ class _Emitter:
 
     def split_reductions(self, stage: int) -> bool:
         """A split row's statistics (``chunk``: this program's part of the row). Stage k < the number of
-        reductions: the earlier reductions combined from their partials, then reduction k over this
-        part, stored as its partial (returns False: nothing else to emit). The last stage: every
-        reduction combined from its partials, then the row-level ops (returns True)."""
+        stages - 1: the reductions before the stage's own combined from their partials, then its own over
+        this part, stored as its partial (with its centred partner's, moment_pairs; returns False:
+        nothing else to emit). The last stage: every reduction combined from its partials, then the
+        row-level ops (returns True)."""
         spec = self.spec
         reds = [i for i, op in enumerate(spec.ops) if op[0] in REDUCTIONS]
+        pairs = moment_pairs(spec)
+        slot = {j: e for e, j in enumerate(reds)}
+        own = [j for j in reds if j not in pairs]
+        target = own[stage] if stage < len(own) else len(spec.ops)
         r_done: set[int] = set()
         if stage:
             self.line("sidx = tl.arange(0, SBLOCK)[None, :]")
-        for e, j in enumerate(reds[:stage]):
+        for j in [j for j in reds if j < target]:
             self._emit_r_before(j, r_done)
             rname = spec.ops[j][0]
-            self.line(f"p{j} = tl.load(ws + ({e} * xnumel + xidx) * nsplit + sidx, mask=xmask & (sidx < nsplit), "
+            self.line(f"p{j} = tl.load(ws + ({slot[j]} * xnumel + xidx) * nsplit + sidx, mask=xmask & (sidx < nsplit), "
                       f"other={REDUCTIONS[rname][0]})")
-            self.line(f"v{j} = {self._reduced(rname, f'p{j}')}")
+            if j in pairs:
+                # sum over the row of (e - m)^2 = sum over parts of (their square sum about their own
+                # mean + n_part * (mean_part - m)^2), m the row-level value the group subtracts
+                m = spec.ops[spec.ops[spec.ops[j][3]][3]][4]
+                self.line(f"n{j} = tl.maximum(tl.minimum(rchunk, rnumel - sidx * rchunk), 1).to(tl.float32)")
+                self.line(f"dm{j} = p{pairs[j]} / n{j} - v{m}")
+                self.line(f"v{j} = tl.sum(p{j} + tl.where(sidx < nsplit, n{j} * dm{j} * dm{j}, 0.0), axis=1)[:, None]")
+            else:
+                self.line(f"v{j} = {self._reduced(rname, f'p{j}')}")
             r_done.add(j)
-        if stage < len(reds):
-            j = reds[stage]
+        if stage < len(own):
+            j = target
+            start, stop = "chunk * rchunk", "tl.minimum(rnumel, chunk * rchunk + rchunk)"
             self._emit_r_before(j, r_done)
-            self._accumulate(j, "chunk * rchunk", "tl.minimum(rnumel, chunk * rchunk + rchunk)")
-            self.line(f"tl.store(ws + ({stage} * xnumel + xidx) * nsplit + chunk, v{j}, mask=xmask)")
+            self._accumulate(j, start, stop)
+            self.line(f"tl.store(ws + ({slot[j]} * xnumel + xidx) * nsplit + chunk, v{j}, mask=xmask)")
+            for j2 in [k for k, first in pairs.items() if first == j]:
+                self.line(f"cm{j} = v{j} / ({stop} - {start}).to(tl.float32)")
+                self._accumulate(j, start, stop, centre=f"cm{j}", name=f"q{j}")
+                self.line(f"tl.store(ws + ({slot[j2]} * xnumel + xidx) * nsplit + chunk, q{j}, mask=xmask)")
             return False
         self._emit_r_before(len(spec.ops), r_done)
         return True
@@ -263,23 +281,29 @@ class _Emitter:
         self.emit_ops(ids, 1)
         r_done.update(ids)
 
-    def _accumulate(self, j: int, start: str, stop: str) -> None:
+    def _accumulate(self, j: int, start: str, stop: str, centre: str | None = None, name: str | None = None) -> None:
         """Reduction ``j`` over the row elements [start, stop) in RBLOCK chunks (recomputing the
-        pointwise ops it reads), as ``v{j}`` of shape [XBLOCK, 1]."""
+        pointwise ops it reads), as ``v{j}`` of shape [XBLOCK, 1]. With ``centre`` (a sum): the sum of
+        (operand - centre)^2 instead, as ``name``."""
         rname, code, _, arg = self.spec.ops[j]
         ident = REDUCTIONS[rname][0]
-        self.line(f"acc{j} = tl.full([XBLOCK, RBLOCK], {ident}, {_ct(code)})")
+        acc, name = (f"acc{j}", f"v{j}") if centre is None else (f"cacc{j}", name)
+        self.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {ident}, {_ct(code)})")
         self.line(f"for r0 in range({start}, {stop}, RBLOCK):")
         self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.i64 else ""), 2)
         self._row_body(2)
         self.emit_ops(self.needed([arg], "x"), 2)
-        val = f"tl.where(mask, {self._conv(arg, code)}, {ident})"
+        term = self._conv(arg, code)
+        if centre is not None:
+            self.line(f"c{j} = {term} - {centre}", 2)
+            term = f"c{j} * c{j}"
+        val = f"tl.where(mask, {term}, {ident})"
         if rname == "sum":
-            self.line(f"acc{j} = acc{j} + {val}", 2)
+            self.line(f"{acc} = {acc} + {val}", 2)
         else:
             fn = "tl.maximum" if rname == "rmax" else "tl.minimum"
-            self.line(f"acc{j} = {fn}(acc{j}, {val}, propagate_nan=tl.PropagateNan.ALL)", 2)
-        self.line(f"v{j} = {self._reduced(rname, f'acc{j}')}")
+            self.line(f"{acc} = {fn}({acc}, {val}, propagate_nan=tl.PropagateNan.ALL)", 2)
+        self.line(f"{name} = {self._reduced(rname, acc)}")
 
     def _row_body(self, indent: int) -> None:
         self.line("rmask = ridx < rnumel", indent)
@@ -331,9 +355,43 @@ def render(spec: GroupSpec, xr: int, rr: int, loop: bool, i64: bool, interpreted
     return head + f"# spec: {spec.to_json()}\n" + body, name
 
 
+def moment_pairs(spec: GroupSpec) -> dict[int, int]:
+    """The reductions a split row takes from its parts' centred sums, ``j2 -> j1``: op j2 sums
+    (e - m)^2 in fp32 (no rounding between; the square as a product or a power of 2), m any row-level
+    value, and op j1 is an earlier fp32 sum of the same e (a variance's mean: norms, var). Each part
+    stores its sum of e and its sum of squares about its own mean, in one kernel; the combination adds
+    n_part * (mean_part - m)^2 per part (Chan's parallel variance), exact for any m. A norm's split row
+    then takes two kernels instead of three, reading its input twice instead of three times."""
+    ops = spec.ops
+    sums: dict[int, int] = {}       # a summed fp32 operand -> the first sum of it
+    pairs: dict[int, int] = {}
+    for j, op in enumerate(ops):
+        if op[0] != "sum" or op[1] != "f32":
+            continue
+        sq = ops[op[3]]
+        d = None
+        if sq[1] == "f32" and sq[2] == "x" and sq[0] == "mul" and sq[3] == sq[4]:
+            d = sq[3]
+        elif sq[1] == "f32" and sq[2] == "x" and sq[0] == "pow" and ops[sq[4]][0] == "const" \
+                and decode_const(ops[sq[4]][3]) == 2.0:
+            d = sq[3]
+        if d is not None and ops[d][0] == "sub" and ops[d][1] == "f32" and ops[d][2] == "x" \
+                and ops[ops[d][4]][2] == "r" and ops[ops[d][3]][2] == "x" and ops[d][3] in sums:
+            pairs[j] = sums[ops[d][3]]
+        else:
+            sums.setdefault(op[3], j)
+    return pairs
+
+
 def split_stages(spec: GroupSpec) -> int:
-    """How many kernels a split row takes: one per reduction (its partials), then the last."""
-    return sum(op[0] in REDUCTIONS for op in spec.ops) + 1
+    """How many kernels a split row takes: one per reduction (its partials; a centred pair of
+    moment_pairs shares one), then the last."""
+    return sum(op[0] in REDUCTIONS for op in spec.ops) - len(moment_pairs(spec)) + 1
+
+
+def split_slots(spec: GroupSpec) -> int:
+    """The partials a split row stores per part: one per reduction."""
+    return sum(op[0] in REDUCTIONS for op in spec.ops)
 
 
 # A matmul group (spec.LinearSpec): the prologue's and the epilogue's emitters write their names with

@@ -20,7 +20,7 @@ from ....codegen.prims import DTYPES, REDUCTIONS, compute_code
 from ....codegen.reference import (base_shape, epilogue_inputs, evaluate, evaluate_linear, iteration_shape, parse,
                                    split_dims, split_linear_args)
 from ....codegen.spec import GroupSpec, LinearSpec
-from ....codegen.triton_source import render, render_linear, split_stages
+from ....codegen.triton_source import render, render_linear, split_slots, split_stages
 from ....ir.fused_ops import _packed_rows
 from ...cuda.binaries import register_source
 from ..runtime import KernelLibrary
@@ -257,7 +257,7 @@ class FusedLauncher:
             kernels.append(lib.kernel(name, XBLOCK=1, RBLOCK=_SPLIT_RBLOCK, SBLOCK=_pow2(nsplit), num_warps=4))
         grid = (xnumel, nsplit)
         return _LaunchPlan(kernels[-1], tuple(ints) + (rchunk, nsplit), grid, out_shapes, False, formats,
-                           stages=tuple(kernels[:-1]), ws_shape=(n_stages - 1, xnumel, nsplit))
+                           stages=tuple(kernels[:-1]), ws_shape=(split_slots(self.spec), xnumel, nsplit))
 
     def __call__(self, *args) -> tuple[torch.Tensor, ...]:
         tensors = args[:self.n_in]
