@@ -10,32 +10,16 @@ tolerance from TF32 eager, yet as close to float64 as eager is, is not less accu
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
 
 import torch
-from torch.utils import _pytree as pytree
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 from bench.suite import configs, measure, runners, workloads  # noqa: E402
-
-
-class tf32:
-    """Set torch's TF32 switches (cuDNN and cuBLAS) for a block."""
-
-    def __init__(self, on: bool):
-        self.on = on
-
-    def __enter__(self):
-        self.old = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.on
-
-    def __exit__(self, *exc):
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.old
 
 
 def outputs(fn, steps, restore) -> list:
@@ -65,15 +49,14 @@ def main() -> None:
                 b.copy_(initial[n])
 
     refs = {"eager (torch defaults)": outputs(wl.model, wl.steps, restore)}
-    with tf32(False):
+    old = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
         refs["eager, TF32 off"] = outputs(wl.model, wl.steps, restore)
-    m64 = copy.deepcopy(wl.model).double()
-    to64 = lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
-    steps64 = [pytree.tree_map(to64, s) for s in wl.steps]
-    with tf32(False):
-        refs["float64"] = [measure.snapshot(measure.call(m64, steps64[i % len(steps64)]))
-                           for i in range(measure.CHECK_STEPS)]
-    del m64
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+    refs["float64"] = measure.float64_outputs(wl.model, wl.steps)
+    restore()
     results = {name: {r: worst(outs, ref) for r, ref in refs.items()} for name, outs in refs.items()}
     program = None
     if any(r.startswith("ostinato") for r in a.runners.split(",")):

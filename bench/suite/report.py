@@ -213,6 +213,14 @@ def markdown(doc: dict) -> str:
     lines += ["", "## Failures", ""]
     lines += [f"- {f['config']} / {f['runner']}: {f['status']}: {f['detail']}" for f in doc.get("failures", [])] \
         or ["none"]
+    checked = [(rec["config"]["name"], runner, cell) for rec in doc["configs"]
+               for runner, cell in rec.get("cells", {}).items() if "float64_error" in cell]
+    if checked:
+        lines += ["", "## Checked against float64", "",
+                  "float32 runners further than the tolerance from eager, judged by their distance from a float64 "
+                  "copy's outputs against eager's own (at most 2x: torch's benchmark rule):", ""]
+        lines += [f"- {name} / {runner}: {cell['max_error']:.3g} from eager; {cell['float64_check']}"
+                  for name, runner, cell in checked]
     lines += ["", "Configurations:", ""]
     lines += [f"- {rec['config']['name']}: {rec.get('description', '')}" for rec in doc["configs"]]
     return "\n".join(lines) + "\n"

@@ -218,8 +218,57 @@ def test_startup_in_fresh_processes(tmp_path):
 
 
 def test_fp32_tolerance_is_wider_on_cuda_only():
-    """cuDNN runs fp32 convolutions in TF32 by default: on CUDA an fp32 check allows 1e-3, on the CPU 1e-4;
-    the other dtypes are the same on both."""
+    """On CUDA an fp32 check allows 1e-3 (correct runners differ by more there), on the CPU 1e-4; the other
+    dtypes are the same on both."""
     assert measure.tolerance("float32", "cpu") == 1e-4 and measure.tolerance("float32", "cuda") == 1e-3
     for dt in ("bfloat16", "float16"):
         assert measure.tolerance(dt, "cuda") == measure.tolerance(dt, "cpu") == measure.TOLERANCE[dt]
+
+
+def test_float32_runner_judged_against_float64_when_eager_is_off_too():
+    """A float32 runner further than the tolerance from eager is right when it is at most 2x as far from
+    the float64 outputs as eager is (an ill-conditioned model: Mamba's scan), and wrong beyond; a
+    reference without float64 outputs, or one whose float64 run fails, keeps the plain check."""
+    g = torch.Generator().manual_seed(0)
+    exact = torch.rand(4, 8, generator=g, dtype=torch.float64) - 0.5     # |ref| < 1: errors unscaled
+    noise = torch.randn(4, 8, generator=g, dtype=torch.float64).sign() * 1e-3
+    eager = (exact + noise).float()
+    steps = [((), {})]
+
+    def cell_of(out, exact_fn):
+        ref = measure.Reference([eager], 1e-4, exact_fn)
+        cell, fn = measure.prepare_cell(lambda: (lambda: out), steps, ref, torch.device("cpu"), 0, warmups=1)
+        return cell, fn
+
+    calls = []
+
+    def exact_fn():
+        calls.append(1)
+        return [exact]
+    near = (exact - 0.5 * noise).float()          # 1.5e-3 from eager, 0.5e-3 from float64: right
+    cell, fn = cell_of(near, exact_fn)
+    assert fn is not None and cell["max_error"] > 1e-4
+    assert cell["float64_error"] == pytest.approx(5e-4, rel=1e-3)
+    assert cell["eager_float64_error"] == pytest.approx(1e-3, rel=1e-3)
+    far = (exact - 2.5 * noise).float()           # 2.5e-3 from float64, more than twice eager's 1e-3: wrong
+    cell, fn = cell_of(far, exact_fn)
+    assert fn is None and cell["status"] == "wrong" and cell["float64_check"].startswith("wrong")
+    cell, fn = cell_of(near, None)
+    assert fn is None and cell["status"] == "wrong" and "float64_error" not in cell
+
+    def broken():
+        raise RuntimeError("index_copy_(): self and source expected to have the same dtype")
+    cell, fn = cell_of(near, broken)
+    assert fn is None and "float64 reference failed" in cell["float64_check"] and "same dtype" in cell["float64_check"]
+    cell, fn = cell_of(eager, exact_fn)           # within the tolerance: float64 never computed
+    assert fn is not None and "float64_check" not in cell
+    assert len(calls) == 2                        # one Reference each time it was needed
+
+
+def test_float64_outputs_of_a_copy_leave_the_model_alone():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).eval()
+    x = torch.randn(2, 8)
+    outs = measure.float64_outputs(model, [((x,), {})], n=2)
+    assert len(outs) == 2 and outs[0].dtype == torch.float64
+    assert next(model.parameters()).dtype == torch.float32
+    torch.testing.assert_close(outs[0].float(), model(x).detach(), rtol=1e-5, atol=1e-6)
