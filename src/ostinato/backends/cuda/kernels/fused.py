@@ -62,6 +62,18 @@ def split_enabled() -> bool:
     return os.environ.get("OSTINATO_SPLIT_REDUCTION", "1") != "0"
 
 
+def split_tiles() -> tuple[int, int]:
+    """(programs a split row kernel aims at, elements per chunk of a part's walk): _TARGET_PROGRAMS and
+    _SPLIT_RBLOCK unless OSTINATO_SPLIT_PROGRAMS / OSTINATO_SPLIT_RBLOCK (a power of 2) say otherwise
+    (for sweeps, bench/profile_kernels.py --variants)."""
+    programs = int(os.environ.get("OSTINATO_SPLIT_PROGRAMS", _TARGET_PROGRAMS))
+    rblock = int(os.environ.get("OSTINATO_SPLIT_RBLOCK", _SPLIT_RBLOCK))
+    if programs < 1 or rblock < 16 or rblock & (rblock - 1):
+        raise ValueError(f"OSTINATO_SPLIT_PROGRAMS={programs} / OSTINATO_SPLIT_RBLOCK={rblock}: "
+                         "a positive count and a power of 2 from 16")
+    return programs, rblock
+
+
 def _collapse(sizes: list[int], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:
     """Drop size-1 dims and merge neighbours every operand walks contiguously (row-major order)."""
     keep = [d for d, s in enumerate(sizes) if s != 1]
@@ -238,23 +250,25 @@ class FusedLauncher:
         batch x groups rows of thousands of elements): each reduction then runs as partial sums over
         parts of the row, combined by the next kernel. 1: no split (many rows, switched off, or a
         reduction that does not accumulate in fp32)."""
-        if xnumel >= _TARGET_PROGRAMS or not split_enabled():
+        programs, rblock = split_tiles()
+        if xnumel >= programs or not split_enabled():
             return 1
         if any(op[0] in REDUCTIONS and compute_code(op[1]) != "f32" for op in self.spec.ops):
             return 1
-        return max(1, min(cdiv(rnumel, _SPLIT_RBLOCK), cdiv(_TARGET_PROGRAMS, xnumel)))
+        return max(1, min(cdiv(rnumel, rblock), cdiv(programs, xnumel)))
 
     def _split_plan(self, xs, rs, i64, ints, nsplit, out_shapes, formats) -> _LaunchPlan:
         """split_stages(spec) kernels over a (rows, nsplit) grid, each program walking ``rchunk``
         elements of its row: the reductions' partials one after the other, then the outputs."""
         xnumel, rnumel = math.prod(xs), math.prod(rs)
-        rchunk = cdiv(cdiv(rnumel, nsplit), _SPLIT_RBLOCK) * _SPLIT_RBLOCK
+        rblock = split_tiles()[1]
+        rchunk = cdiv(cdiv(rnumel, nsplit), rblock) * rblock
         nsplit = cdiv(rnumel, rchunk)
         n_stages = split_stages(self.spec)
         kernels = []
         for stage in range(n_stages):
             lib, name = self.library(len(xs), len(rs), True, i64, stage)
-            kernels.append(lib.kernel(name, XBLOCK=1, RBLOCK=_SPLIT_RBLOCK, SBLOCK=_pow2(nsplit), num_warps=4))
+            kernels.append(lib.kernel(name, XBLOCK=1, RBLOCK=rblock, SBLOCK=_pow2(nsplit), num_warps=4))
         grid = (xnumel, nsplit)
         return _LaunchPlan(kernels[-1], tuple(ints) + (rchunk, nsplit), grid, out_shapes, False, formats,
                            stages=tuple(kernels[:-1]), ws_shape=(split_slots(self.spec), xnumel, nsplit))
