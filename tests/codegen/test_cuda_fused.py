@@ -215,6 +215,18 @@ def test_scan_steps_fused_on_cuda(dtype, replay):
     exe = ostinato.compile(prog, device="cuda", replay=replay)
     with torch.no_grad():
         ref = model(*args)
-    for call in range(3):
-        assert_same(exe(*args), ref, tol=TOL[dtype], msg=f"call {call}:")
+        exact = model(*[a.double() for a in args])
+    if dtype == torch.float32:
+        for call in range(3):
+            assert_same(exe(*args), ref, tol=TOL[dtype], msg=f"call {call}:")
+    else:
+        # a bf16 scan rounds its state every token: eager itself is 0.063 from the exact result on the
+        # CPU (the test's 0.03 tolerance), and one element of a capture on an H100 was 0.055 from eager.
+        # So: at most twice as far from the float64 result as eager is, and close to eager
+        eager_err = max((r.double() - e).abs().max().item() for r, e in zip(ref, exact))
+        for call in range(3):
+            out = exe(*args)
+            err = max((o.double() - e).abs().max().item() for o, e in zip(out, exact))
+            assert err <= 2 * eager_err, f"call {call}: {err:.3g} from float64, eager {eager_err:.3g}"
+            assert_same(out, ref, tol=4 * TOL[dtype], msg=f"call {call}:")
     assert exe.stats()["fused_kernels"] >= args[0].shape[2]

@@ -244,21 +244,33 @@ class _Emitter:
         target = own[stage] if stage < len(own) else len(spec.ops)
         r_done: set[int] = set()
         if stage:
-            self.line("sidx = tl.arange(0, SBLOCK)[None, :]")
+            # the partials as 1-D tiles reduced to scalars (XBLOCK is 1: a program's row is its id), so
+            # no tile of theirs shares a layout with the output loop's (a [1, SBLOCK] tile that met a
+            # row value was given one that held a broadcast [1, RBLOCK] copy in every thread)
+            self.line("sidx = tl.arange(0, SBLOCK)")
+            self.line("smask = sidx < nsplit")
+            self.line("srow = tl.program_id(0)" + (".to(tl.int64)" if self.i64 else ""))
         for j in [j for j in reds if j < target]:
             self._emit_r_before(j, r_done)
             rname = spec.ops[j][0]
-            self.line(f"p{j} = tl.load(ws + ({slot[j]} * xnumel + xidx) * nsplit + sidx, mask=xmask & (sidx < nsplit), "
+            self.line(f"p{j} = tl.load(ws + ({slot[j]} * xnumel + srow) * nsplit + sidx, mask=smask, "
                       f"other={REDUCTIONS[rname][0]})")
             if j in pairs:
                 # sum over the row of (e - m)^2 = sum over parts of (their square sum about their own
-                # mean + n_part * (mean_part - m)^2), m the row-level value the group subtracts
-                m = spec.ops[spec.ops[spec.ops[j][3]][3]][4]
-                self.line(f"n{j} = tl.maximum(tl.minimum(rchunk, rnumel - sidx * rchunk), 1).to(tl.float32)")
-                self.line(f"dm{j} = p{pairs[j]} / n{j} - v{m}")
-                self.line(f"v{j} = tl.sum(p{j} + tl.where(sidx < nsplit, n{j} * dm{j} * dm{j}, 0.0), axis=1)[:, None]")
+                # mean + n_part * (mean_part - m)^2), m the row-level value the group subtracts; taken
+                # about part 0's mean k (u = mean_part - k, d = m - k: the parts' n (u - d)^2 summed
+                # is A - 2 d B + d^2 rnumel), so the row value m meets only scalars
+                m, first = spec.ops[spec.ops[spec.ops[j][3]][3]][4], pairs[j]
+                self.line(f"k{j} = tl.load(ws + ({slot[first]} * xnumel + srow) * nsplit) "
+                          f"/ tl.minimum(rchunk, rnumel).to(tl.float32)")
+                self.line(f"n{j} = tl.where(smask, tl.maximum(tl.minimum(rchunk, rnumel - sidx * rchunk), 1)"
+                          f".to(tl.float32), 0.0)")
+                self.line(f"u{j} = tl.where(smask, p{first} / tl.maximum(n{j}, 1.0) - k{j}, 0.0)")
+                self.line(f"d{j} = v{m} - k{j}")
+                self.line(f"v{j} = (tl.sum(p{j} + n{j} * u{j} * u{j}, axis=0) - 2.0 * d{j} * tl.sum(n{j} * u{j}, axis=0) "
+                          f"+ d{j} * d{j} * rnumel.to(tl.float32))")
             else:
-                self.line(f"v{j} = {self._reduced(rname, f'p{j}')}")
+                self.line(f"v{j} = {self._reduced(rname, f'p{j}', axis=0)}")
             r_done.add(j)
         if stage < len(own):
             j = target
@@ -318,14 +330,18 @@ class _Emitter:
         self.line(f"v{j} = {self._reduced(rname, f'r{j}')}")
 
     @staticmethod
-    def _reduced(rname: str, tile: str) -> str:
-        """A [XBLOCK, N] tile reduced along its rows, as [XBLOCK, 1]; max and min give NaN where the row
-        holds one, as torch's amax/amin do (tl.max and tl.min drop NaN)."""
+    def _reduced(rname: str, tile: str, axis: int = 1) -> str:
+        """A [XBLOCK, N] tile reduced along its rows, as [XBLOCK, 1] (``axis=0``: a 1-D tile, as a
+        scalar); max and min give NaN where the row holds one, as torch's amax/amin do (tl.max and
+        tl.min drop NaN)."""
         reduced = REDUCTIONS[rname][1].format(tile)
+        keep = "[:, None]"
+        if axis == 0:
+            reduced, keep = reduced.replace("axis=1", "axis=0"), ""
         if rname == "sum":
-            return f"{reduced}[:, None]"
-        return (f"tl.where(tl.max(({tile} != {tile}).to(tl.int32), axis=1)[:, None] > 0, float('nan'), "
-                f"{reduced}[:, None])")
+            return f"{reduced}{keep}"
+        return (f"tl.where(tl.max(({tile} != {tile}).to(tl.int32), axis={axis}){keep} > 0, float('nan'), "
+                f"{reduced}{keep})")
 
     def _store(self, k: int, ref: int, code: str, off: str, mask: str, indent: int, full: bool = False) -> None:
         slot = self.n_in + k
