@@ -36,6 +36,19 @@ def test_matmuls_match_aten_for_every_operand_layout():
     _close(L.linear(x, w), aten.linear(x, w))
 
 
+def test_linear_over_a_batch_of_transposed_matrices_copies_once():
+    """[B, L, D] views of [B, D, L] tensors (Mamba's projections) are made dense first, so one GEMM runs
+    instead of a batch of small transposed ones; views whose rows fold into one matrix are left alone."""
+    w, bias = torch.randn(5, 6), torch.randn(5)
+    x = torch.randn(4, 6, 3).transpose(1, 2)          # [4, 3, 6], each matrix column-major
+    assert L._linear_plan(x, w).copy_a
+    _close(L.linear(x, w, bias), aten.linear(x, w, bias))
+    for fine in (torch.randn(4, 3, 6), torch.randn(1, 6, 3).transpose(1, 2), torch.randn(3, 6).t().contiguous().t(),
+                 torch.randn(4, 3, 8)[:, :, :6]):     # dense, one matrix, 2-D transposed, padded rows that fold
+        assert not L._linear_plan(fine, w).copy_a, fine.stride()
+        _close(L.linear(fine, w, bias), aten.linear(fine, w, bias))
+
+
 def test_bmm_with_a_broadcast_operand_folds_into_one_gemm(monkeypatch):
     a = torch.randn(4, 3, 6)
     b = torch.randn(6, 5).expand(4, 6, 5)
