@@ -36,7 +36,7 @@ class Value:
 
 
 class Node:
-    __slots__ = ("op", "args", "kwargs", "outputs", "source", "name")
+    __slots__ = ("op", "args", "kwargs", "outputs", "source", "name", "_read")
 
     def __init__(self, op: str, args: tuple, kwargs: dict, name: str, source: str = ""):
         self.op = op
@@ -45,15 +45,22 @@ class Node:
         self.outputs: list[Value | None] = []
         self.source = source
         self.name = name
+        self._read: tuple | None = None
 
     @property
     def inputs(self) -> list[Value]:
-        """Every Value the node reads, in argument order (computed on each access: passes rewrite args)."""
-        out: list[Value] = []
-        _collect(self.args, out)
-        if self.kwargs:
-            _collect(self.kwargs, out)
-        return out
+        """Every Value the node reads, in argument order (a new list). Kept while ``args`` and ``kwargs``
+        are the very objects it was collected from: passes replace them to rewrite a node (no code
+        changes a node's argument lists in place), and the scheduler and the passes ask every node for
+        its inputs many times (92k times in a 128-layer decoder's export)."""
+        read = self._read
+        if read is None or read[0] is not self.args or read[1] is not self.kwargs:
+            out: list[Value] = []
+            _collect(self.args, out)
+            if self.kwargs:
+                _collect(self.kwargs, out)
+            self._read = read = (self.args, self.kwargs, out)
+        return list(read[2])
 
     def __repr__(self) -> str:
         return f"Node({self.name}: {self.op})"
