@@ -73,7 +73,7 @@ def test_interpreted_row_lengths(split):
     Few long rows are split across programs (partial reductions, then a combining kernel) and, with
     OSTINATO_SPLIT_REDUCTION=0, walked by one program each: both match eager."""
     results = _interpret("rows", "float32", OSTINATO_SPLIT_REDUCTION=split)
-    assert len(results) == 14
+    assert len(results) == 16
     failed = {k: v for k, v in results.items() if v != "ok"}
     assert not failed, failed
 

@@ -247,7 +247,7 @@ class _Emitter:
             # the partials as 1-D tiles reduced to scalars (XBLOCK is 1: a program's row is its id), so
             # no tile of theirs shares a layout with the output loop's (a [1, SBLOCK] tile that met a
             # row value was given one that held a broadcast [1, RBLOCK] copy in every thread)
-            self.line("sidx = tl.arange(0, SBLOCK)")
+            self.line("sidx = tl.arange(0, SBLOCK)" + (".to(tl.int64)" if self.i64 else ""))
             self.line("smask = sidx < nsplit")
             self.line("srow = tl.program_id(0)" + (".to(tl.int64)" if self.i64 else ""))
         for j in [j for j in reds if j < target]:
@@ -258,11 +258,11 @@ class _Emitter:
             if j in pairs:
                 # sum over the row of (e - m)^2 = sum over parts of (their square sum about their own
                 # mean + n_part * (mean_part - m)^2), m the row-level value the group subtracts; taken
-                # about part 0's mean k (u = mean_part - k, d = m - k: the parts' n (u - d)^2 summed
-                # is A - 2 d B + d^2 rnumel), so the row value m meets only scalars
+                # about the row's mean k (u = mean_part - k, d = m - k: the parts' n (u - d)^2 summed
+                # is A - 2 d B + d^2 rnumel, B ~ 0: no cancellation however far a part's mean is), so
+                # the row value m meets only scalars
                 m, first = spec.ops[spec.ops[spec.ops[j][3]][3]][4], pairs[j]
-                self.line(f"k{j} = tl.load(ws + ({slot[first]} * xnumel + srow) * nsplit) "
-                          f"/ tl.minimum(rchunk, rnumel).to(tl.float32)")
+                self.line(f"k{j} = tl.sum(p{first}, axis=0) / rnumel.to(tl.float32)")
                 self.line(f"n{j} = tl.where(smask, tl.maximum(tl.minimum(rchunk, rnumel - sidx * rchunk), 1)"
                           f".to(tl.float32), 0.0)")
                 self.line(f"u{j} = tl.where(smask, p{first} / tl.maximum(n{j}, 1.0) - k{j}, 0.0)")
@@ -361,8 +361,8 @@ def render(spec: GroupSpec, xr: int, rr: int, loop: bool, i64: bool, interpreted
     """(module source, kernel name) of one variant: ``xr`` kept dims, ``rr`` reduced dims (0 for a
     pointwise group), ``loop`` over row chunks, ``i64`` index arithmetic; ``interpreted`` for Triton's
     interpreter (no libdevice). ``stage``: one kernel of a split row (each row walked by several
-    programs): 0 .. reductions - 1 store a reduction's partials, the last combines them and writes the
-    outputs (split_stages(spec) kernels run in order)."""
+    programs): each but the last stores a reduction's partials (a centred pair's both), the last
+    combines them and writes the outputs (split_stages(spec) kernels run in order)."""
     kind = f"s{stage}" if stage is not None else "l" if loop else "p"
     name = f"{kernel_name(spec)}_x{xr}r{rr}{kind}{'w' if i64 else ''}{'_i' if interpreted else ''}"
     body = _Emitter(spec, xr, rr if spec.red else 0, interpreted).render(name, loop, i64, stage)
@@ -373,11 +373,11 @@ def render(spec: GroupSpec, xr: int, rr: int, loop: bool, i64: bool, interpreted
 
 def moment_pairs(spec: GroupSpec) -> dict[int, int]:
     """The reductions a split row takes from its parts' centred sums, ``j2 -> j1``: op j2 sums
-    (e - m)^2 in fp32 (no rounding between; the square as a product or a power of 2), m any row-level
-    value, and op j1 is an earlier fp32 sum of the same e (a variance's mean: norms, var). Each part
-    stores its sum of e and its sum of squares about its own mean, in one kernel; the combination adds
-    n_part * (mean_part - m)^2 per part (Chan's parallel variance), exact for any m. A norm's split row
-    then takes two kernels instead of three, reading its input twice instead of three times."""
+    (e - m)^2 in fp32 (no rounding between; the square as a product or a power of 2), m a row-level
+    value computed from op j1, an earlier fp32 sum of the same e (a variance's mean: norms, var; a
+    shifted mean). Each part stores its sum of e and its sum of squares about its own mean, in one
+    kernel; the combination adds n_part * (mean_part - m)^2 per part (Chan's parallel variance). A
+    norm's split row then takes two kernels instead of three, reading its input twice, not three times."""
     ops = spec.ops
     sums: dict[int, int] = {}       # a summed fp32 operand -> the first sum of it
     pairs: dict[int, int] = {}
@@ -392,11 +392,32 @@ def moment_pairs(spec: GroupSpec) -> dict[int, int]:
                 and decode_const(ops[sq[4]][3]) == 2.0:
             d = sq[3]
         if d is not None and ops[d][0] == "sub" and ops[d][1] == "f32" and ops[d][2] == "x" \
-                and ops[ops[d][4]][2] == "r" and ops[ops[d][3]][2] == "x" and ops[d][3] in sums:
+                and ops[ops[d][4]][2] == "r" and ops[ops[d][3]][2] == "x" and ops[d][3] in sums \
+                and _reaches(ops, ops[d][4], sums[ops[d][3]]):
             pairs[j] = sums[ops[d][3]]
         else:
             sums.setdefault(op[3], j)
     return pairs
+
+
+_LEAVES = ("in", "gather", "scalar", "const", "rnumel")     # ops whose arguments are not ops
+
+
+def _reaches(ops: list, i: int, target: int) -> bool:
+    """Whether row-level op ``i`` is computed from op ``target`` (through row-level ops). A centre m
+    made from the sum of e (a mean, a shifted mean) is inf or NaN wherever e holds an inf, as the
+    parts' means are: the merged and the direct sums agree there; a centre from elsewhere would not
+    ((inf - m)^2 is inf, the parts' (inf - inf) NaN)."""
+    stack, seen = [i], set()
+    while stack:
+        k = stack.pop()
+        if k == target:
+            return True
+        if k in seen or ops[k][2] != "r" or ops[k][0] in REDUCTIONS or ops[k][0] in _LEAVES:
+            continue
+        seen.add(k)
+        stack.extend(a for a in ops[k][3:] if isinstance(a, int))
+    return False
 
 
 def split_stages(spec: GroupSpec) -> int:
