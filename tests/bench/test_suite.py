@@ -264,6 +264,17 @@ def test_float32_runner_judged_against_float64_when_eager_is_off_too():
     assert fn is not None and "float64_check" not in cell
     assert len(calls) == 2                        # one Reference each time it was needed
 
+    # tensor by tensor: eager exact on the first output and 1e-3 off on the second cannot excuse a
+    # runner 1.8e-3 off on the first
+    a, b = exact, exact.flip(0)
+    ref = measure.Reference([(a.float(), (b + noise).float())], 1e-4, lambda: [(a, b)])
+    cell, fn = measure.prepare_cell(lambda: (lambda: ((a + 1.8 * noise).float(), b.float())), steps, ref,
+                                    torch.device("cpu"), 0, warmups=1)
+    assert fn is None and cell["status"] == "wrong" and cell["float64_check"].startswith("wrong")
+    cell, fn = measure.prepare_cell(lambda: (lambda: (a.float(), (b - 0.5 * noise).float())), steps, ref,
+                                    torch.device("cpu"), 0, warmups=1)
+    assert fn is not None and cell["float64_check"].startswith("right")
+
 
 def test_float64_outputs_of_a_copy_leave_the_model_alone():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).eval()
