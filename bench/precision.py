@@ -49,12 +49,8 @@ def main() -> None:
                 b.copy_(initial[n])
 
     refs = {"eager (torch defaults)": outputs(wl.model, wl.steps, restore)}
-    old = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with measure.no_tf32():
         refs["eager, TF32 off"] = outputs(wl.model, wl.steps, restore)
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
     refs["float64"] = measure.float64_outputs(wl.model, wl.steps)
     restore()
     results = {name: {r: worst(outs, ref) for r, ref in refs.items()} for name, outs in refs.items()}

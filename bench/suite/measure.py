@@ -10,6 +10,7 @@ figure, since the allocator keeps freed memory.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
@@ -162,12 +163,23 @@ def float64_outputs(model: torch.nn.Module, steps: list, n: int = CHECK_STEPS) -
     import copy
     m64 = copy.deepcopy(model).double()
     to64 = lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t   # noqa: E731
-    old = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with no_tf32():
         return [snapshot(call(m64, pytree.tree_map(to64, steps[i % len(steps)]))) for i in range(n)]
+
+
+@contextlib.contextmanager
+def no_tf32():
+    """TF32 off in cuDNN (through its flags context: assignments are refused once torch's tests call
+    torch.backends.disable_global_flags) and in cuBLAS, for a block."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    old = matmul.allow_tf32
+    matmul.allow_tf32 = False
+    try:
+        with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, benchmark_limit=cudnn.benchmark_limit,
+                         deterministic=cudnn.deterministic, allow_tf32=False):
+            yield
     finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+        matmul.allow_tf32 = old
 
 
 def check_runner(fn: Callable, steps: list, ref: Reference) -> tuple[float, list]:
