@@ -41,12 +41,7 @@ def main() -> None:
     a = ap.parse_args()
     cfg = configs.by_name(a.config)
     wl = workloads.build(cfg.builder, cfg.params, cfg.device, cfg.dtype)
-    initial = {n: b.detach().clone() for n, b in wl.model.named_buffers()}
-
-    def restore() -> None:
-        with torch.no_grad():
-            for n, b in wl.model.named_buffers():
-                b.copy_(initial[n])
+    restore = measure.restorer(wl.model)
 
     refs = {"eager (torch defaults)": outputs(wl.model, wl.steps, restore)}
     with measure.no_tf32():

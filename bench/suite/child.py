@@ -120,19 +120,8 @@ def main(mode: str, name: str, workdir: str) -> dict:
             measure.sync(device)
             out["total_s"] = time.perf_counter() - t0
             return out
-        initial = {n: b.detach().clone() for n, b in wl.model.named_buffers()}
-
-        def restore() -> None:
-            with torch.no_grad():
-                for n, b in wl.model.named_buffers():
-                    b.copy_(initial[n])
-
-        def exact() -> list:    # as the parent's: a float32 runner's miss judged against float64
-            restore()
-            try:
-                return measure.float64_outputs(wl.model, steps)
-            finally:
-                restore()
+        # as the parent's: a float32 runner's miss judged against float64
+        exact = measure.float64_reference(wl.model, steps, measure.restorer(wl.model))
         ref = measure.Reference(pytree.tree_map(to_dev, io["refs"]), io["tolerance"],
                                 exact if cfg["dtype"] == "float32" else None)
         cell = measure.measure_cell(make, steps, ref, device, wl.model_bytes(), **io["timing"])

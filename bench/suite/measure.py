@@ -157,6 +157,29 @@ class Reference:
         return self._exact
 
 
+def restorer(model: torch.nn.Module) -> Callable[[], None]:
+    """A function that puts ``model``'s buffers (its caches) back to what they hold now."""
+    initial = {n: b.detach().clone() for n, b in model.named_buffers()}
+
+    def restore() -> None:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(initial[n])
+    return restore
+
+
+def float64_reference(model: torch.nn.Module, steps: list, restore: Callable[[], None]) -> Callable[[], list]:
+    """A Reference's ``exact``: float64_outputs from the state ``restore`` puts back, which it puts back
+    again after (a runner checked meanwhile may share the model's buffers)."""
+    def exact() -> list:
+        restore()
+        try:
+            return float64_outputs(model, steps)
+        finally:
+            restore()
+    return exact
+
+
 def float64_outputs(model: torch.nn.Module, steps: list, n: int = CHECK_STEPS) -> list:
     """The first ``n`` steps' outputs of a float64 copy of ``model`` on float64 copies of the floating
     inputs, TF32 off (from the model's current state)."""

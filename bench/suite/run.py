@@ -35,23 +35,10 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
         rec.update(error=f"build failed: {measure.describe_error(e)}", wall_s=time.perf_counter() - t_start)
         return rec
     rec["description"], rec["model_bytes"] = wl.description, wl.model_bytes()
-    initial = {n: b.detach().clone() for n, b in wl.model.named_buffers()}
-
-    def restore() -> None:   # every runner starts from the model's initial caches
-        with torch.no_grad():
-            for n, b in wl.model.named_buffers():
-                b.copy_(initial[n])
-
-    def exact() -> list:     # from the initial state; the runner being checked keeps its own
-        restore()
-        try:
-            return measure.float64_outputs(wl.model, wl.steps)
-        finally:
-            restore()
-
+    restore = measure.restorer(wl.model)     # every runner starts from the model's initial caches
     ref = measure.Reference([measure.snapshot(measure.call(wl.model, wl.steps[i % len(wl.steps)]))
                              for i in range(measure.CHECK_STEPS)], measure.tolerance(cfg.dtype, cfg.device),
-                            exact if cfg.dtype == "float32" else None)
+                            measure.float64_reference(wl.model, wl.steps, restore) if cfg.dtype == "float32" else None)
     restore()
     program = None
     if any(r.startswith("ostinato") for r in runner_names):
@@ -121,7 +108,7 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
     for name in runner_names:
         runners.release(name)
     peers.remove_files(cfg_dir)   # a package holds the weights: GBs per configuration on the GPU
-    del wl, program, initial
+    del wl, program, restore
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

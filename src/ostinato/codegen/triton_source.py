@@ -278,9 +278,11 @@ class _Emitter:
             self._emit_r_before(j, r_done)
             self._accumulate(j, start, stop)
             self.line(f"tl.store(ws + ({slot[j]} * xnumel + xidx) * nsplit + chunk, v{j}, mask=xmask)")
-            for j2 in [k for k, first in pairs.items() if first == j]:
+            partners = [k for k, first in pairs.items() if first == j]
+            if partners:        # the part's squares about its own mean, once for every sum that pairs
                 self.line(f"cm{j} = v{j} / ({stop} - {start}).to(tl.float32)")
                 self._accumulate(j, start, stop, centre=f"cm{j}", name=f"q{j}")
+            for j2 in partners:
                 self.line(f"tl.store(ws + ({slot[j2]} * xnumel + xidx) * nsplit + chunk, q{j}, mask=xmask)")
             return False
         self._emit_r_before(len(spec.ops), r_done)
@@ -386,10 +388,9 @@ def moment_pairs(spec: GroupSpec) -> dict[int, int]:
             continue
         sq = ops[op[3]]
         d = None
-        if sq[1] == "f32" and sq[2] == "x" and sq[0] == "mul" and sq[3] == sq[4]:
-            d = sq[3]
-        elif sq[1] == "f32" and sq[2] == "x" and sq[0] == "pow" and ops[sq[4]][0] == "const" \
-                and decode_const(ops[sq[4]][3]) == 2.0:
+        if sq[1] == "f32" and sq[2] == "x" and (
+                sq[0] == "mul" and sq[3] == sq[4]
+                or sq[0] == "pow" and ops[sq[4]][0] == "const" and decode_const(ops[sq[4]][3]) == 2.0):
             d = sq[3]
         if d is not None and ops[d][0] == "sub" and ops[d][1] == "f32" and ops[d][2] == "x" \
                 and ops[ops[d][4]][2] == "r" and ops[ops[d][3]][2] == "x" and ops[d][3] in sums \

@@ -17,6 +17,7 @@ import torch
 
 from ..ir import Graph, Node, Value
 from ..ir.types import TensorMeta
+from .rewrite import unplaced_node
 
 MAX_K = 64
 _LOW = (torch.float16, torch.bfloat16)
@@ -41,13 +42,6 @@ def _matvec(node: Node) -> tuple[Value, Value] | None:
     return a, b
 
 
-def _add(g: Graph, op: str, args: tuple, kwargs: dict, meta: TensorMeta, name: str, source: str) -> tuple[Node, Value]:
-    node = Node(op, args, kwargs, name, source)
-    v = g.new_value(name, meta, "temp", node)
-    node.outputs.append(v)
-    return node, v
-
-
 def rewrite_small_matvecs(g: Graph) -> Graph:
     """Every bmm/mm of one output column and K <= MAX_K as a permute, a multiply and a sum (see above)."""
     out: list[Node] = []
@@ -59,26 +53,22 @@ def rewrite_small_matvecs(g: Graph) -> Graph:
             continue
         a, b = found
         result = node.outputs[0]
-        name, src, dtype = node.name, node.source, a.meta.dtype
-        rank = a.meta.rank
+        name, src, dtype, rank = node.name, node.source, a.meta.dtype, a.meta.rank
+        new: list[Node] = []
+
+        def add(op: str, args: tuple, kwargs: dict, meta: TensorMeta, suffix: str) -> Value:
+            v = unplaced_node(g, op, args, kwargs, meta, f"{name}_{suffix}", src)
+            new.append(v.producer)
+            return v
         bt_shape = b.meta.shape[:-2] + (1, b.meta.shape[-2])
         perm = list(range(rank - 2)) + [rank - 1, rank - 2]
-        new: list[Node] = []
-        n, bt = _add(g, "aten.permute", (b, perm), {}, TensorMeta(dtype, bt_shape), f"{name}_bt", src)
-        new.append(n)
+        bt = add("aten.permute", (b, perm), {}, TensorMeta(dtype, bt_shape), "bt")
         if dtype in _LOW:
-            n, a = _add(g, "aten._to_copy", (a,), {"dtype": torch.float32}, TensorMeta(torch.float32, a.meta.shape),
-                        f"{name}_a32", src)
-            new.append(n)
-            n, bt = _add(g, "aten._to_copy", (bt,), {"dtype": torch.float32}, TensorMeta(torch.float32, bt_shape),
-                         f"{name}_b32", src)
-            new.append(n)
-        n, prod = _add(g, "aten.mul.Tensor", (a, bt), {}, TensorMeta(torch.float32, a.meta.shape), f"{name}_prod", src)
-        new.append(n)
+            a = add("aten._to_copy", (a,), {"dtype": torch.float32}, TensorMeta(torch.float32, a.meta.shape), "a32")
+            bt = add("aten._to_copy", (bt,), {"dtype": torch.float32}, TensorMeta(torch.float32, bt_shape), "b32")
+        prod = add("aten.mul.Tensor", (a, bt), {}, TensorMeta(torch.float32, a.meta.shape), "prod")
         if dtype in _LOW:
-            n, s = _add(g, "aten.sum.dim_IntList", (prod, [-1], True), {}, TensorMeta(torch.float32, result.meta.shape),
-                        f"{name}_sum", src)
-            new.append(n)
+            s = add("aten.sum.dim_IntList", (prod, [-1], True), {}, TensorMeta(torch.float32, result.meta.shape), "sum")
             last = Node("aten._to_copy", (s,), {"dtype": dtype}, name, src)
         else:
             last = Node("aten.sum.dim_IntList", (prod, [-1], True), {}, name, src)

@@ -26,6 +26,15 @@ def resolve(mapping: Replacements, v: Value) -> Any:
     return out
 
 
+def unplaced_node(g: Graph, op: str, args: tuple, kwargs: dict, meta, name: str, source: str) -> Value:
+    """The one output of a new node of ``g`` (its ``producer``), not yet in ``g.nodes``: the pass puts it
+    where it belongs."""
+    node = Node(op, args, kwargs, name, source)
+    value = g.new_value(name, meta, "temp", node)
+    node.outputs = [value]
+    return value
+
+
 def substitute(node: Node, mapping: Replacements) -> None:
     """Rewrite ``node``'s arguments through ``mapping`` (forward passes call it node by node); a node that
     reads no mapped Value keeps its arguments as they are."""

@@ -21,7 +21,7 @@ sizes); others may be symbolic.
 from __future__ import annotations
 
 from ..ir import Graph, Node, TensorMeta, Value, get_op
-from .rewrite import pinned_values
+from .rewrite import pinned_values, unplaced_node
 
 PERMUTE = "aten.permute"
 GATHER = "aten.gather"
@@ -95,12 +95,12 @@ def _sink(g: Graph, perm: Node, users: dict, pinned: set[int], fresh) -> tuple[N
         x = a
         if a.meta.rank < rank:     # with its broadcast's leading 1-dims first
             padded = (1,) * (rank - a.meta.rank) + tuple(a.meta.shape)
-            x = _node(g, "aten.view", (a, list(padded)), TensorMeta(a.meta.dtype, padded),
-                      fresh(f"{a.name}_view"), f.source)
+            x = unplaced_node(g, "aten.view", (a, list(padded)), {}, TensorMeta(a.meta.dtype, padded),
+                              fresh(f"{a.name}_view"), f.source)
             new_nodes.append(x.producer)
         shape = tuple(x.meta.shape)
-        y = _node(g, PERMUTE, (x, list(dims)), TensorMeta(a.meta.dtype, tuple(shape[d] for d in dims)),
-                  fresh(f"{a.name}_permute"), perm.source)
+        y = unplaced_node(g, PERMUTE, (x, list(dims)), {}, TensorMeta(a.meta.dtype, tuple(shape[d] for d in dims)),
+                          fresh(f"{a.name}_permute"), perm.source)
         new_nodes.append(y.producer)
         return y
 
@@ -111,10 +111,3 @@ def _sink(g: Graph, perm: Node, users: dict, pinned: set[int], fresh) -> tuple[N
     moved.outputs = [out]
     out.producer = moved
     return f, new_nodes + [moved]
-
-
-def _node(g: Graph, op: str, args: tuple, meta: TensorMeta, name: str, source: str) -> Value:
-    node = Node(op, args, {}, name, source)
-    value = g.new_value(name, meta, "temp", node)
-    node.outputs = [value]
-    return value
