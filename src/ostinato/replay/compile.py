@@ -20,10 +20,11 @@ def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool
     (``ostinato.cache``: memory, disk, Redis) and stored there on a miss; ``exe.plan_source`` says
     whether it was "compiled", read from the "cache", or reused from this process's "memory".
 
-    With ``replay=True`` the first call of each shape signature captures the plan (a tape on the CPU,
-    a CUDA graph on CUDA) and later calls replay it, copying the inputs into the captured ones (no
-    copy for ``exe.static_inputs()``). Outputs are the captured buffers: valid until the session's
-    next call. ``buckets={"batch": "pow2" | [sizes]}`` pads those dynamic dims (batch-like ones only)
+    With ``replay=True`` the first call of each shape signature runs step by step (its output waits for
+    no capture), the second captures the plan (a tape on the CPU, a CUDA graph on CUDA) and later calls
+    replay it, copying the inputs into the captured ones (no copy for ``exe.static_inputs()``).
+    ``OSTINATO_CAPTURE_CALL=1`` captures on the first call instead. Outputs of a captured or replayed
+    call are the captured buffers: valid until the session's next call. ``buckets={"batch": "pow2" | [sizes]}`` pads those dynamic dims (batch-like ones only)
     up to a ladder rung, so one capture serves many sizes.
 
     ``device``: "cpu", "cuda[:N]", or "mlx" (Apple GPUs through MLX; "mlx:cpu" / "mlx:gpu" pick MLX's

@@ -41,7 +41,7 @@ from ..backends.cuda.kernels.split_k import owned_scratch, recording_scratch, re
 from ..backends.cuda.runtime import KernelLibrary, awaiting_compiles
 from .capture import CompilesInFlight
 from .regions import capture_steps, chain, write_back
-from .tape import check_capturable, restore_buffers, snapshot_buffers
+from .tape import restore_buffers, snapshot_buffers
 
 # The capture clears cuBLAS's workspaces around itself (see the module's note). A switch only for the
 # test that shows what goes wrong without it (tests/replay/mixed_case.py).
@@ -61,7 +61,6 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
 
     ``wait=False``: raise CompilesInFlight instead of waiting when the warm-up ran op references while
     kernels compiled in workers (nothing captured; the state is as it was before the call)."""
-    check_capturable(exe, exe.launches)
     device = exe.device
     current = torch.cuda.current_stream(device)
     snapshot = snapshot_buffers(state, mutations)      # the state, and inputs written in place

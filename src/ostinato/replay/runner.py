@@ -1,4 +1,11 @@
-"""``compile(..., replay=True)``: capture on the first call of each shape signature, replay after.
+"""``compile(..., replay=True)``: run the first call of each shape signature step by step, capture on
+the second, replay after.
+
+The first call is the warm-up, as in torch.compile's CUDA-graph trees (warm up eagerly, record on the
+next call) and tinygrad's TinyJit: a first output waits for no capture (on CUDA a capture is a warm-up,
+a run under capture and the graph's instantiation: 0.2-0.3 s for a 64-layer decoder). An op no replay
+can repeat is still named on the first call. ``OSTINATO_CAPTURE_CALL=1`` captures on the first call
+(``stats()["uncaptured_calls"]`` counts the calls answered step by step either way).
 
 Captures live in the session (its own state, arena and CUDA pool), so sessions on different threads
 never share a buffer. With ``buckets``, the named dynamic dims are padded up to a rung of a ladder
@@ -6,8 +13,8 @@ never share a buffer. With ``buckets``, the named dynamic dims are padded up to 
 outputs are narrowed back to the real sizes. Padding is only right for batch-like dims, whose rows
 do not interact: name only those.
 
-A cold kernel cache (CUDA): the capture's warm-up submits the missing kernels to the compile workers.
-The first call of a shape does not wait for them, as torch.compile's CUDA-graph trees warm up eagerly
+A cold kernel cache (CUDA), when the first call captures: the capture's warm-up submits the missing
+kernels to the compile workers. The first call of a shape does not wait for them, as torch.compile's CUDA-graph trees warm up eagerly
 and record later: the capture is given up (``CompilesInFlight``; the warm-up's writes were undone) and
 the call runs step by step on the caller's own inputs (``Executable.step``: the ops whose kernels still
 compile run their torch references; state and input writes happen once; the outputs are new tensors
@@ -19,6 +26,7 @@ always waits for the compiles and captures.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from typing import Any
 
@@ -28,6 +36,17 @@ from torch.utils import _pytree as pytree
 from ..errors import InputError, OstinatoError, ReplayError
 from ..ir import TensorMeta, Value
 from .capture import Captured, CompilesInFlight
+
+
+def capture_deferred() -> bool:
+    """Whether the first call of a shape runs step by step and the second captures (the default, as
+    torch.compile's CUDA-graph trees warm up on the first call and record on the next): the first output
+    does not wait for a capture. OSTINATO_CAPTURE_CALL=1 captures on the first call instead."""
+    value = os.environ.get("OSTINATO_CAPTURE_CALL", "2")
+    if value not in ("1", "2"):
+        raise OstinatoError(f"OSTINATO_CAPTURE_CALL={value!r}: give 1 (capture on a shape's first call) or "
+                            "2 (run the first call step by step, capture on the second; the default)")
+    return value == "2"
 
 
 def bucket_ladders(program, buckets: dict[str, Any] | None) -> dict[str, list[int]]:
@@ -76,6 +95,7 @@ class ReplayRunner:
         self._mutated_pos = [exe._input_pos_by_slot[target] for role, target, _, _ in exe._mutations
                              if role == "input"]
         self._lock = threading.Lock()
+        self.defer = capture_deferred()
         # uncaptured_calls: calls answered step by step, without a capture, while kernels compiled
         self._counts = {"captures": 0, "replays": 0, "bucket_hits": 0, "plan_hits": 0, "plan_misses": 0,
                         "uncaptured_calls": 0, "capture_seconds": 0.0}
@@ -111,8 +131,16 @@ class ReplayRunner:
         graphs = session.replay.setdefault("graphs", {})
         cap = graphs.get(key)
         if cap is None:
-            # the first call of a shape does not wait for kernels compiling in workers; the next one does
             answered = session.replay.setdefault("uncaptured", set())
+            if self.defer and key not in answered:
+                # the first call of a shape runs step by step (the warm-up); the next one captures
+                from .tape import check_capturable
+                check_capturable(self.exe, self.exe.launches)  # an op no replay can repeat: say so now
+                answered.add(key)
+                self._count(plan_misses=1, uncaptured_calls=1)
+                session.replay.pop("last", None)
+                return self.exe.step(session, leaves)
+            # a first call that captures does not wait for kernels compiling in workers; the next one does
             try:
                 cap = self._capture(session, self._static_leaves(leaves, padded), padded,
                                     wait=key in answered)

@@ -166,7 +166,6 @@ def capture_tape(exe, launches: list[Launch], env0: list, state: dict[str, torch
     whose value it must hold after each replay. ``arena_for(nbytes)`` gives the arena (shared by a
     session's tapes). Returns the tape and the static environment (this call's results)."""
     t0 = time.perf_counter()
-    check_capturable(exe, launches)
 
     # 1. Probe: the plan as it runs today, every result kept; the state and the inputs it writes are
     # restored afterwards.
