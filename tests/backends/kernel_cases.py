@@ -90,6 +90,9 @@ CASES = [
                                                         _r(g, (5, 32), dt, dev)), {})),
     KernelCase("ost.rope", "interleaved", lambda g, dt, dev: ((_r(g, (1, 3, 2, 16), dt, dev), _r(g, (1, 1, 2, 16), dt, dev),
                                                                _r(g, (1, 1, 2, 16), dt, dev), True), {})),
+    # 1050 rows of 16: several programs of 128 rows, the last one part-filled
+    KernelCase("ost.rope", "many-rows", lambda g, dt, dev: ((_r(g, (3, 5, 70, 16), dt, dev), _r(g, (70, 16), dt, dev),
+                                                             _r(g, (70, 16), dt, dev)), {})),
     KernelCase("ost.rope", "3d", lambda g, dt, dev: ((_r(g, (6, 3, 8), dt, dev), _r(g, (6, 1, 8), dt, dev),
                                                       _r(g, (6, 1, 8), dt, dev)), {})),
     KernelCase("ost.swiglu", "", lambda g, dt, dev: ((_r(g, (3, 7, 40), dt, dev), _r(g, (3, 7, 40), dt, dev)), {})),

@@ -36,19 +36,19 @@ def gated_kernel(gate_ptr, up_ptr, out_ptr, n, cols, gate_stride, up_stride, ACT
 
 
 @triton.jit
-def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_cols, d1, d2, x0, x1, x2, c0, c1, c2, s0, s1, s2,
-                INTERLEAVED: tl.constexpr, BLOCK: tl.constexpr):
-    """One row of x ([d0, d1, d2, n_cols], rows at strides x0, x1, x2, the last dim dense; a head view of
-    a packed projection needs no copy); cos/sin read through broadcast strides; out is dense."""
-    row = tl.program_id(0).to(tl.int64)
+def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, n_cols, d1, d2, x0, x1, x2, c0, c1, c2, s0, s1, s2,
+                INTERLEAVED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """ROWS rows of x ([d0, d1, d2, n_cols], rows at strides x0, x1, x2, the last dim dense; a head view
+    of a packed projection needs no copy); cos/sin read through broadcast strides; out is dense."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     i2 = row % d2
     i1 = (row // d2) % d1
     i0 = row // (d1 * d2)
     x_row = x_ptr + i0 * x0 + i1 * x1 + i2 * x2
     cos_row = cos_ptr + i0 * c0 + i1 * c1 + i2 * c2
     sin_row = sin_ptr + i0 * s0 + i1 * s1 + i2 * s2
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
+    cols = tl.arange(0, BLOCK)[None, :]
+    mask = (cols < n_cols) & (row < n_rows)
     half = n_cols // 2
     if INTERLEAVED:   # pairs (2i, 2i+1): rotate = (-x[2i+1], x[2i])
         partner = cols ^ 1
