@@ -127,6 +127,13 @@ CASES = [
     KernelCase("ost.sdpa", "decode-gqa-pos", lambda g, dt, dev: ((_r(g, (2, 4, 1, 32), dt, dev), _r(g, (2, 2, 70, 32), dt, dev),
                                                                   _r(g, (2, 2, 70, 32), dt, dev), None,
                                                                   torch.tensor([[37]], device=dev), None, 2), {})),
+    # positions at a block's edge (the kernel walks blocks up to the position only): 63 ends block 0,
+    # 64 needs block 1's first key
+    KernelCase("ost.sdpa", "decode-block-edge", lambda g, dt, dev: ((_r(g, (2, 4, 1, 32), dt, dev),
+                                                                     _r(g, (2, 2, 130, 32), dt, dev),
+                                                                     _r(g, (2, 2, 130, 32), dt, dev), None,
+                                                                     torch.tensor([63, 64], device=dev).view(2, 1, 1, 1),
+                                                                     None, 2), {})),
     KernelCase("ost.sdpa", "decode-nomask", lambda g, dt, dev: ((_r(g, (1, 3, 1, 16), dt, dev), _r(g, (1, 3, 9, 16), dt, dev),
                                                                  _r(g, (1, 3, 9, 16), dt, dev)), {})),
     KernelCase("ost.sdpa", "prefill-fallback", lambda g, dt, dev: ((_r(g, (1, 2, 5, 16), dt, dev), _r(g, (1, 2, 5, 16), dt, dev),

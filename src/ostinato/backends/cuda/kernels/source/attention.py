@@ -71,12 +71,15 @@ def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, pos_ptr, pos_off, skip, sca
     """softmax(softcap(q k^T * scale) + mask) v online over the cache rows j <= pos (all rows without HAS_POS)
     except row ``skip``: (running max, sum, weighted values, the last row the query sees)."""
     limit = n_keys - 1
+    end = n_keys
     if HAS_POS:
         limit = tl.load(pos_ptr + pos_off).to(tl.int64)
+        # no block past the position: a step at position p reads ceil((p + 1) / BLOCK_N) blocks, not the cache
+        end = tl.minimum(tl.maximum(limit + 1, 0), n_keys).to(tl.int32)
     m = tl.full((), float("-inf"), tl.float32)
     l = tl.full((), 0.0, tl.float32)
     acc = tl.zeros((BLOCK_D,), tl.float32)
-    for start in range(0, n_keys, BLOCK_N):
+    for start in range(0, end, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         add, seen = _mask_row((n < n_keys) & (n <= limit) & (n != skip), mask_base, m_sn, n, MASK)
         kt = tl.load(k_base + n[:, None] * k_ss + d[None, :], mask=seen[:, None] & dmask[None, :],
