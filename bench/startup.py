@@ -19,10 +19,10 @@ them, as torch.compile's imports are. Per configuration, in order:
 
 After its first output each ostinato row calls again: ``second_call_s`` (that call alone) and, with
 replay, the calls until one replays a captured graph: ``first_replay_call`` (its number: 2 where the
-first call captured) and ``first_replay_output_s`` (from the first output's clock start, as
-``first_output_s``, to that call's output), with ``uncaptured_calls``. On a cold kernel cache the first
-call answers step by step while kernels compile and the capture comes on a later call (issue #19), so
-``first_output_s`` no longer holds the capture: these keys show when it happened. ``max_abs_err`` is
+first call captured, 3 by default, where the second call captures) and ``first_replay_output_s``
+(from the first output's clock start, as ``first_output_s``, to that call's output), with
+``uncaptured_calls``. The first call of a shape runs step by step and the second captures (replay's
+default), so ``first_output_s`` holds no capture: these keys show when it happened. ``max_abs_err`` is
 the first output's; ``replay_max_abs_err`` the replayed one's.
 
     .venv/bin/python bench/startup.py --device cpu --out docs/benchmarks/startup_cpu.json
@@ -229,9 +229,9 @@ def main() -> None:
     ap.add_argument("--full-export", action="store_true",
                     help="also time a full export (regional=False) in its own process, for the export/depth table")
     ap.add_argument("--replay", choices=["on", "off"], default="on",
-                    help="ostinato.compile(..., replay=): on (default) includes the first call's capture (a CUDA "
-                         "graph, or the CPU tape: the plan run about three times) in the first output, except on "
-                         "a cold kernel cache, where a later call captures (first_replay_output_s)")
+                    help="ostinato.compile(..., replay=): on (default): the first call runs step by step and the "
+                         "second captures (first_replay_output_s: when the first replayed output came; with "
+                         "OSTINATO_CAPTURE_CALL=1 the first call captures, except on a cold kernel cache)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per process (default 600)")
     ap.add_argument("--cold-bytecode", action="store_true",
                     help="leave Python's bytecode cache as the machine has it (default: one process fills a "
