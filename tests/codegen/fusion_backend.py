@@ -90,3 +90,27 @@ def hf_decode_matches(family: str, backend, steps: int, tol: float | None = None
             expected = ref(**kwargs)
         assert_same(exe(**kwargs), expected, tol=tol, msg=f"{family} step {pos}:")
     return prog
+
+
+def batched_llama(batch: int, dtype: torch.dtype, layers: int = 3, device: str = "cpu", steps: int = 1):
+    """A tiny transformers Llama (hidden 128) in ``dtype`` on ``device`` behind its static-cache export
+    wrapper, and the inputs of ``steps`` decode steps of ``batch`` sequences (from a seeded generator)."""
+    import transformers
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                      max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        with torch.no_grad():   # from_config leaves the norms at 1
+            for p in model.parameters():
+                if p.dim() == 1:
+                    p.uniform_(0.5, 1.5)
+        model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static")
+        wrapper = TorchExportableModuleWithStaticCache(model, batch_size=batch, max_cache_len=16, device=device).eval()
+    gen = torch.Generator().manual_seed(1)
+    inputs = [{"input_ids": torch.randint(0, 256, (batch, 1), generator=gen).to(device),
+               "cache_position": torch.tensor([pos], device=device)} for pos in range(steps)]
+    return wrapper, inputs

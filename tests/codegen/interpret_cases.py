@@ -220,6 +220,42 @@ def main(what: str, dtype_name: str) -> None:
                 results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         print(json.dumps(results))
         return
+    if what == "linear_dot":     # matmul groups past 16 rows (fp16: the tl.dot kernel) against eager
+        from fusion_models import Conv1DBlock, DecoderLayer, LoneProjections, PackedGatedMLP
+        from ostinato.backends.cuda.kernels.fused import launcher
+        ops = ("aten.linear", "ost.multi_linear", "ost.linear", "aten.addmm", "aten.mm")
+
+        def rand(gen, *shape):
+            return torch.randn(*shape, generator=gen).to(dtype)
+
+        # (name, model class, inputs from a seeded generator, matmul groups expected)
+        items = [(f"decoder_rows{m}", DecoderLayer, lambda g, m=m: (rand(g, m, 1, 64),), 4) for m in (17, 32, 48, 64)]
+        items += [(f"conv1d_rows{m}", Conv1DBlock, lambda g, m=m: (rand(g, m, 1, 48),), 3) for m in (17, 32, 48, 64)]
+        items.append(("packed_silu_rows48", PackedGatedMLP, lambda g: (rand(g, 48, 1, 64),), 2))
+        items.append(("lone_rows32", LoneProjections, lambda g: (rand(g, 32, 64), rand(g, 32, 1, 64)), 2))
+        for name, cls, make, expected in items:
+            def case(name=name, cls=cls, make=make, expected=expected):
+                torch.manual_seed(0)
+                model = cls().to(dtype).eval()
+                args = make(torch.Generator().manual_seed(sum(map(ord, name))))
+                prog = ostinato.export(model, args)
+                exe = fused_executable(prog, InterpretedFusionBackend())
+                groups = [l for l in exe.launches if l.op == "ost.fused" and '"kind":"linear"' in l.args[0]]
+                left = [l.op for l in exe.launches if l.op in ops]
+                if len(groups) != expected or left:
+                    raise AssertionError(f"{len(groups)} matmul groups, projections left: {left}")
+                if name.startswith("conv1d") and sum('"wt":true' in l.args[0] for l in groups) != 3:
+                    raise AssertionError("not every Conv1D projection reads its weight transposed")
+                with torch.no_grad():
+                    assert_same(exe(*args), model(*args), tol=TOL[dtype] * 4)
+                for l in groups:    # each ran the tl.dot kernel
+                    kinds = {p.kernel.library.module.split("_")[3][:2] for p in launcher(l.args[0])._plans.values()
+                             if p is not None}      # gen_lin_<digest>_<kind><xr_pro><xr_epi>[_i]
+                    if kinds != {"md"}:
+                        raise AssertionError(f"{l.name} ran {kinds} kernels, not the tl.dot one")
+            results[name] = _check(case)
+        print(json.dumps(results))
+        return
     if what == "scan":       # a state-space scan: each token's update and its small matvec in one group
         from fusion_models import SelectiveScan
         torch.manual_seed(0)

@@ -196,3 +196,23 @@ def test_hf_decoders_take_five_launches_per_layer(family):
     assert kinds.count("ost.decode_attention_") == layers, kinds
     assert "ost.rope" not in kinds and "ost.kv_update_" not in kinds, kinds
     assert _per_layer(rows, layers) == 5, kinds
+
+
+@pytest.mark.parametrize("batch", [1, 32])
+def test_batched_decode_takes_five_launches_per_layer(batch, monkeypatch):
+    """Issue #15: a batch-32 bf16 decode step of a Llama is 5 launches per layer as a batch-1 step is
+    (norm + q/k/v, attention, o projection, norm + gate/up + SwiGLU, down projection): past 16 rows the
+    matmul groups take the tl.dot kernel. With OSTINATO_DOT_ROWS=16 the projections stay cuBLAS calls
+    and the norms and the SwiGLU launches of their own: 8."""
+    from fusion_backend import batched_llama
+    wrapper, steps = batched_llama(batch, torch.bfloat16)
+    prog = ostinato.export(wrapper, (), steps[0], trace_strict=True)
+    rows = launch_table(prog.graph, "cuda")
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("ost.decode_attention_") == 3, kinds
+    assert not {"aten.linear", "ost.multi_linear", "ost.rms_norm", "ost.add_rms_norm", "ost.swiglu"} & set(kinds), kinds
+    assert _per_layer(rows, 3) == 5, kinds
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "16")
+    kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
+    attention = [i for i, k in enumerate(kinds) if k == "ost.decode_attention_"]
+    assert attention[1] - attention[0] == (5 if batch == 1 else 8), kinds

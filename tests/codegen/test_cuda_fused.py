@@ -138,6 +138,61 @@ def test_matmul_groups_on_cuda(rows, dtype):
         assert isinstance(f, LinearLauncher) and f._plans and all(p is not None for p in f._plans.values())
 
 
+@pytest.mark.parametrize("rows", [17, 32, 64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_dot_matmul_groups_on_cuda(rows, dtype):
+    """Matmul groups past 16 rows, the tl.dot kernel (a decoder layer: norms, packed q/k/v gated
+    pointwise, SwiGLU, residual epilogues; GPT-2's Conv1D block, weights stored [K, N]; a packed gate_up
+    gated over its halves): replayed, against eager (cuBLAS)."""
+    from ostinato.backends.cuda.kernels.fused import LinearLauncher, launcher
+    from fusion_models import Conv1DBlock, DecoderLayer, PackedGatedMLP
+    tol = {torch.float16: 1e-2, torch.bfloat16: TOL[torch.bfloat16] * 3}[dtype]
+    for cls in (DecoderLayer, Conv1DBlock, PackedGatedMLP):
+        torch.manual_seed(0)
+        model = cls().eval().to("cuda", dtype)
+        args = _cuda(cls.inputs(rows, dtype))
+        exe = ostinato.compile(ostinato.export(model, args), device="cuda", replay=True)
+        specs = [l.args[0] for l in exe.launches if l.op == "ost.fused" and '"kind":"linear"' in l.args[0]]
+        assert len(specs) >= 2, cls.__name__
+        with torch.no_grad():
+            ref = model(*args)
+        for _ in range(2):
+            assert_same(exe(*args), ref, tol=tol, msg=f"{cls.__name__}:")
+        for s in specs:     # (a launcher is shared by spec: it may hold other tests' plans of fewer rows)
+            f = launcher(s)
+            assert isinstance(f, LinearLauncher) and None not in f._plans.values()
+            assert any("_md11" in p.kernel.library.module for p in f._plans.values()), cls.__name__
+
+
+def test_batched_llama_decode_on_cuda(monkeypatch):
+    """A batch-32 bf16 decode of a tiny transformers Llama (every projection a tl.dot matmul group, 5
+    launches per layer), replayed over three steps: its logits stay as close to eager's as those of the
+    same program with OSTINATO_DOT_ROWS=16 (cuBLAS projections, separate norms and SwiGLU), within twice
+    that distance plus one bf16 ulp of the logits' scale."""
+    import copy
+    from fusion_backend import batched_llama
+    wrapper, steps = batched_llama(32, torch.bfloat16, device="cuda", steps=3)
+    prog = ostinato.export(copy.deepcopy(wrapper), (), steps[0], trace_strict=True)
+    errors = {}
+    for rows in ("64", "16"):
+        monkeypatch.setenv("OSTINATO_DOT_ROWS", rows)
+        exe = ostinato.compile(prog, device="cuda", replay=True)
+        groups = sum(l.op == "ost.fused" and '"kind":"linear"' in l.args[0] for l in exe.launches)
+        assert groups == (3 * 4 + 1 if rows == "64" else 0), groups     # 4 per layer, and norm + head
+        ref = copy.deepcopy(wrapper)
+        worst, scale = 0.0, 0.0
+        for kwargs in steps:
+            with torch.no_grad():
+                want = ref(**kwargs).float()
+            got = exe(**kwargs).float()
+            worst = max(worst, (got - want).abs().max().item())
+            scale = max(scale, want.abs().max().item())
+        errors[rows] = (worst, scale)
+    (dot, scale), (cublas, _) = errors["64"], errors["16"]
+    print("max |logits - eager's| (tl.dot, cuBLAS), max |logits|:", dot, cublas, scale)
+    assert dot <= 2 * cublas + scale * 2 ** -8, errors
+
+
 @pytest.mark.parametrize("replay", [False, True], ids=["step", "replay"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_symbolic_sizes_off_blocks_and_at_their_largest(dtype, replay):

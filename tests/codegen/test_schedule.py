@@ -377,3 +377,48 @@ def test_lone_one_row_projections_are_matmul_groups(lone, monkeypatch):
         with torch.no_grad():
             for got, want in zip(fused_executable(prog, ReferenceFusionBackend())(*args), model(*args)):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dot_rows_take_half_dtypes_up_to_the_switch(monkeypatch):
+    """Past 16 rows a projection is a matmul group (the tl.dot kernel) in fp16/bf16 up to OSTINATO_DOT_ROWS
+    rows (64 by default), its neighbours and lone ones alike (OSTINATO_LONE_GEMV=0: lone ones stay
+    cuBLAS calls); fp32 stays cuBLAS's (a tl.dot would be TF32), and so do more rows and the switch at 16.
+    The switch is part of the CUDA plan key. Outputs equal eager through the reference."""
+    from fusion_models import DecoderLayer, LoneProjections
+    from ostinato.backends.cuda.backend import CUDABackend
+    from ostinato.codegen.linear import LINEAR_OPS
+    from ostinato.codegen.report import launch_table
+
+    def groups(cls, rows, dtype):
+        """The matmul groups of ``cls`` at ``rows`` rows in ``dtype``."""
+        torch.manual_seed(0)
+        model = cls().eval().to(dtype)
+        args = cls.inputs(rows, dtype)
+        prog = ostinato.export(model, args)
+        with torch.no_grad():
+            assert_same(fused_executable(prog, ReferenceFusionBackend())(*args), model(*args))
+        return sum(r["kind"] == "fused" and bool(set(r["ops"]) & set(LINEAR_OPS)) for r in launch_table(prog.graph, "cuda"))
+
+    def key():
+        return CUDABackend.plan_key_parts(object.__new__(CUDABackend))["fusion"]
+
+    default = key()
+    assert "dotrows" not in default
+    for dtype in (torch.float16, torch.bfloat16):
+        assert groups(DecoderLayer, 17, dtype) == groups(DecoderLayer, 64, dtype) == 4
+        assert groups(LoneProjections, 32, dtype) == 2
+        assert groups(DecoderLayer, 65, dtype) == 0
+    assert groups(DecoderLayer, 32, torch.float32) == 0
+    monkeypatch.setenv("OSTINATO_LONE_GEMV", "0")
+    # the output projection has no neighbour of its own (the residual add goes to the next norm's group)
+    assert groups(LoneProjections, 32, torch.float16) == 0 and groups(DecoderLayer, 32, torch.float16) == 3
+    monkeypatch.delenv("OSTINATO_LONE_GEMV")
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "32")
+    assert groups(DecoderLayer, 32, torch.float16) == 4 and groups(DecoderLayer, 33, torch.float16) == 0
+    assert key() != default and key().endswith("-dotrows32")
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "16")
+    assert groups(DecoderLayer, 17, torch.float16) == 0 and groups(DecoderLayer, 16, torch.float16) == 3
+    assert key() not in (default, default + "-dotrows32")
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "256")
+    with pytest.raises(ValueError, match="OSTINATO_DOT_ROWS"):
+        key()

@@ -66,6 +66,17 @@ def test_interpreted_matmul_groups(dtype):
                        "bias_gelu_head": "ok", "bias_gelu_head_patterns": "ok"}, results
 
 
+def test_interpreted_dot_matmul_groups():
+    """Matmul groups past 16 rows (17, 32, 48, 64) in fp16, the tl.dot kernel: a decoder layer (an RMSNorm
+    before q/k/v gated pointwise, the output projection with the residual, an RMSNorm before gate/up with
+    SwiGLU, the biased down projection with the residual), GPT-2's Conv1D block (weights stored [K, N]),
+    a packed gate_up projection gated over its halves and lone projections; against eager on inputs from
+    a seeded generator. (bf16 is not exact in Triton's interpreter: compiled for sm_90 below.)"""
+    results = _interpret("linear_dot", "float16")
+    expected = [f"{case}_rows{m}" for case in ("decoder", "conv1d") for m in (17, 32, 48, 64)]
+    assert results == {k: "ok" for k in expected + ["packed_silu_rows48", "lone_rows32"]}, results
+
+
 @pytest.mark.parametrize("split", ["1", "0"])
 def test_interpreted_row_lengths(split):
     """Rows held whole and walked in chunks (over 4096), lengths not multiples of the block, transposed
@@ -200,14 +211,41 @@ def test_split_norm_rows_take_two_kernels_without_layout_shuffles(monkeypatch):
     assert checked == 2
 
 
-def test_linear_variants_compile_for_sm90(monkeypatch):
-    """Each matmul group of the zoo and of a decoder layer (one row and several; bf16 and fp32) compiles
-    for sm_90 with the arguments its launcher passes."""
+def _compile_linear_groups(model, args, compiled: set) -> list:
+    """Compile for sm_90 each matmul group of ``model`` exported on ``args`` (once per module, argument
+    types and specialization in ``compiled``), with the arguments its launcher passes; their plans."""
     from ostinato.backends.base import fused_launches
     from ostinato.backends.cpu.backend import CPUBackend
     from ostinato.backends.cuda.binaries import compile_binary
     from ostinato.backends.cuda.kernels.fused import LinearLauncher, launcher
     from ostinato.backends.cuda.runtime import arg_type
+    prog = ostinato.export(model.eval(), args)
+    exe = fused_executable(prog, CPUBackend())
+    plans = []
+    for launch in fused_launches(CPUBackend(), prog.graph, lambda *a: None):
+        f = launcher(launch.args[0]) if launch.op == "ost.fused" else None
+        if not isinstance(f, LinearLauncher):
+            continue
+        tensors = _input_tensors(exe, prog, args, launch)
+        plan = f.plan(tensors)
+        assert plan is not None, launch.name
+        plans.append(plan)
+        kargs, _ = f.arguments(plan, tensors, [1.5] * (len(f.spec.pro.scalars) + len(
+            f.spec.epi.scalars if f.spec.epi else ())))
+        types = tuple(arg_type(a) for a in kargs)
+        key = (plan.kernel.library.module, types, tuple(sorted(plan.kernel.specialization.items())))
+        if key in compiled:
+            continue
+        meta, cubin = compile_binary(plan.kernel.library.module, plan.kernel.library.function_name("k"),
+                                     types, plan.kernel.specialization, 90)
+        assert cubin[:4] == b"\x7fELF"
+        compiled.add(key)
+    return plans
+
+
+def test_linear_variants_compile_for_sm90(monkeypatch):
+    """Each matmul group of the zoo and of a decoder layer (one row and several; bf16 and fp32) compiles
+    for sm_90 with the arguments its launcher passes."""
     from fusion_models import Conv1DBlock, DecoderLayer, LongLoneProjections, LoneProjections, PackedGatedMLP
 
     builds = [c.build for c in CASES] + [lambda dt, m=m, cls=cls: (cls().to(dt), cls.inputs(m, dt))
@@ -218,29 +256,43 @@ def test_linear_variants_compile_for_sm90(monkeypatch):
     compiled, splits = set(), 0
     for build in builds:
         for dtype in (torch.bfloat16, torch.float32):
-            model, args = build(dtype)
-            prog = ostinato.export(model.eval(), args)
-            exe = fused_executable(prog, CPUBackend())
-            for launch in fused_launches(CPUBackend(), prog.graph, lambda *a: None):
-                f = launcher(launch.args[0]) if launch.op == "ost.fused" else None
-                if not isinstance(f, LinearLauncher):
-                    continue
-                tensors = _input_tensors(exe, prog, args, launch)
-                plan = f.plan(tensors)
-                assert plan is not None, launch.name
-                kargs, _ = f.arguments(plan, tensors, [1.5] * (len(f.spec.pro.scalars) + len(
-                    f.spec.epi.scalars if f.spec.epi else ())))
-                types = tuple(arg_type(a) for a in kargs)
-                key = (plan.kernel.library.module, types, tuple(sorted(plan.kernel.specialization.items())))
-                if key in compiled:
-                    continue
-                meta, cubin = compile_binary(plan.kernel.library.module, plan.kernel.library.function_name("k"),
-                                             types, plan.kernel.specialization, 90)
-                assert cubin[:4] == b"\x7fELF"
-                compiled.add(key)
-                splits += plan.nsplit > 1
+            splits += sum(plan.nsplit > 1 for plan in _compile_linear_groups(*build(dtype), compiled))
     assert len({k[0] for k in compiled}) >= 8, compiled
     assert splits, "no split-K variant was compiled"
+
+
+def test_dot_linear_variants_compile_for_sm90(monkeypatch):
+    """The tl.dot matmul kernel (more than 16 rows, bf16 and fp16) of a decoder layer, a Conv1D block
+    ([K, N] weights), a packed gated MLP and lone projections, at 17, 32 and 64 rows, compiles for sm_90
+    with the arguments its launcher passes, and multiplies on tensor cores: an MMA layout (mma.sync at
+    32 rows, wgmma at 64), its operands brought to shared memory by pipelined asynchronous copies."""
+    import triton
+    from fusion_models import Conv1DBlock, DecoderLayer, LoneProjections, PackedGatedMLP
+
+    ttgir: list[str] = []
+    real = triton.compile
+
+    def keep_ir(*a, **k):
+        c = real(*a, **k)
+        ttgir.append(c.asm["ttgir"])
+        return c
+    monkeypatch.setattr(triton, "compile", keep_ir)
+    compiled, dots = set(), 0
+    for m, classes in ((17, (Conv1DBlock,)), (32, (DecoderLayer, Conv1DBlock, PackedGatedMLP, LoneProjections)),
+                       (64, (DecoderLayer, PackedGatedMLP))):
+        for cls in classes:
+            for dtype in (torch.bfloat16, torch.float16):
+                ttgir.clear()
+                plans = _compile_linear_groups(cls().to(dtype), cls.inputs(m, dtype), compiled)
+                assert plans and all("_md11" in p.kernel.library.module for p in plans), (cls.__name__, m)
+                assert all(p.kernel.specialization["XBLOCK"] == (32 if m <= 32 else 64) for p in plans)
+                mma = "versionMajor = 2" if m <= 32 else "versionMajor = 3"
+                for ir in ttgir:
+                    assert "nvidia_mma" in ir and mma in ir, (cls.__name__, m, dtype)
+                    assert ("tt.dot" if m <= 32 else "warp_group_dot") in ir
+                    assert "async_copy_global_to_local" in ir
+                    dots += 1
+    assert dots == len(compiled) >= 30, (dots, len(compiled))
 
 
 def test_wide_index_variants_compile_for_sm90():

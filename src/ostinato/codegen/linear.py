@@ -1,16 +1,21 @@
-"""Projections with their neighbours: a decode-shaped matmul (at most MAX_ROWS rows) becomes one generated
-kernel together with the group that feeds it (a norm in any algebraic form, any pointwise chain: the
-prologue) and the pointwise group that reads its result (bias, activation, gating of an
-``ost.multi_linear``'s slices, a residual add: the epilogue). The matmul itself is a GEMV-like loop over
-K that every program runs for its block of output columns, recomputing the prologue on the fly: the
-prologue's input is a few rows (L2-resident), so the norm's output is never written and read back, and
-the projection's result never leaves registers before the epilogue.
+"""Projections with their neighbours: a decode-shaped matmul (at most MAX_ROWS rows; in fp16/bf16 up to
+MAX_DOT_ROWS) becomes one generated kernel together with the group that feeds it (a norm in any algebraic
+form, any pointwise chain: the prologue) and the pointwise group that reads its result (bias, activation,
+gating of an ``ost.multi_linear``'s slices, a residual add: the epilogue). The matmul itself is a GEMV-like
+loop over K that every program runs for its block of output columns, recomputing the prologue on the fly:
+the prologue's input is a few rows (L2-resident), so the norm's output is never written and read back,
+and the projection's result never leaves registers before the epilogue.
 
 The pass runs on the scheduler's result (schedule.py): a projection absorbs the fusion group or the
 lone fusible node producing its input, and the one reading its result, when that moves no read across a
 write (an impure node) and no value is read before the merged kernel has made it. A projection of one
 row with neither neighbour is a matmul group of its own (the generated GEMV; OSTINATO_LONE_GEMV=0 keeps
-cuBLAS); of several rows, it stays a cuBLAS call.
+cuBLAS), and so is one of more than MAX_ROWS rows (the tensor-core kernel); of 2 to MAX_ROWS rows, it stays
+a cuBLAS call.
+
+Past MAX_ROWS rows (a batched decode step) the kernel multiplies with ``tl.dot`` (tensor cores) instead of
+a broadcast product and a sum: fp16/bf16 only (an fp32 ``tl.dot`` is TF32, not what eager computes), up to
+``dot_rows()`` rows (OSTINATO_DOT_ROWS, MAX_DOT_ROWS by default; MAX_ROWS switches it off).
 """
 from __future__ import annotations
 
@@ -30,7 +35,8 @@ LINEAR_OPS = ("aten.linear", "ost.multi_linear", "ost.linear")
 # ost.linear's activation as the ATen node the epilogue expands (expand.HANDLERS)
 _ACTIVATION_OPS = {"relu": ("aten.relu", {}), "silu": ("aten.silu", {}), "gelu": ("aten.gelu", {}),
                    "gelu_tanh": ("aten.gelu", {"approximate": "tanh"})}
-MAX_ROWS = 16       # decode-shaped: more rows are cuBLAS's (tensor-core GEMMs)
+MAX_ROWS = 16       # decode-shaped: the GEMV-like kernel (a broadcast product summed over K)
+MAX_DOT_ROWS = 64   # half dtypes: up to this many rows, a tl.dot kernel; more are cuBLAS's
 
 
 def linear_fusion_enabled() -> bool:
@@ -39,9 +45,31 @@ def linear_fusion_enabled() -> bool:
 
 
 def lone_gemv_enabled() -> bool:
-    """OSTINATO_LONE_GEMV=0 keeps a one-row projection with no neighbour to take a cuBLAS call (the A/B
-    switch; part of the plan key)."""
+    """OSTINATO_LONE_GEMV=0 keeps a projection with no neighbour to take a cuBLAS call: one of one row, and
+    one of more than MAX_ROWS rows (the tl.dot kernel's) (the A/B switch; part of the plan key)."""
     return os.environ.get("OSTINATO_LONE_GEMV", "1") != "0"
+
+
+def dot_rows() -> int:
+    """The most rows a matmul group of fp16/bf16 takes: OSTINATO_DOT_ROWS (MAX_DOT_ROWS by default, 128 at
+    most; MAX_ROWS or less: no tl.dot kernel, projections of more than MAX_ROWS rows stay cuBLAS calls;
+    the A/B switch, part of the plan key)."""
+    raw = os.environ.get("OSTINATO_DOT_ROWS")
+    if raw is None:
+        return MAX_DOT_ROWS
+    try:
+        rows = int(raw)
+    except ValueError:
+        rows = -1
+    if rows < 0 or rows > 128:
+        raise ValueError(f"OSTINATO_DOT_ROWS={raw!r}: a row count up to 128 ({MAX_ROWS} switches the tl.dot "
+                         "kernel off)")
+    return max(rows, MAX_ROWS)
+
+
+def max_rows(code: str) -> int:
+    """The most rows a matmul group of dtype ``code`` takes."""
+    return dot_rows() if code in ("f16", "bf16") else MAX_ROWS
 
 
 def _static(shape) -> bool:
@@ -50,8 +78,8 @@ def _static(shape) -> bool:
 
 def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None, str | None, bool] | None:
     """(x, weights, biases, activation, transposed) of a projection the generated kernel takes, else
-    None: static shapes, a float dtype shared by all, at most MAX_ROWS rows, constant [N, K] weights,
-    or one [K, N] weight (``ost.linear``'s ``weight_t``: GPT-2's Conv1D; ``transposed`` then)."""
+    None: static shapes, a float dtype shared by all, at most MAX_ROWS rows (max_rows: more in fp16/bf16),
+    constant [N, K] weights, or one [K, N] weight (``ost.linear``'s ``weight_t``: GPT-2's Conv1D; ``transposed`` then)."""
     activation, weight_t = None, False
     if node.op == "ost.linear":
         x, w, b, *rest = node.args
@@ -75,7 +103,7 @@ def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None, st
     shape = tuple(x.meta.shape)
     code = code_of(x)
     if len(shape) < 2 or code not in ("f16", "bf16", "f32") or shape[-1] < 2 \
-            or not 1 <= math.prod(shape[:-1]) <= MAX_ROWS:
+            or not 1 <= math.prod(shape[:-1]) <= max_rows(code):
         return None
     k_dim = 0 if weight_t else 1    # the weight's dim of size K
     for w in weights:
@@ -187,7 +215,9 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
     owner, holder = item_of()       # kept up to date as groups replace items (each node is in one item)
     # A one-row projection with no neighbour is a matmul group too: on an H200, cuBLAS read a Llama-1B
     # layer's down projection (K 8192) at 2.5 TB/s with a split-K reduce after it, and its output
-    # projection at 1.5 TB/s, where the generated GEMV read the gate/up weights at 3.4 TB/s.
+    # projection at 1.5 TB/s, where the generated GEMV read the gate/up weights at 3.4 TB/s. One of more
+    # than MAX_ROWS rows (fp16/bf16: the tl.dot kernel) likewise, so a batched decode step's output and
+    # down projections are generated kernels as a one-row step's are (not measured against cuBLAS yet).
     lone = lone_gemv_enabled()
     keys = [run_at(it) for it in items]
     for node in [it for it in items if isinstance(it, Node) and it.op in LINEAR_OPS]:
@@ -218,8 +248,9 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
         if epi is None and act is None:
             halves = _packed_gating(node, weights, weight_t, users, graph_reads, holder)
             epi = halves[0] if halves is not None else None
-        if pro is None and epi is None and not (lone and math.prod(x.meta.shape[:-1]) == 1):
-            continue        # several rows and no neighbour (an activation alone included): cuBLAS
+        rows = math.prod(x.meta.shape[:-1])
+        if pro is None and epi is None and not (lone and (rows == 1 or rows > MAX_ROWS)):
+            continue        # 2..MAX_ROWS rows and no neighbour (an activation alone included): cuBLAS
         group = _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, position, impure,
                        users, graph_reads, items, keys, halves[1:] if halves is not None else None)
         if group is None:

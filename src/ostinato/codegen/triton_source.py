@@ -459,7 +459,7 @@ def can_split_k(spec: LinearSpec) -> bool:
 
 
 def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int = 1,
-                  interpreted: bool = False, split: bool = False) -> tuple[str, str]:
+                  interpreted: bool = False, split: bool = False, dot: bool = False) -> tuple[str, str]:
     """(module source, kernel name) of a matmul group's kernel. Each program computes NBLOCK columns of
     every row (XBLOCK >= the rows): the prologue's statistics first (loops over K), then one loop over
     K that makes A's tile from the prologue's ops and multiplies it into the weights' [NBLOCK, RBLOCK]
@@ -474,10 +474,18 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     program that arrives last adds the NSPLIT partials in split order (the result does not depend on
     which program came last), finishes the columns and sets the counter back to 0 for the next launch.
     One launch, deterministic; a lone GEMV with a long K (a down projection) otherwise runs a few
-    programs per SM, each walking all of K."""
+    programs per SM, each walking all of K.
+
+    ``dot`` (several rows, fp16/bf16: more than codegen.linear.MAX_ROWS): each step multiplies A's tile,
+    rounded to the projection's dtype (what eager's half-precision A holds; the prologue's last op already
+    rounds to it), with the weights' tile in their dtype through ``tl.dot`` (tensor cores), into an fp32
+    [XBLOCK, NBLOCK] accumulator: XBLOCK, NBLOCK and RBLOCK at least 16 (tl.dot's smallest tile)."""
     if split and not (one_row and can_split_k(spec)):
         raise ValueError("a split-K matmul kernel takes one row and no epilogue")
-    name = (f"lin_{spec.digest[:16]}_{'m1' if one_row else 'mb'}{xr_pro}{xr_epi}"
+    if dot and (one_row or split or spec.dt not in HALF):
+        raise ValueError("a tl.dot matmul kernel takes several rows of fp16 or bf16")
+    kind = "m1" if one_row else "md" if dot else "mb"
+    name = (f"lin_{spec.digest[:16]}_{kind}{xr_pro}{xr_epi}"
             f"{'_s' if split else ''}{'_i' if interpreted else ''}")
     dt = TRITON_TYPES[spec.dt]
     half = spec.dt in HALF
@@ -514,7 +522,18 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
         pro._store(k, ref, code, "xoff{k} + roff{k}", "mask & (pid == 0)", 2, full=True)
     lines += _prefixed(pro.lines, "p_")
     out(f"        a = tl.where(mask, tl.broadcast_to(p_v{a_ref}, [XBLOCK, RBLOCK]), 0.0)")
-    for g, off in slices:
+    if dot:
+        out(f"        a = a.to({dt})")
+        if spec.wt:     # W stored [K, N]: its [RBLOCK, NBLOCK] tile is the dot's right operand as it lies
+            out("        kidx = r0 + tl.arange(0, RBLOCK)[:, None]")
+            out("        wv = tl.load(w + kidx.to(tl.int64) * wst + col[None, :], "
+                "mask=(kidx < p_rnumel) & cmask[None, :], other=0)")
+            out("        mm_0 = tl.dot(a, wv, mm_0)")
+        for g, off in slices if not spec.wt else ():
+            out(f"        wv = tl.load(w + (col[:, None] + {off}).to(tl.int64) * wst + ridx, "
+                "mask=cmask[:, None] & rmask, other=0)")
+            out(f"        mm_{g} = tl.dot(a, tl.trans(wv), mm_{g})")
+    for g, off in slices if not dot else ():
         # W stored [K, N] (wt): element (n, k) at k * wst + n; else [N, K]: at n * wst + k
         where = "ridx.to(tl.int64) * wst + col[:, None]" if spec.wt else f"(col[:, None] + {off}).to(tl.int64) * wst + ridx"
         out(f"        wv = tl.load(w + {where}, mask=cmask[:, None] & rmask, other=0).to(tl.float32)")

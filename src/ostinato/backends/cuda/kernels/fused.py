@@ -16,7 +16,8 @@ import threading
 
 import torch
 
-from ....codegen.prims import DTYPES, REDUCTIONS, compute_code
+from ....codegen.linear import MAX_ROWS
+from ....codegen.prims import DTYPES, HALF, REDUCTIONS, compute_code
 from ....codegen.reference import (base_shape, epilogue_inputs, evaluate, evaluate_linear, iteration_shape, parse,
                                    split_dims, split_linear_args)
 from ....codegen.spec import GroupSpec, LinearSpec
@@ -330,6 +331,30 @@ def linear_blocks(m: int, n: int, k: int, slices: int, transposed: bool = False)
     return nblock, rblock, 4
 
 
+_DOT_PROGRAMS = 128         # a tl.dot matmul group narrows its column tile until about this many programs run
+
+
+def dot_blocks(m: int, n: int, k: int, slices: int, transposed: bool = False) -> tuple[int, int, int]:
+    """(NBLOCK, RBLOCK, num_warps) of a matmul group of more than MAX_ROWS rows in fp16/bf16 (the tl.dot
+    kernel; XBLOCK is the rows' power of two, 32 or 64). 64 columns per program where that still gives
+    _DOT_PROGRAMS programs (Llama-8B's gate/up, 14336 columns: 224), else 32 where that does (its q/k/v,
+    6144: 192; o and down, 4096: 128), else 16 (tl.dot's smallest tile); K in steps of 64 (less for a
+    shorter K, 16 at least), 4 warps, Triton's default three stages (the backend passes num_warps only).
+    Every program recomputes A (and the prologue's statistics) for all rows from L2: wider column tiles
+    read it fewer times. A starting point for an H100, not measured: OSTINATO_DOT_NBLOCK,
+    OSTINATO_DOT_RBLOCK (powers of 2 from 16) and OSTINATO_DOT_WARPS (4 or 8) override it for sweeps.
+    ``m``, ``slices`` and ``transposed`` are not read (the arguments are linear_blocks')."""
+    nblock = 64 if cdiv(n, 64) >= _DOT_PROGRAMS else 32 if cdiv(n, 32) >= _DOT_PROGRAMS else 16
+    rblock, warps = max(16, min(64, _pow2(k))), 4
+    nblock = int(os.environ.get("OSTINATO_DOT_NBLOCK", nblock))
+    rblock = int(os.environ.get("OSTINATO_DOT_RBLOCK", rblock))
+    warps = int(os.environ.get("OSTINATO_DOT_WARPS", warps))
+    if nblock < 16 or nblock & (nblock - 1) or rblock < 16 or rblock & (rblock - 1) or warps not in (4, 8):
+        raise ValueError(f"OSTINATO_DOT_NBLOCK={nblock} / OSTINATO_DOT_RBLOCK={rblock} / OSTINATO_DOT_WARPS={warps}: "
+                         "powers of 2 from 16, and 4 or 8 warps")
+    return nblock, rblock, warps
+
+
 class _LinearPlan:
     __slots__ = ("kernel", "grid", "pro_ints", "epi_ints", "tail", "pro_shapes", "epi_shape", "mm_shape", "views",
                  "nsplit", "kslice", "scratch")
@@ -361,12 +386,13 @@ class LinearLauncher:
         return (tuple((t.shape, t.stride()) for t in tensors),
                 tuple(t.data_ptr() - packed[0].data_ptr() for t in packed))
 
-    def library(self, one_row: bool, xr_pro: int = 1, xr_epi: int = 1, split: bool = False) -> KernelLibrary:
+    def library(self, one_row: bool, xr_pro: int = 1, xr_epi: int = 1, split: bool = False,
+                dot: bool = False) -> KernelLibrary:
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        key = (one_row, xr_pro, xr_epi, interpreted, split)
+        key = (one_row, xr_pro, xr_epi, interpreted, split, dot)
         lib = self._libraries.get(key)
         if lib is None:
-            source, name = render_linear(self.spec, one_row, xr_pro, xr_epi, interpreted, split)
+            source, name = render_linear(self.spec, one_row, xr_pro, xr_epi, interpreted, split, dot)
             register_source(f"gen_{name}", source)
             lib = self._libraries[key] = KernelLibrary(f"gen_{name}", {"k": name})
         return lib
@@ -409,15 +435,18 @@ class LinearLauncher:
             strides += [_contiguous_strides(epi_shape) for _ in spec.epi.outputs]
             xr_epi, epi_ints = self._rows_and_cols(list(epi_shape), strides)
         m = math.prod(rows)
-        nblock, rblock, warps = linear_blocks(m, n, k, len(spec.w) if spec.epi else 1, spec.wt)
+        # more rows than the GEMV-like kernel takes (a batched decode step, fp16/bf16): tensor cores
+        dot = m > MAX_ROWS and spec.dt in HALF
+        nblock, rblock, warps = (dot_blocks if dot else linear_blocks)(m, n, k, len(spec.w) if spec.epi else 1,
+                                                                       spec.wt)
         nsplit = 1
         tiles = lone_tiles(spec, m, n, k)
         if tiles is not None:
             nblock, rblock, nsplit = tiles
-        const = dict(XBLOCK=_pow2(m), RBLOCK=rblock, NBLOCK=nblock, num_warps=warps)
+        const = dict(XBLOCK=max(16, _pow2(m)) if dot else _pow2(m), RBLOCK=rblock, NBLOCK=nblock, num_warps=warps)
         if nsplit > 1:
             const["NSPLIT"] = nsplit
-        kernel = self.library(m == 1, xr_pro, xr_epi, nsplit > 1).kernel("k", **const)
+        kernel = self.library(m == 1, xr_pro, xr_epi, nsplit > 1, dot).kernel("k", **const)
         views = [(g * spec.w[0] if spec.epi else sum(spec.w[:g]), spec.w[g]) for g in range(len(spec.w))
                  if spec.mm_store[g]]
         return _LinearPlan(kernel=kernel, grid=(cdiv(n, nblock), nsplit), pro_ints=pro_ints, epi_ints=epi_ints,
