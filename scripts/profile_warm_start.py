@@ -45,6 +45,7 @@ if device == "cuda":
 t3 = time.perf_counter(); pr.disable()
 print(f"load {{t1-t0:.3f}} compile {{t2-t1:.3f}} first {{t3-t2:.3f}} (profiled)")
 pstats.Stats(pr).sort_stats("cumulative").print_stats(40)
+pstats.Stats(pr).sort_stats("tottime").print_stats(30)
 """
 
 
