@@ -221,6 +221,7 @@ def main(what: str, dtype_name: str) -> None:
         print(json.dumps(results))
         return
     if what == "linear_dot":     # matmul groups past 16 rows (fp16: the tl.dot kernel) against eager
+        os.environ["OSTINATO_DOT_ROWS"] = "64"      # (off by default)
         from fusion_models import Conv1DBlock, DecoderLayer, LoneProjections, PackedGatedMLP
         from ostinato.backends.cuda.kernels.fused import launcher
         ops = ("aten.linear", "ost.multi_linear", "ost.linear", "aten.addmm", "aten.mm")

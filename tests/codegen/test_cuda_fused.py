@@ -140,12 +140,13 @@ def test_matmul_groups_on_cuda(rows, dtype):
 
 @pytest.mark.parametrize("rows", [17, 32, 64])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_dot_matmul_groups_on_cuda(rows, dtype):
+def test_dot_matmul_groups_on_cuda(rows, dtype, monkeypatch):
     """Matmul groups past 16 rows, the tl.dot kernel (a decoder layer: norms, packed q/k/v gated
     pointwise, SwiGLU, residual epilogues; GPT-2's Conv1D block, weights stored [K, N]; a packed gate_up
     gated over its halves): replayed, against eager (cuBLAS)."""
     from ostinato.backends.cuda.kernels.fused import LinearLauncher, launcher
     from fusion_models import Conv1DBlock, DecoderLayer, PackedGatedMLP
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "64")     # (off by default)
     tol = {torch.float16: 1e-2, torch.bfloat16: TOL[torch.bfloat16] * 3}[dtype]
     for cls in (DecoderLayer, Conv1DBlock, PackedGatedMLP):
         torch.manual_seed(0)

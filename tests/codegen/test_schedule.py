@@ -381,7 +381,7 @@ def test_lone_one_row_projections_are_matmul_groups(lone, monkeypatch):
 
 def test_dot_rows_take_half_dtypes_up_to_the_switch(monkeypatch):
     """Past 16 rows a projection is a matmul group (the tl.dot kernel) in fp16/bf16 up to OSTINATO_DOT_ROWS
-    rows (64 by default), its neighbours and lone ones alike (OSTINATO_LONE_GEMV=0: lone ones stay
+    rows (off by default), its neighbours and lone ones alike (OSTINATO_LONE_GEMV=0: lone ones stay
     cuBLAS calls); fp32 stays cuBLAS's (a tl.dot would be TF32), and so do more rows and the switch at 16.
     The switch is part of the CUDA plan key. Outputs equal eager through the reference."""
     from fusion_models import DecoderLayer, LoneProjections
@@ -404,6 +404,9 @@ def test_dot_rows_take_half_dtypes_up_to_the_switch(monkeypatch):
 
     default = key()
     assert "dotrows" not in default
+    assert groups(DecoderLayer, 32, torch.float16) == 0        # off by default
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "64")
+    assert key().endswith("-dotrows64")
     for dtype in (torch.float16, torch.bfloat16):
         assert groups(DecoderLayer, 17, dtype) == groups(DecoderLayer, 64, dtype) == 4
         assert groups(LoneProjections, 32, dtype) == 2
@@ -418,7 +421,7 @@ def test_dot_rows_take_half_dtypes_up_to_the_switch(monkeypatch):
     assert key() != default and key().endswith("-dotrows32")
     monkeypatch.setenv("OSTINATO_DOT_ROWS", "16")
     assert groups(DecoderLayer, 17, torch.float16) == 0 and groups(DecoderLayer, 16, torch.float16) == 3
-    assert key() not in (default, default + "-dotrows32")
+    assert key() == default
     monkeypatch.setenv("OSTINATO_DOT_ROWS", "256")
     with pytest.raises(ValueError, match="OSTINATO_DOT_ROWS"):
         key()

@@ -277,6 +277,7 @@ def test_dot_linear_variants_compile_for_sm90(monkeypatch):
         ttgir.append(c.asm["ttgir"])
         return c
     monkeypatch.setattr(triton, "compile", keep_ir)
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "64")     # (off by default)
     compiled, dots = set(), 0
     for m, classes in ((17, (Conv1DBlock,)), (32, (DecoderLayer, Conv1DBlock, PackedGatedMLP, LoneProjections)),
                        (64, (DecoderLayer, PackedGatedMLP))):

@@ -51,7 +51,7 @@ def test_tiny_decoder_first_call_steps_second_captures(device):
         outs.append(snapshot(host(out)))
         assert _counts(exe) == (1, min(s, 1), max(s - 1, 0)), s    # uncaptured calls, captures, replays
     # the KV caches hold every step exactly once
-    tiny.assert_state_matches({k: host(v) for k, v in exe.session.state.items()}, ref.cpu(), "replay")
+    tiny.assert_state_matches({k: host(v).cpu() for k, v in exe.session.state.items()}, ref.cpu(), "replay")
     assert not torch.equal(outs[0], outs[-1])
 
 

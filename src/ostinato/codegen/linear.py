@@ -1,5 +1,5 @@
-"""Projections with their neighbours: a decode-shaped matmul (at most MAX_ROWS rows; in fp16/bf16 up to
-MAX_DOT_ROWS) becomes one generated kernel together with the group that feeds it (a norm in any algebraic
+"""Projections with their neighbours: a decode-shaped matmul (at most MAX_ROWS rows; in fp16/bf16, with
+OSTINATO_DOT_ROWS, more) becomes one generated kernel together with the group that feeds it (a norm in any algebraic
 form, any pointwise chain: the prologue) and the pointwise group that reads its result (bias, activation,
 gating of an ``ost.multi_linear``'s slices, a residual add: the epilogue). The matmul itself is a GEMV-like
 loop over K that every program runs for its block of output columns, recomputing the prologue on the fly:
@@ -10,12 +10,15 @@ The pass runs on the scheduler's result (schedule.py): a projection absorbs the 
 lone fusible node producing its input, and the one reading its result, when that moves no read across a
 write (an impure node) and no value is read before the merged kernel has made it. A projection of one
 row with neither neighbour is a matmul group of its own (the generated GEMV; OSTINATO_LONE_GEMV=0 keeps
-cuBLAS), and so is one of more than MAX_ROWS rows (the tensor-core kernel); of 2 to MAX_ROWS rows, it stays
-a cuBLAS call.
+cuBLAS), and so is one of more than MAX_ROWS rows where the tensor-core kernel is on; of 2 to MAX_ROWS
+rows, it stays a cuBLAS call.
 
-Past MAX_ROWS rows (a batched decode step) the kernel multiplies with ``tl.dot`` (tensor cores) instead of
-a broadcast product and a sum: fp16/bf16 only (an fp32 ``tl.dot`` is TF32, not what eager computes), up to
-``dot_rows()`` rows (OSTINATO_DOT_ROWS, MAX_DOT_ROWS by default; MAX_ROWS switches it off).
+Past MAX_ROWS rows (a batched decode step) the kernel can multiply with ``tl.dot`` (tensor cores) instead
+of a broadcast product and a sum: fp16/bf16 only (an fp32 ``tl.dot`` is TF32, not what eager computes), up
+to ``dot_rows()`` rows. It is off unless OSTINATO_DOT_ROWS asks for it (up to MAX_DOT_ROWS): measured on an
+H100, a batch-32 decode step of the hidden-4096 Llama took 3.37 ms of GPU time with it against 1.65 with
+cuBLAS (each program walks all of K and recomputes the prologue's rows from L2; no split-K), though it
+makes the layer 5 launches instead of 8.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ LINEAR_OPS = ("aten.linear", "ost.multi_linear", "ost.linear")
 _ACTIVATION_OPS = {"relu": ("aten.relu", {}), "silu": ("aten.silu", {}), "gelu": ("aten.gelu", {}),
                    "gelu_tanh": ("aten.gelu", {"approximate": "tanh"})}
 MAX_ROWS = 16       # decode-shaped: the GEMV-like kernel (a broadcast product summed over K)
-MAX_DOT_ROWS = 64   # half dtypes: up to this many rows, a tl.dot kernel; more are cuBLAS's
+MAX_DOT_ROWS = 128  # half dtypes, with OSTINATO_DOT_ROWS: at most this many rows in a tl.dot kernel
 
 
 def linear_fusion_enabled() -> bool:
@@ -51,18 +54,18 @@ def lone_gemv_enabled() -> bool:
 
 
 def dot_rows() -> int:
-    """The most rows a matmul group of fp16/bf16 takes: OSTINATO_DOT_ROWS (MAX_DOT_ROWS by default, 128 at
-    most; MAX_ROWS or less: no tl.dot kernel, projections of more than MAX_ROWS rows stay cuBLAS calls;
-    the A/B switch, part of the plan key)."""
+    """The most rows a matmul group of fp16/bf16 takes: OSTINATO_DOT_ROWS (MAX_DOT_ROWS at most; unset, MAX_ROWS or
+    less: no tl.dot kernel, projections of more than MAX_ROWS rows stay cuBLAS calls, the default; the A/B
+    switch, part of the plan key)."""
     raw = os.environ.get("OSTINATO_DOT_ROWS")
     if raw is None:
-        return MAX_DOT_ROWS
+        return MAX_ROWS
     try:
         rows = int(raw)
     except ValueError:
         rows = -1
-    if rows < 0 or rows > 128:
-        raise ValueError(f"OSTINATO_DOT_ROWS={raw!r}: a row count up to 128 ({MAX_ROWS} switches the tl.dot "
+    if rows < 0 or rows > MAX_DOT_ROWS:
+        raise ValueError(f"OSTINATO_DOT_ROWS={raw!r}: a row count up to {MAX_DOT_ROWS} ({MAX_ROWS} switches the tl.dot "
                          "kernel off)")
     return max(rows, MAX_ROWS)
 
