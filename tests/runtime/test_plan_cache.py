@@ -192,3 +192,42 @@ def test_a_packed_warm_cache_compiles_with_all_hits_elsewhere(tmp_path):
     assert again["source"] == "cache" and again["sum"] == cold["sum"]
     disk = again["stats"]["disk"]
     assert disk["hits"] == 3 and disk["misses"] == 0 and disk["puts"] == 0 and disk["errors"] == 0
+
+
+def test_long_plan_bytecode_comes_from_the_cache(cache_dir, monkeypatch):
+    """A plan source of CACHED_LINES lines or more is compiled once; later the cache's bytecode runs (the
+    same function), a corrupt or foreign entry is a miss that compiles again, and a short source never
+    touches the cache."""
+    import builtins
+    from ostinato.runtime import codegen
+    lines = [f"    x = x * {1 + k % 7} % 1000003" for k in range(codegen.CACHED_LINES)]
+    source = "def plan(x):\n" + "\n".join(lines) + "\n    return x\n"
+    compiles = []
+    real = builtins.compile
+
+    def counting(*a, **k):
+        compiles.append(a[1])
+        return real(*a, **k)
+    monkeypatch.setattr(builtins, "compile", counting)
+
+    def run(code) -> int:
+        ns: dict = {}
+        exec(code, ns)  # noqa: S102 - the test's own source
+        return ns["plan"](3)
+    want = run(real(source, "<ref>", "exec"))
+    assert run(codegen.plan_code(source, "<ostinato plan>")) == want and len(compiles) == 1
+    set_cache(Cache([MemoryTier(1 << 20), DiskTier(str(cache_dir), 1 << 30)]))     # a new process's tiers
+    assert run(codegen.plan_code(source, "<ostinato plan>")) == want and len(compiles) == 1
+    # another file name (another function's plan) is another entry
+    assert run(codegen.plan_code(source, "<ostinato other>")) == want and len(compiles) == 2
+    # a corrupt entry: compiled again, and the result is still right
+    import hashlib, importlib.util
+    digest = hashlib.sha256(f"<ostinato plan>\0{source}".encode()).hexdigest()
+    key = make_key(codegen.CODE_KIND, f"{digest}:{importlib.util.MAGIC_NUMBER.hex()}", {"backend": "any", "arch": "any"})
+    ostinato.cache.get_cache().put(key, b"not marshal data")
+    assert run(codegen.plan_code(source, "<ostinato plan>")) == want and len(compiles) == 3
+    # a short source: compiled every time, nothing stored
+    puts = ostinato.cache.stats()["disk"]["puts"]
+    short = "def plan(x):\n    return x + 1\n"
+    assert run(codegen.plan_code(short, "<ostinato plan>")) == 4 and run(codegen.plan_code(short, "<ostinato plan>")) == 4
+    assert len(compiles) == 5 and ostinato.cache.stats()["disk"]["puts"] == puts
