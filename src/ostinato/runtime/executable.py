@@ -53,6 +53,7 @@ class Executable:
         g = program.graph
         self.num_slots = g.assign_slots()
         t0 = time.perf_counter()
+        backend.warm_libraries(g)     # (CUDA: cuBLAS/cuDNN set up in a thread while the plan is built)
         self._checker = InputChecker(program, self.device)
         # Environment template: constants placed once, shared by every call and session.
         self._template: list[Any] = [None] * self.num_slots
@@ -181,6 +182,7 @@ class Executable:
 
     @torch.no_grad()
     def run(self, session: Session, args: tuple, kwargs: dict | None = None):
+        self.backend.libraries_ready()
         target = capturing.target
         if self.runner is not None and target is None:
             return self.runner(session, args, kwargs)

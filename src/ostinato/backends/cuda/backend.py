@@ -13,6 +13,7 @@ from ...codegen.schedule import strided_copies_enabled
 from ...errors import BackendError
 from ..base import Launch, fused_launches
 from ..cpu.backend import CPUBackend
+from . import warm
 from .layout import ConvLayouts, conv_layout_mode
 from .library_ops import LIBRARY_OPS
 from .ops import triton_kernels
@@ -57,6 +58,12 @@ class CUDABackend(ConvLayouts, CPUBackend):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+
+    def warm_libraries(self, graph) -> None:
+        warm.start(graph, self.device)
+
+    def libraries_ready(self) -> None:
+        warm.wait()
 
     def kernel_stats(self) -> dict[str, float]:
         """Binaries of Triton kernels in this process: compiled (in workers or in-process), read from a

@@ -1,0 +1,105 @@
+"""Warming torch's CUDA libraries (cuBLAS, cuDNN) in a background thread while a warm start loads and
+compiles.
+
+A fresh process pays for its first cuBLAS call (handles, the matmul kernels' lazy load) and its first
+attention and convolution (cuDNN's handle and graphs) inside the first call of the model. Measured with
+``bench/library_init_probe.py`` on an H100 (torch 2.11): the first bf16 linear took 70-148 ms and the
+first causal SDPA 62-850 ms; with a thread that ran a tiny linear and SDPA while the main thread spent
+0.2-0.3 s on Python work, 2.5-7 ms and 44-102 ms (an SDPA of another shape still builds its own cuDNN
+graph). torch's bindings release the GIL inside those calls, so the compile's Python work goes on
+meanwhile, and a handle made by a thread returns to torch's pool when the thread ends, where the main
+thread finds it.
+
+``start(graph, device)`` starts the thread from ``compile`` (once per process, device, dtype and kind of
+library op); ``wait()`` joins it: at an executable's first call and before any CUDA graph capture, so
+no background work ever overlaps a capture. The thread works on the device's default stream (cuBLAS
+keeps one workspace per stream: a stream of its own would leave a second one allocated for good).
+``OSTINATO_WARM_LIBRARIES=0`` turns it off.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import torch
+
+log = logging.getLogger("ostinato")
+
+GEMM_OPS = frozenset({"aten.linear", "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul",
+                      "ost.multi_linear", "ost.linear"})
+ATTENTION_OPS = frozenset({"ost.sdpa", "aten.scaled_dot_product_attention", "ost.softcap_attention"})
+CONV_OPS = frozenset({"aten.convolution", "aten.conv1d", "aten.conv2d", "aten.conv3d", "ost.conv_act"})
+_KINDS = (("gemm", GEMM_OPS), ("attention", ATTENTION_OPS), ("conv", CONV_OPS))
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+_threads: list[threading.Thread] = []
+_started: set[tuple] = set()
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    return os.environ.get("OSTINATO_WARM_LIBRARIES", "1") != "0"
+
+
+def _torch_attention(node) -> bool:
+    """Whether an attention node runs torch's SDPA (cuDNN, flash): not one query row, which the decode
+    kernels (Triton) take."""
+    q = node.args[0] if node.args else None
+    shape = getattr(getattr(q, "meta", None), "shape", None)
+    return node.op != "ost.sdpa" or shape is None or len(shape) < 2 or shape[-2] != 1
+
+
+def jobs_for(graph, device_index: int) -> list[tuple[str, torch.dtype]]:
+    """(kind, dtype) of each library a program will call first that this process has not warmed yet on
+    that device: the kinds of library op among its nodes, for each float dtype of its constants."""
+    ops = {n.op for n in graph.nodes if n.op not in ATTENTION_OPS or _torch_attention(n)}
+    dtypes = sorted({v.meta.dtype for v in graph.constants if getattr(v.meta, "dtype", None) in _DTYPES},
+                    key=str)
+    return [(kind, dt) for dt in dtypes for kind, members in _KINDS
+            if ops & members and (device_index, kind, dt) not in _started]
+
+
+def _run(jobs: list[tuple[str, torch.dtype]], device: torch.device) -> None:
+    try:
+        with torch.cuda.device(device), torch.no_grad():
+            for kind, dt in jobs:
+                if kind == "gemm":
+                    torch.nn.functional.linear(torch.zeros(8, 64, device=device, dtype=dt),
+                                               torch.zeros(64, 64, device=device, dtype=dt))
+                elif kind == "attention":
+                    q = torch.zeros(1, 2, 8, 64, device=device, dtype=dt)
+                    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+                else:
+                    torch.nn.functional.conv2d(torch.zeros(1, 8, 8, 8, device=device, dtype=dt),
+                                               torch.zeros(8, 8, 3, 3, device=device, dtype=dt), padding=1)
+            torch.cuda.current_stream(device).synchronize()
+    except Exception as e:  # noqa: BLE001 - warming is an optimization: the first call pays instead
+        log.debug("ostinato: warming CUDA libraries failed: %s: %s", type(e).__name__, e)
+
+
+def start(graph, device: torch.device) -> None:
+    """Warm the libraries ``graph`` will call on ``device`` in a background thread (see the module)."""
+    if not enabled():
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _lock:
+        jobs = jobs_for(graph, index)
+        if not jobs:
+            return
+        _started.update((index, kind, dt) for kind, dt in jobs)
+        thread = threading.Thread(target=_run, args=(jobs, torch.device("cuda", index)),
+                                  name="ostinato-warm-libraries", daemon=True)
+        _threads.append(thread)
+    thread.start()
+
+
+def wait() -> None:
+    """Join every warming thread still running (cheap when none is)."""
+    if not _threads:
+        return
+    with _lock:
+        threads = list(_threads)
+        _threads.clear()
+    for t in threads:
+        t.join()
