@@ -219,8 +219,9 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
     # A one-row projection with no neighbour is a matmul group too: on an H200, cuBLAS read a Llama-1B
     # layer's down projection (K 8192) at 2.5 TB/s with a split-K reduce after it, and its output
     # projection at 1.5 TB/s, where the generated GEMV read the gate/up weights at 3.4 TB/s. One of more
-    # than MAX_ROWS rows (fp16/bf16: the tl.dot kernel) likewise, so a batched decode step's output and
-    # down projections are generated kernels as a one-row step's are (not measured against cuBLAS yet).
+    # than MAX_ROWS rows (fp16/bf16, the opt-in tl.dot kernel) likewise, so a batched decode step's output
+    # and down projections are generated kernels as a one-row step's are (on an H100 slower than cuBLAS:
+    # the module's note).
     lone = lone_gemv_enabled()
     keys = [run_at(it) for it in items]
     for node in [it for it in items if isinstance(it, Node) and it.op in LINEAR_OPS]:
