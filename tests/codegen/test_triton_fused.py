@@ -32,6 +32,20 @@ def _interpret(what: str, dtype: str, **env_vars: str) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _keep_ttgir(monkeypatch) -> list[str]:
+    """The TTGIR of every kernel triton.compile makes from now on (in this test), in order."""
+    import triton
+    ttgir: list[str] = []
+    real = triton.compile
+
+    def keep_ir(*a, **k):
+        c = real(*a, **k)
+        ttgir.append(c.asm["ttgir"])
+        return c
+    monkeypatch.setattr(triton, "compile", keep_ir)
+    return ttgir
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_interpreted_kernels_match_eager(dtype):
     results = _interpret("zoo", dtype)
@@ -171,7 +185,6 @@ def test_split_norm_rows_take_two_kernels_without_layout_shuffles(monkeypatch):
     sm_90 with no layout conversion before its output loop. A [1, SBLOCK] partial tile that met a row
     value once made Triton keep a broadcast [1, RBLOCK] copy in every thread and convert it through
     shared memory (31 bar.sync): the combining kernel took 22 us instead of 5.5 on an H100."""
-    import triton
     from fusion_models import GroupNormSiLU
     from ostinato.backends.base import fused_launches
     from ostinato.backends.cpu.backend import CPUBackend
@@ -180,14 +193,7 @@ def test_split_norm_rows_take_two_kernels_without_layout_shuffles(monkeypatch):
     from ostinato.backends.cuda.runtime import arg_type
     from ostinato.codegen.triton_source import moment_pairs
 
-    ttgir: list[str] = []
-    real = triton.compile
-
-    def keep_ir(*a, **k):
-        c = real(*a, **k)
-        ttgir.append(c.asm["ttgir"])
-        return c
-    monkeypatch.setattr(triton, "compile", keep_ir)
+    ttgir = _keep_ttgir(monkeypatch)
     model = GroupNormSiLU(64, 8).eval().to(torch.bfloat16)
     args = (torch.randn(2, 64, 40, 40, dtype=torch.bfloat16),)
     prog = ostinato.export(model, args, passes=GENERIC_PIPELINE)
@@ -266,17 +272,9 @@ def test_dot_linear_variants_compile_for_sm90(monkeypatch):
     ([K, N] weights), a packed gated MLP and lone projections, at 17, 32 and 64 rows, compiles for sm_90
     with the arguments its launcher passes, and multiplies on tensor cores: an MMA layout (mma.sync at
     32 rows, wgmma at 64), its operands brought to shared memory by pipelined asynchronous copies."""
-    import triton
     from fusion_models import Conv1DBlock, DecoderLayer, LoneProjections, PackedGatedMLP
 
-    ttgir: list[str] = []
-    real = triton.compile
-
-    def keep_ir(*a, **k):
-        c = real(*a, **k)
-        ttgir.append(c.asm["ttgir"])
-        return c
-    monkeypatch.setattr(triton, "compile", keep_ir)
+    ttgir = _keep_ttgir(monkeypatch)
     monkeypatch.setenv("OSTINATO_DOT_ROWS", "64")     # (off by default)
     compiled, dots = set(), 0
     for m, classes in ((17, (Conv1DBlock,)), (32, (DecoderLayer, Conv1DBlock, PackedGatedMLP, LoneProjections)),
