@@ -7,45 +7,11 @@ torch.fx's code generation, applied to an already-lowered plan.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import logging
-import marshal
 import math
 import re
-import types
 from typing import Any, Callable, Iterable
 
 from ..backends.base import Launch, _Slot, _SlotList
-
-log = logging.getLogger("ostinato")
-
-CODE_KIND = "plan-bytecode"
-# A plan of this many lines or more has its bytecode kept in the cache tiers: compiling a 64-layer
-# decoder's plan (about a thousand lines) took ~30 ms of a warm start; a short one compiles faster than
-# a cache lookup.
-CACHED_LINES = 256
-
-
-def plan_code(source: str, filename: str) -> types.CodeType:
-    """``compile(source, filename, "exec")``, for a long source from the cache tiers when they hold it
-    (keyed by the source, the file name and this interpreter's bytecode magic number; an entry that does
-    not load is a miss), stored there otherwise."""
-    if source.count("\n") < CACHED_LINES:
-        return compile(source, filename, "exec")
-    from ..cache.keys import make_key
-    from ..cache.service import cached_value, get_cache
-    digest = hashlib.sha256(f"{filename}\0{source}".encode()).hexdigest()
-    key = make_key(CODE_KIND, f"{digest}:{importlib.util.MAGIC_NUMBER.hex()}", {"backend": "any", "arch": "any"})
-    code = cached_value(key, marshal.loads, "plan bytecode")
-    if isinstance(code, types.CodeType) and code.co_filename == filename:
-        return code
-    code = compile(source, filename, "exec")
-    try:
-        get_cache().put(key, marshal.dumps(code))
-    except Exception as e:  # noqa: BLE001 - caching is an optimization; a failure only costs time
-        log.debug("ostinato: plan bytecode not cached: %s: %s", type(e).__name__, e)
-    return code
 
 
 def _literal(a: Any) -> str | None:
@@ -117,7 +83,7 @@ def compile_launches(launches: list[Launch], keep: Iterable[int], name: str = "p
     head = [f"def {name}(env):"] + [f"    v{i} = env[{i}]" for i in sorted(loads)]
     tail = [f"    env[{i}] = v{i}" for i in sorted(keep & produced)]
     source = "\n".join(head + body + tail + ["    return None"]) + "\n"
-    code = plan_code(source, f"<ostinato {name}>")
+    code = compile(source, f"<ostinato {name}>", "exec")
     exec(code, namespace)  # noqa: S102 - source generated above from launches, no user text
     fn = namespace[name]
     fn.source = source
