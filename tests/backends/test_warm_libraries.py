@@ -1,7 +1,11 @@
-"""CUDA's library warm-up (backends/cuda/warm.py): which libraries a program gets warmed (CPU), and on
-the GPU that compile starts the thread, the first call joins it and gives eager's result, and the switch
-turns it off."""
+"""CUDA's library warm-up (backends/cuda/warm.py): which libraries a program gets warmed (CPU); that
+compile joins a backend's warm-up thread before it returns, also when lowering fails (CPU, a backend
+with a thread of its own); and on the GPU that compile warms, leaves no thread running, gives eager's
+results through step, capture and replay, and that the switch turns it off."""
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 import torch
@@ -10,7 +14,9 @@ from torch import nn
 
 import ostinato
 from helpers import assert_same
+from ostinato.backends.cpu.backend import CPUBackend
 from ostinato.backends.cuda import warm
+from ostinato.runtime.executable import Executable
 
 
 class Attention(nn.Module):
@@ -53,8 +59,42 @@ def test_jobs_follow_the_programs_library_ops_and_dtypes(dtype):
     assert warm.jobs_for(plain.graph, 99) == []
 
 
+class _SlowWarming(CPUBackend):
+    """A CPU backend whose warm-up thread takes 0.2 s and records that it finished."""
+
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.fail, self.finished = fail, []
+
+    def warm_libraries(self, graph):
+        t = threading.Thread(target=lambda: (time.sleep(0.2), self.finished.append(True)), daemon=True)
+        t.start()
+        return t
+
+    def lower_graph(self, graph):
+        if self.fail:
+            raise RuntimeError("lowering failed")
+        return super().lower_graph(graph)
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["compiled", "lowering-fails"])
+def test_compile_joins_the_warm_up_before_it_returns(fail):
+    prog = ostinato.export(nn.Linear(4, 4), (torch.randn(2, 4),))
+    backend = _SlowWarming(fail)
+    if fail:
+        with pytest.raises(RuntimeError, match="lowering failed"):
+            Executable(prog, backend, cache=False)
+    else:
+        Executable(prog, backend, cache=False)
+    assert backend.finished == [True]
+
+
+def _warm_threads() -> list:
+    return [t for t in threading.enumerate() if t.name == "ostinato-warm-libraries" and t.is_alive()]
+
+
 @pytest.mark.cuda
-def test_compile_warms_and_the_first_call_waits(monkeypatch):
+def test_compile_warms_and_leaves_no_thread(monkeypatch):
     torch.manual_seed(0)
     model = Attention().to("cuda", torch.float16).eval()
     args = tuple(t.cuda() for t in _qkv(4, torch.float16))
@@ -63,12 +103,12 @@ def test_compile_warms_and_the_first_call_waits(monkeypatch):
     monkeypatch.setattr(warm, "_started", set())        # as in a fresh process
     exe = ostinato.compile(prog, device="cuda", replay=True)
     assert {(index, "gemm", torch.float16), (index, "attention", torch.float16)} <= warm._started
+    assert not _warm_threads()      # joined before compile returned
     with torch.no_grad():
         expected = model(*args)
     for _ in range(3):      # step by step, capture, replay
         assert_same(exe(*args), expected)
-        assert not warm._threads
     monkeypatch.setattr(warm, "_started", set())
     monkeypatch.setenv("OSTINATO_WARM_LIBRARIES", "0")
     ostinato.compile(prog, device="cuda")
-    assert not warm._started and not warm._threads
+    assert not warm._started

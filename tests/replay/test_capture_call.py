@@ -83,7 +83,7 @@ def test_each_shape_has_its_own_first_call_and_static_inputs_need_the_capture(de
     exe = ostinato.compile(prog, device=device, replay=True)
     a, b = torch.randn(4, 8), torch.randn(6, 8)
     assert_same(host(exe(a)), eager(model, a))
-    with pytest.raises(ReplayError, match="no capture yet"):
+    with pytest.raises(ReplayError, match="no capture yet.*call the executable twice"):
         exe.static_inputs()
     assert_same(host(exe(b)), eager(model, b))          # another shape: its own first call
     assert _counts(exe) == (2, 0, 0)
@@ -107,3 +107,17 @@ def test_capture_call_setting(monkeypatch):
     monkeypatch.setenv("OSTINATO_CAPTURE_CALL", "first")
     with pytest.raises(OstinatoError, match="OSTINATO_CAPTURE_CALL='first'.*give 1"):
         ostinato.compile(prog, device="cpu", replay=True)
+
+
+@pytest.mark.parametrize("device", BACKENDS)
+def test_buckets_by_default(device):
+    """A bucketed dim: the first call of a rung runs step by step on the real sizes, the second captures
+    the padded rung, later calls of any size in that rung replay it; every output is eager's."""
+    model, prog = row_mlp(dynamic=True)
+    exe = ostinato.compile(prog, device=device, replay=True, buckets={"batch": "pow2"})
+    for n, counts in ((3, (1, 0, 0)), (4, (1, 1, 0)), (3, (1, 1, 1)), (2, (2, 1, 1)), (2, (2, 2, 1))):
+        x = torch.randn(n, 8)
+        out = host(exe(x))
+        assert out.shape[0] == n
+        assert_same(out, eager(model, x), msg=f"batch {n}:")
+        assert _counts(exe) == counts, (n, _counts(exe))

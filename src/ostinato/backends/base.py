@@ -160,12 +160,10 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Wait for every launch issued so far."""
 
-    def warm_libraries(self, graph) -> None:
-        """Start setting up the libraries ``graph`` will call, in the background, while it is compiled
-        (CUDA: cuBLAS and cuDNN, warm.py); nothing by default."""
-
-    def libraries_ready(self) -> None:
-        """Wait for ``warm_libraries``' background work (before a call, before a capture)."""
+    def warm_libraries(self, graph):
+        """Start setting up the libraries ``graph`` will call in a background thread, returned for the
+        caller to join once ``graph`` is compiled (CUDA: cuBLAS and cuDNN, warm.py); None by default."""
+        return None
 
     def kernel_stats(self) -> dict[str, float]:
         """Process-wide counts of the kernels this backend compiled or read from the cache (empty where

@@ -62,7 +62,6 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
     ``wait=False``: raise CompilesInFlight instead of waiting when the warm-up ran op references while
     kernels compiled in workers (nothing captured; the state is as it was before the call)."""
     device = exe.device
-    exe.backend.libraries_ready()   # no background library set-up may overlap a capture
     current = torch.cuda.current_stream(device)
     snapshot = snapshot_buffers(state, mutations)      # the state, and inputs written in place
     side = torch.cuda.Stream(device=device)

@@ -222,9 +222,10 @@ class ReplayRunner:
     def static_inputs(self, session) -> tuple:
         cap = session.replay.get("last")
         if cap is None:
-            raise ReplayError("no capture yet in this session: call the executable once first (on a cold "
-                              "kernel cache, the calls made while kernels compile capture nothing: "
-                              "stats()['uncaptured_calls'])")
+            raise ReplayError("no capture yet in this session: a shape's first call runs step by step and its "
+                              "second captures, so call the executable twice first (once with "
+                              "OSTINATO_CAPTURE_CALL=1, unless kernels were still compiling: "
+                              "stats()['uncaptured_calls'] counts the calls that captured nothing)")
         args, kwargs = pytree.tree_unflatten(cap.leaves, self.exe.program.in_spec)
         return tuple(args) if not kwargs else (tuple(args), kwargs)
 

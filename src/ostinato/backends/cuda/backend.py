@@ -59,11 +59,8 @@ class CUDABackend(ConvLayouts, CPUBackend):
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
-    def warm_libraries(self, graph) -> None:
-        warm.start(graph, self.device)
-
-    def libraries_ready(self) -> None:
-        warm.wait()
+    def warm_libraries(self, graph):
+        return warm.start(graph, self.device)
 
     def kernel_stats(self) -> dict[str, float]:
         """Binaries of Triton kernels in this process: compiled (in workers or in-process), read from a

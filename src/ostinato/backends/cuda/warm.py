@@ -10,11 +10,12 @@ graph). torch's bindings release the GIL inside those calls, so the compile's Py
 meanwhile, and a handle made by a thread returns to torch's pool when the thread ends, where the main
 thread finds it.
 
-``start(graph, device)`` starts the thread from ``compile`` (once per process, device, dtype and kind of
-library op); ``wait()`` joins it: at an executable's first call and before any CUDA graph capture, so
-no background work ever overlaps a capture. The thread works on the device's default stream (cuBLAS
-keeps one workspace per stream: a stream of its own would leave a second one allocated for good).
-``OSTINATO_WARM_LIBRARIES=0`` turns it off.
+``start(graph, device)`` starts the thread when ``compile`` begins (once per process, device, dtype and
+kind of library op) and returns it; ``compile`` joins it before it returns (in a ``finally``), so the
+set-up overlaps the plan's decoding and building and nothing of it outlives ``compile``: no capture, ours
+or a user's ``torch.cuda.graph`` right after ``compile``, can meet it. The thread works on the device's
+default stream (cuBLAS keeps one workspace per stream: a stream of its own would leave a second one
+allocated for good). ``OSTINATO_WARM_LIBRARIES=0`` turns it off.
 """
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ CONV_OPS = frozenset({"aten.convolution", "aten.conv1d", "aten.conv2d", "aten.co
 _KINDS = (("gemm", GEMM_OPS), ("attention", ATTENTION_OPS), ("conv", CONV_OPS))
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-_threads: list[threading.Thread] = []
 _started: set[tuple] = set()
 _lock = threading.Lock()
 
@@ -78,28 +78,18 @@ def _run(jobs: list[tuple[str, torch.dtype]], device: torch.device) -> None:
         log.debug("ostinato: warming CUDA libraries failed: %s: %s", type(e).__name__, e)
 
 
-def start(graph, device: torch.device) -> None:
-    """Warm the libraries ``graph`` will call on ``device`` in a background thread (see the module)."""
+def start(graph, device: torch.device) -> threading.Thread | None:
+    """The thread warming the libraries ``graph`` will call on ``device`` (see the module), started; None
+    when there is nothing left to warm. The caller joins it."""
     if not enabled():
-        return
+        return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     with _lock:
         jobs = jobs_for(graph, index)
         if not jobs:
-            return
+            return None
         _started.update((index, kind, dt) for kind, dt in jobs)
         thread = threading.Thread(target=_run, args=(jobs, torch.device("cuda", index)),
                                   name="ostinato-warm-libraries", daemon=True)
-        _threads.append(thread)
-    thread.start()
-
-
-def wait() -> None:
-    """Join every warming thread still running (cheap when none is)."""
-    if not _threads:
-        return
-    with _lock:
-        threads = list(_threads)
-        _threads.clear()
-    for t in threads:
-        t.join()
+        thread.start()
+    return thread
