@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime import KernelLibrary
-from .common import block_for, cdiv, pow2
+from .common import block_for, cdiv
 
 _BLOCK = 1024
 _ROPE_TILE = 2048    # elements of x a rope program rotates (whole rows)
@@ -79,8 +79,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     if rows and shape[3]:
         block = block_for(shape[3])
         # several rows a program: one 128-element head row per program left most threads idle (a
-        # 512-token prefill's q took 10 us where its bytes need 3)
-        per = min(pow2(rows), max(1, _ROPE_TILE // block))
+        # 512-token prefill's q took 10 us where its bytes need 3). The tile does not shrink with the
+        # rows (the row mask covers a short tensor): one binary per head size, not one per row count.
+        per = max(1, _ROPE_TILE // block)
         LIBRARY.kernel("rope", INTERLEAVED=bool(interleaved), ROWS=per, BLOCK=block)(
             x, c, s, out, rows, shape[3], shape[1], shape[2], xs[0], xs[1], xs[2], cs[0], cs[1], cs[2], ss[0], ss[1],
             ss[2], grid=(cdiv(rows, per),))
