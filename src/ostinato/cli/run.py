@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu",
                    help="cpu (default), cuda or cuda:N, or mlx (Apple GPUs; mlx:cpu / mlx:gpu pick MLX's device)")
     p.add_argument("--replay", action="store_true",
-                   help="capture the plan on the first call and replay it after (compile(..., replay=True))")
+                   help="run the first call step by step, capture the plan on the second and replay it after "
+                        "(compile(..., replay=True))")
     p.add_argument("--inputs", metavar="FILE.safetensors",
                    help="input tensors keyed by input name or flat position (default: random inputs)")
     p.add_argument("--steps", type=int, default=10, help="calls to make, the first one included (default 10)")
@@ -228,7 +229,7 @@ def _print_report(r: dict) -> None:
             outs.add_row(o["output"], o["dtype"], "[" + ", ".join(str(d) for d in o["shape"]) + "]")
     console.print(outs)
     ms = r["timings_ms"]
-    first = "first call (captures)" if r["replay"] else "first call"
+    first = "first call (step by step; the second captures)" if r["replay"] else "first call"
     timing = Table("", "ms", box=None, pad_edge=False)
     timing.columns[1].justify = "right"
     for label, key in (("load", "load"), ("compile", "compile"), (first, "first_call"),
