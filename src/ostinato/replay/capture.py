@@ -62,20 +62,6 @@ def _address(buf) -> int:
     return buf.data_ptr() if isinstance(buf, torch.Tensor) else id(buf)
 
 
-def check_capturable_call(exe, leaves: list) -> None:
-    """Raise CaptureError when a call on ``leaves`` could not be captured: an input that is not
-    contiguous, or an op a replay could not repeat (``tape.check_capturable``)."""
-    names = [s.name for s in exe.program.inputs]
-    for pos, slot in exe._input_slots:
-        x = leaves[pos]
-        if isinstance(x, torch.Tensor) and not x.is_contiguous():
-            raise CaptureError(f"input {pos} ({names[pos]}) is not contiguous: a replay reads the very "
-                               "buffer it captured, which must keep the exported layout. Fix: pass "
-                               "x.contiguous() and update that tensor in place between replays")
-    from .tape import check_capturable
-    check_capturable(exe, exe.launches)
-
-
 class CompilesInFlight(Exception):
     """A capture given up (``wait=False``) because its warm-up ran op references while kernels compiled
     in worker processes. Nothing was captured and the session's state is as it was: the caller runs the
@@ -98,7 +84,14 @@ class Captured:
         signature = ",".join(f"{k}={v}" for k, v in sorted(bindings.items()))
         self.executable, self.session, self.signature = exe, session, signature
         names = [s.name for s in exe.program.inputs]
-        check_capturable_call(exe, leaves)
+        for pos, slot in exe._input_slots:
+            x = leaves[pos]
+            if isinstance(x, torch.Tensor) and not x.is_contiguous():
+                raise CaptureError(f"input {pos} ({names[pos]}) is not contiguous: a replay reads the very "
+                                   "buffer it captured, which must keep the exported layout. Fix: pass "
+                                   "x.contiguous() and update that tensor in place between replays")
+        from .tape import check_capturable
+        check_capturable(exe, exe.launches)     # every backend's capture: an op no replay can repeat
         self.leaves = list(leaves)
         env0 = exe.bind(session, leaves)
         own = None

@@ -24,8 +24,9 @@ def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool
     no capture), the second captures the plan (a tape on the CPU, a CUDA graph on CUDA) and later calls
     replay it, copying the inputs into the captured ones (no copy for ``exe.static_inputs()``).
     ``OSTINATO_CAPTURE_CALL=1`` captures on the first call instead. Outputs of a captured or replayed
-    call are the captured buffers: valid until the session's next call. ``buckets={"batch": "pow2" | [sizes]}`` pads those dynamic dims (batch-like ones only)
-    up to a ladder rung, so one capture serves many sizes.
+    call are the captured buffers: valid until the session's next call. ``buckets={"batch": "pow2" |
+    [sizes]}`` pads those dynamic dims (batch-like ones only) up to a ladder rung, so one capture serves
+    many sizes.
 
     ``device``: "cpu", "cuda[:N]", or "mlx" (Apple GPUs through MLX; "mlx:cpu" / "mlx:gpu" pick MLX's
     device; on MLX, replay compiles the plan with ``mx.compile``). ``strict=True`` refuses ops the

@@ -14,8 +14,8 @@ outputs are narrowed back to the real sizes. Padding is only right for batch-lik
 do not interact: name only those.
 
 A cold kernel cache (CUDA), when the first call captures: the capture's warm-up submits the missing
-kernels to the compile workers. The first call of a shape does not wait for them, as torch.compile's CUDA-graph trees warm up eagerly
-and record later: the capture is given up (``CompilesInFlight``; the warm-up's writes were undone) and
+kernels to the compile workers. The first call of a shape does not wait for them, as torch.compile's
+CUDA-graph trees warm up eagerly and record later: the capture is given up (``CompilesInFlight``; the warm-up's writes were undone) and
 the call runs step by step on the caller's own inputs (``Executable.step``: the ops whose kernels still
 compile run their torch references; state and input writes happen once; the outputs are new tensors
 of the real sizes). No capture is stored; the next call of that shape waits for the compiles still
@@ -136,19 +136,13 @@ class ReplayRunner:
                 # the first call of a shape runs step by step (the warm-up); the next one captures
                 from .tape import check_capturable
                 check_capturable(self.exe, self.exe.launches)  # an op no replay can repeat: say so now
-                answered.add(key)
-                self._count(plan_misses=1, uncaptured_calls=1)
-                session.replay.pop("last", None)
-                return self.exe.step(session, leaves)
+                return self._uncaptured(session, key, leaves)
             # a first call that captures does not wait for kernels compiling in workers; the next one does
             try:
                 cap = self._capture(session, self._static_leaves(leaves, padded), padded,
                                     wait=key in answered)
             except CompilesInFlight:
-                answered.add(key)
-                self._count(plan_misses=1, uncaptured_calls=1)
-                session.replay.pop("last", None)    # static_inputs() must not hand out another shape's
-                return self.exe.step(session, leaves)
+                return self._uncaptured(session, key, leaves)
             graphs[key] = cap
             self._count(plan_misses=1)
             out = cap.outputs   # the capture was this call
@@ -165,6 +159,14 @@ class ReplayRunner:
             self._count(bucket_hits=1)
             out = self._narrowed(cap, bindings)
         return out
+
+    def _uncaptured(self, session, key: tuple, leaves: list) -> Any:
+        """A call answered step by step, no capture made: the next call of ``key`` captures (waiting for
+        any kernels still compiling)."""
+        session.replay["uncaptured"].add(key)
+        self._count(plan_misses=1, uncaptured_calls=1)
+        session.replay.pop("last", None)    # static_inputs() must not hand out another shape's
+        return self.exe.step(session, leaves)
 
     def _capture(self, session, leaves: list, padded: dict[str, int], wait: bool = True) -> Captured:
         """A capture of one call (CompilesInFlight, with nothing changed, where ``wait`` is False and

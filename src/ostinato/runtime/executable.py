@@ -56,55 +56,11 @@ class Executable:
         # CUDA: cuBLAS/cuDNN are set up in a thread while the plan is built, joined before compile returns
         warming = backend.warm_libraries(g)
         try:
-            self._checker = InputChecker(program, self.device)
-            # Environment template: constants placed once, shared by every call and session.
-            self._template: list[Any] = [None] * self.num_slots
-            # ``placed``: weights already on the device, by name (a method gets its root's, packed). Sibling
-            # projections' weights are packed as they are placed, each byte copied at most once (packing.py).
-            place_constants(g, program.weights, backend, self._template, placed)
-            self._state_slots = [(v.slot, v.name) for v in g.state]
-            self._input_slots = [(pos, g.inputs[s.index].slot) for pos, s in enumerate(program.inputs)
-                                 if s.kind != "constant"]
-            self._outputs = [(True, o.slot) if isinstance(o, Value) else (False, o) for o in g.outputs]
-            self._mutations = [(t.role, t.slot, t.name, new.slot) for t, new in g.mutations]
-            self._input_pos_by_slot = {slot: pos for pos, slot in self._input_slots}
-            keep = {x for is_slot, x in self._outputs if is_slot} | {m[3] for m in self._mutations}
-
-            def lower() -> list[Launch]:
-                return backend.lower_graph(g)
-
-            # Launches reading only weights run once here, into the template (folding.py): the plan runs the
-            # rest. A plan function records the launches folded for it; one made for another folding (this
-            # process's memory of a plan, built by an executable that folded differently) is not reused.
-            constant_slots = {v.slot for v in g.constants}
-            folded: list = []
-
-            def fold(launches: list[Launch]) -> tuple[list[Launch], frozenset]:
-                if not folded:
-                    rest, which = fold_constants(launches, self._template, constant_slots, keep, backend)
-                    folded.append((rest, which))
-                return folded[0]
-
-            def build(launches: list[Launch], keep: set[int]):
-                rest, which = fold(launches)
-                fn = compile_launches(rest, keep, name="run_" + backend.name)
-                fn.folded = which
-                return fn
-
-            if cache:
-                launches, self._plan, self.plan_source = cached_plan(program, backend, self.num_slots, keep, lower,
-                                                                     build)
-            else:
-                launches = lower()
-                self._plan, self.plan_source = build(launches, keep), "compiled"
-            self.launches, which = fold(launches)
-            if getattr(self._plan, "folded", frozenset()) != which:
-                self._plan = build(launches, keep)
-            self.folded_launches = len(which)
-            self.compile_seconds = time.perf_counter() - t0
+            keep = self._build(program, backend, cache, placed)
         finally:
             if warming is not None:
                 warming.join()
+        self.compile_seconds = time.perf_counter() - t0
         # Slots read after a plan runs: its outputs and the values state and inputs must take.
         self.kept_slots = keep
         # Set by ostinato.compile(..., replay=True): takes over calls (capture per shape, then replay).
@@ -120,6 +76,56 @@ class Executable:
         # Backends whose plan values are not the caller's tensors (MLX) convert at the edges.
         self._converts = type(backend).to_host is not Backend.to_host
         self.session = self.new_session()
+
+    def _build(self, program: Program, backend: Backend, cache: bool, placed) -> set[int]:
+        """Place the constants and lower, fold and build the plan (from the plan cache when ``cache``);
+        returns the slots read after a run."""
+        g = program.graph
+        self._checker = InputChecker(program, self.device)
+        # Environment template: constants placed once, shared by every call and session.
+        self._template: list[Any] = [None] * self.num_slots
+        # ``placed``: weights already on the device, by name (a method gets its root's, packed). Sibling
+        # projections' weights are packed as they are placed, each byte copied at most once (packing.py).
+        place_constants(g, program.weights, backend, self._template, placed)
+        self._state_slots = [(v.slot, v.name) for v in g.state]
+        self._input_slots = [(pos, g.inputs[s.index].slot) for pos, s in enumerate(program.inputs)
+                             if s.kind != "constant"]
+        self._outputs = [(True, o.slot) if isinstance(o, Value) else (False, o) for o in g.outputs]
+        self._mutations = [(t.role, t.slot, t.name, new.slot) for t, new in g.mutations]
+        self._input_pos_by_slot = {slot: pos for pos, slot in self._input_slots}
+        keep = {x for is_slot, x in self._outputs if is_slot} | {m[3] for m in self._mutations}
+
+        def lower() -> list[Launch]:
+            return backend.lower_graph(g)
+
+        # Launches reading only weights run once here, into the template (folding.py): the plan runs the
+        # rest. A plan function records the launches folded for it; one made for another folding (this
+        # process's memory of a plan, built by an executable that folded differently) is not reused.
+        constant_slots = {v.slot for v in g.constants}
+        folded: list = []
+
+        def fold(launches: list[Launch]) -> tuple[list[Launch], frozenset]:
+            if not folded:
+                rest, which = fold_constants(launches, self._template, constant_slots, keep, backend)
+                folded.append((rest, which))
+            return folded[0]
+
+        def build(launches: list[Launch], keep: set[int]):
+            rest, which = fold(launches)
+            fn = compile_launches(rest, keep, name="run_" + backend.name)
+            fn.folded = which
+            return fn
+
+        if cache:
+            launches, self._plan, self.plan_source = cached_plan(program, backend, self.num_slots, keep, lower, build)
+        else:
+            launches = lower()
+            self._plan, self.plan_source = build(launches, keep), "compiled"
+        self.launches, which = fold(launches)
+        if getattr(self._plan, "folded", frozenset()) != which:
+            self._plan = build(launches, keep)
+        self.folded_launches = len(which)
+        return keep
 
     @property
     def segments(self) -> list[Segment]:
