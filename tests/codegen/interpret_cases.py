@@ -257,6 +257,47 @@ def main(what: str, dtype_name: str) -> None:
             results[name] = _check(case)
         print(json.dumps(results))
         return
+    if what == "linear_tiled":     # matmul groups past 128 rows (fp16: the tl.dot kernel tiled over rows)
+        from fusion_models import Conv1DBlock, ConvNeXtBlock, DecoderLayer, LoneProjections, PackedGatedMLP
+        from ostinato.backends.cuda.kernels.fused import launcher
+        ops = ("aten.linear", "ost.multi_linear", "ost.linear", "aten.addmm", "aten.mm")
+
+        def rand(gen, *shape):
+            return torch.randn(*shape, generator=gen).to(dtype)
+
+        # (name, model class, inputs from a seeded generator, matmul groups expected, projections left
+        # to cuBLAS): 129 rows (one past a block), 300 (a part-filled third block), 392 (2 x 14 x 14)
+        # (the decoder's output projection has no pointwise neighbour: its residual add is in the second
+        # norm's group)
+        items = [(f"decoder_rows{m}", DecoderLayer, lambda g, m=m: (rand(g, m, 1, 64),), 3, 1) for m in (129, 300)]
+        items += [("conv1d_rows300", Conv1DBlock, lambda g: (rand(g, 300, 1, 48),), 3, 0),
+                  ("packed_gelu_rows200", lambda: PackedGatedMLP(act="gelu"), lambda g: (rand(g, 200, 1, 64),), 2, 0),
+                  # (LayerNorm -> fc1 -> GELU is one group; fc2's layer scale and residual are read
+                  # through the permute back, over the image's NCHW shape, not its rows: cuBLAS)
+                  ("convnext_rows392", ConvNeXtBlock, lambda g: (rand(g, 2, 16, 14, 14),), 1, 1),
+                  ("convnext_rows130", ConvNeXtBlock, lambda g: (rand(g, 2, 16, 1, 65),), 1, 1),
+                  ("lone_rows300", LoneProjections, lambda g: (rand(g, 300, 64), rand(g, 300, 1, 64)), 0, 2)]
+        for name, cls, make, expected, lone in items:
+            def case(name=name, cls=cls, make=make, expected=expected, lone=lone):
+                torch.manual_seed(0)
+                model = cls().to(dtype).eval()
+                args = make(torch.Generator().manual_seed(sum(map(ord, name))))
+                prog = ostinato.export(model, args)
+                exe = fused_executable(prog, InterpretedFusionBackend())
+                groups = [l for l in exe.launches if l.op == "ost.fused" and '"kind":"linear"' in l.args[0]]
+                left = [l.op for l in exe.launches if l.op in ops]
+                if len(groups) != expected or len(left) != lone:
+                    raise AssertionError(f"{len(groups)} matmul groups, projections left: {left}")
+                with torch.no_grad():
+                    assert_same(exe(*args), model(*args), tol=TOL[dtype] * 4)
+                for l in groups:    # each ran the tl.dot kernel over several blocks of rows
+                    plans = [p for p in launcher(l.args[0])._plans.values() if p is not None]
+                    kinds = {p.kernel.library.module.split("_")[3][:2] for p in plans}
+                    if kinds != {"md"} or any(p.grid[1] < 2 for p in plans):
+                        raise AssertionError(f"{l.name} ran {kinds} kernels over grids {[p.grid for p in plans]}")
+            results[name] = _check(case)
+        print(json.dumps(results))
+        return
     if what == "scan":       # a state-space scan: each token's update and its small matvec in one group
         from fusion_models import SelectiveScan
         torch.manual_seed(0)

@@ -19,6 +19,12 @@ to ``dot_rows()`` rows. It is off unless OSTINATO_DOT_ROWS asks for it (up to MA
 H100, a batch-32 decode step of the hidden-4096 Llama took 3.37 ms of GPU time with it against 1.65 with
 cuBLAS (each program walks all of K and recomputes the prologue's rows from L2; no split-K), though it
 makes the layer 5 launches instead of 8.
+
+Past MAX_DOT_ROWS rows (a prefill, an image's pixels) a projection with a neighbour to take is a tl.dot
+matmul group tiled over blocks of rows when it is memory-bound (``tiled``: ConvNeXt's LayerNorm ->
+4x projection -> GELU at its first stages, a small UNet's projections): the norm's output and the
+projection's result are then never written and read back. A lone one, or a compute-bound one (BERT's
+MLP), stays a cuBLAS call. OSTINATO_TILED_LINEAR=0 keeps them all cuBLAS calls.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ _ACTIVATION_OPS = {"relu": ("aten.relu", {}), "silu": ("aten.silu", {}), "gelu":
                    "gelu_tanh": ("aten.gelu", {"approximate": "tanh"})}
 MAX_ROWS = 16       # decode-shaped: the GEMV-like kernel (a broadcast product summed over K)
 MAX_DOT_ROWS = 128  # half dtypes, with OSTINATO_DOT_ROWS: at most this many rows in a tl.dot kernel
+TILE_INTENSITY = 160    # past MAX_DOT_ROWS rows: the most FLOPs per byte of a tiled projection (``tiled``)
 
 
 def linear_fusion_enabled() -> bool:
@@ -68,6 +75,23 @@ def dot_rows() -> int:
         raise ValueError(f"OSTINATO_DOT_ROWS={raw!r}: a row count up to {MAX_DOT_ROWS} ({MAX_ROWS} switches the tl.dot "
                          "kernel off)")
     return max(rows, MAX_ROWS)
+
+
+def tiled_linear_enabled() -> bool:
+    """OSTINATO_TILED_LINEAR=0 keeps every projection of more than MAX_DOT_ROWS rows a cuBLAS call (the
+    A/B switch of ``tiled``; part of the plan key)."""
+    return os.environ.get("OSTINATO_TILED_LINEAR", "1") != "0"
+
+
+def tiled(rows: int, k: int, n: int, code: str) -> bool:
+    """Whether a projection of ``rows`` rows, ``k`` -> ``n`` (all slices' columns), may be a tl.dot matmul
+    group tiled over its rows (a prefill's or an image's many rows; taken only with a neighbour to fuse):
+    fp16/bf16, more than MAX_DOT_ROWS rows, int32 offsets, and memory-bound, so that the bytes a fused
+    neighbour saves (the result written and read back, the norm's output) are the step's cost: its FLOPs
+    per byte of A and result, k*n/(k+n), at most TILE_INTENSITY. Past that (BERT's 768 -> 3072: 614)
+    cuBLAS's tensor-core schedule is worth more than the pass an epilogue saves."""
+    return (tiled_linear_enabled() and code in ("f16", "bf16") and rows > MAX_DOT_ROWS and min(k, n) >= 16
+            and k * n <= TILE_INTENSITY * (k + n) and rows * max(k, n) < 2 ** 31)
 
 
 def max_rows(code: str) -> int:
@@ -105,8 +129,7 @@ def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None, st
         return None
     shape = tuple(x.meta.shape)
     code = code_of(x)
-    if len(shape) < 2 or code not in ("f16", "bf16", "f32") or shape[-1] < 2 \
-            or not 1 <= math.prod(shape[:-1]) <= max_rows(code):
+    if len(shape) < 2 or code not in ("f16", "bf16", "f32") or shape[-1] < 2 or math.prod(shape[:-1]) < 1:
         return None
     k_dim = 0 if weight_t else 1    # the weight's dim of size K
     for w in weights:
@@ -119,6 +142,9 @@ def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None, st
                 and tuple(b.meta.shape) == (w.meta.shape[1 - k_dim],)):
             return None
     if len(node.outputs) != len(weights) or any(v is None for v in node.outputs):
+        return None
+    rows, n = math.prod(shape[:-1]), sum(int(w.meta.shape[1 - k_dim]) for w in weights)
+    if rows > max_rows(code) and not tiled(rows, shape[-1], n, code):
         return None
     return x, weights, biases, activation, weight_t
 
@@ -253,7 +279,10 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
             halves = _packed_gating(node, weights, weight_t, users, graph_reads, holder)
             epi = halves[0] if halves is not None else None
         rows = math.prod(x.meta.shape[:-1])
-        if pro is None and epi is None and not (lone and (rows == 1 or rows > MAX_ROWS)):
+        if rows > MAX_DOT_ROWS:
+            if pro is None and epi is None and act is None:
+                continue    # a tiled projection is worth it only for the pass a neighbour saves
+        elif pro is None and epi is None and not (lone and (rows == 1 or rows > MAX_ROWS)):
             continue        # 2..MAX_ROWS rows and no neighbour (an activation alone included): cuBLAS
         group = _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, position, impure,
                        users, graph_reads, items, keys, halves[1:] if halves is not None else None)

@@ -479,7 +479,9 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     ``dot`` (several rows, fp16/bf16: more than codegen.linear.MAX_ROWS): each step multiplies A's tile,
     rounded to the projection's dtype (what eager's half-precision A holds; the prologue's last op already
     rounds to it), with the weights' tile in their dtype through ``tl.dot`` (tensor cores), into an fp32
-    [XBLOCK, NBLOCK] accumulator: XBLOCK, NBLOCK and RBLOCK at least 16 (tl.dot's smallest tile)."""
+    [XBLOCK, NBLOCK] accumulator: XBLOCK, NBLOCK and RBLOCK at least 16 (tl.dot's smallest tile). Grid
+    axis 1 walks blocks of XBLOCK rows (a prefill's or an image's many rows; a batched decode step's fit
+    one), each program recomputing the prologue for its rows."""
     if split and not (one_row and can_split_k(spec)):
         raise ValueError("a split-K matmul kernel takes one row and no epilogue")
     if dot and (one_row or split or spec.dt not in HALF):
@@ -499,7 +501,9 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     pro.line("pid = tl.program_id(0)")
     if split:
         pro.line("sid = tl.program_id(1)")
-    pro.line("xidx = tl.arange(0, XBLOCK)[:, None]")
+    # a tl.dot kernel tiles the rows too (grid axis 1: blocks of XBLOCK rows; one block for a batched decode step)
+    pro.line("xidx = (tl.program_id(1) * XBLOCK + tl.arange(0, XBLOCK))[:, None]" if dot else
+             "xidx = tl.arange(0, XBLOCK)[:, None]")
     pro.line("xmask = xidx < xnumel")
     pro.coords("x", "xidx", xr_pro, 1)
     pro.offsets("x", xr_pro, 1)

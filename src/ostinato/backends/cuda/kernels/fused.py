@@ -16,7 +16,7 @@ import threading
 
 import torch
 
-from ....codegen.linear import MAX_ROWS
+from ....codegen.linear import MAX_DOT_ROWS, MAX_ROWS
 from ....codegen.prims import DTYPES, HALF, REDUCTIONS, compute_code
 from ....codegen.reference import (base_shape, epilogue_inputs, evaluate, evaluate_linear, iteration_shape, parse,
                                    split_dims, split_linear_args)
@@ -356,6 +356,25 @@ def dot_blocks(m: int, n: int, k: int, slices: int, transposed: bool = False) ->
     return nblock, rblock, warps
 
 
+def tile_blocks(m: int, n: int, k: int, slices: int) -> tuple[int, int, int, int]:
+    """(XBLOCK, NBLOCK, RBLOCK, num_warps) of a tl.dot matmul group of more than MAX_DOT_ROWS rows (a
+    memory-bound projection with neighbours: codegen.linear.tiled): 128 rows by 128 columns a program,
+    64 columns with two weight slices (two fp32 accumulators), 8 warps; K in steps of 64 (less for a
+    shorter K). Column blocks vary fastest in the grid, so the programs running together share their
+    rows' A tiles (and the prologue's reads) in L2. OSTINATO_DOT_NBLOCK, OSTINATO_DOT_RBLOCK and
+    OSTINATO_DOT_WARPS override it as for dot_blocks; OSTINATO_DOT_XBLOCK the rows."""
+    xblock = int(os.environ.get("OSTINATO_DOT_XBLOCK", 128))
+    nblock = min(128 if slices == 1 else 64, max(16, _pow2(n)))
+    rblock, warps = max(16, min(64, _pow2(k))), 8
+    nblock = int(os.environ.get("OSTINATO_DOT_NBLOCK", nblock))
+    rblock = int(os.environ.get("OSTINATO_DOT_RBLOCK", rblock))
+    warps = int(os.environ.get("OSTINATO_DOT_WARPS", warps))
+    if min(xblock, nblock, rblock) < 16 or any(b & (b - 1) for b in (xblock, nblock, rblock)) or warps not in (4, 8):
+        raise ValueError(f"OSTINATO_DOT_XBLOCK={xblock} / OSTINATO_DOT_NBLOCK={nblock} / OSTINATO_DOT_RBLOCK={rblock} / "
+                         f"OSTINATO_DOT_WARPS={warps}: powers of 2 from 16, and 4 or 8 warps")
+    return xblock, nblock, rblock, warps
+
+
 class _LinearPlan:
     __slots__ = ("kernel", "grid", "pro_ints", "epi_ints", "tail", "pro_shapes", "epi_shape", "mm_shape", "views",
                  "nsplit", "kslice", "scratch")
@@ -438,19 +457,26 @@ class LinearLauncher:
         m = math.prod(rows)
         # more rows than the GEMV-like kernel takes (a batched decode step, fp16/bf16): tensor cores
         dot = m > MAX_ROWS and spec.dt in HALF
-        nblock, rblock, warps = (dot_blocks if dot else linear_blocks)(m, n, k, len(spec.w) if spec.epi else 1,
-                                                                       spec.wt)
+        slices = len(spec.w) if spec.epi else 1
+        if dot and m > MAX_DOT_ROWS:
+            if m * max(k, ntot) >= 2 ** 31:
+                return None     # (codegen.linear.tiled does not make such a group: int32 offsets)
+            xblock, nblock, rblock, warps = tile_blocks(m, n, k, slices)
+        else:
+            nblock, rblock, warps = (dot_blocks if dot else linear_blocks)(m, n, k, slices, spec.wt)
+            xblock = max(16, _pow2(m)) if dot else _pow2(m)
         nsplit = 1
         tiles = lone_tiles(spec, m, n, k)
         if tiles is not None:
             nblock, rblock, nsplit = tiles
-        const = dict(XBLOCK=max(16, _pow2(m)) if dot else _pow2(m), RBLOCK=rblock, NBLOCK=nblock, num_warps=warps)
+        const = dict(XBLOCK=xblock, RBLOCK=rblock, NBLOCK=nblock, num_warps=warps)
         if nsplit > 1:
             const["NSPLIT"] = nsplit
         kernel = self.library(m == 1, xr_pro, xr_epi, nsplit > 1, dot).kernel("k", **const)
         views = [(g * spec.w[0] if spec.epi else sum(spec.w[:g]), spec.w[g]) for g in range(len(spec.w))
                  if spec.mm_store[g]]
-        return _LinearPlan(kernel=kernel, grid=(cdiv(n, nblock), nsplit), pro_ints=pro_ints, epi_ints=epi_ints,
+        return _LinearPlan(kernel=kernel, grid=(cdiv(n, nblock), cdiv(m, xblock) if dot else nsplit),
+                           pro_ints=pro_ints, epi_ints=epi_ints,
                            tail=[n, w.stride(0), ntot], pro_shapes=pro_shapes, epi_shape=epi_shape,
                            mm_shape=rows + (ntot,), views=views, nsplit=nsplit,
                            kslice=cdiv(cdiv(k, nsplit), rblock) * rblock, scratch={})
