@@ -258,6 +258,7 @@ def main(what: str, dtype_name: str) -> None:
         print(json.dumps(results))
         return
     if what == "linear_tiled":     # matmul groups past 128 rows (fp16: the tl.dot kernel tiled over rows)
+        os.environ["OSTINATO_TILED_LINEAR"] = "1"   # (off by default)
         from fusion_models import Conv1DBlock, ConvNeXtBlock, DecoderLayer, LoneProjections, PackedGatedMLP
         from ostinato.backends.cuda.kernels.fused import launcher
         ops = ("aten.linear", "ost.multi_linear", "ost.linear", "aten.addmm", "aten.mm")

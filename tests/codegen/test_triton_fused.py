@@ -92,10 +92,11 @@ def test_interpreted_dot_matmul_groups():
 
 
 def test_interpreted_tiled_matmul_groups():
-    """Matmul groups past 128 rows (129, 130, 200, 300, 392) in fp16, the tl.dot kernel tiled over blocks of
-    rows: a decoder layer's projections with their norms and epilogues, GPT-2's Conv1D block, a packed
-    gate_up projection with GeGLU, ConvNeXt's block (LayerNorm -> projection -> GELU in one kernel);
-    lone projections stay cuBLAS calls. Against eager on inputs from a seeded generator."""
+    """With OSTINATO_TILED_LINEAR=1, matmul groups past 128 rows (129, 130, 200, 300, 392) in fp16, the
+    tl.dot kernel tiled over blocks of rows: a decoder layer's projections with their norms and
+    epilogues, GPT-2's Conv1D block, a packed gate_up projection with GeGLU, ConvNeXt's block (LayerNorm
+    -> projection -> GELU in one kernel); lone projections stay cuBLAS calls. Against eager on inputs
+    from a seeded generator."""
     results = _interpret("linear_tiled", "float16")
     expected = ["decoder_rows129", "decoder_rows300", "conv1d_rows300", "packed_gelu_rows200", "convnext_rows392",
                 "convnext_rows130", "lone_rows300"]
@@ -308,11 +309,12 @@ def test_dot_linear_variants_compile_for_sm90(monkeypatch):
 def test_tiled_linear_variants_compile_for_sm90(monkeypatch):
     """The tl.dot matmul kernel tiled over blocks of 128 rows (300 rows, bf16 and fp16) of a decoder
     layer, a Conv1D block, a packed gated MLP and ConvNeXt's block compiles for sm_90 with the arguments
-    its launcher passes, on wgmma fed by pipelined asynchronous copies; no such group with
-    OSTINATO_TILED_LINEAR=0."""
+    its launcher passes, on wgmma fed by pipelined asynchronous copies (with OSTINATO_TILED_LINEAR=1);
+    no such group without it."""
     from fusion_models import Conv1DBlock, ConvNeXtBlock, DecoderLayer, PackedGatedMLP
 
     ttgir = _keep_ttgir(monkeypatch)
+    monkeypatch.setenv("OSTINATO_TILED_LINEAR", "1")     # (off by default)
     compiled, dots = set(), 0
     for model, args in [(cls(), cls.inputs(300, torch.float32)) for cls in (DecoderLayer, Conv1DBlock, PackedGatedMLP)] + \
             [(ConvNeXtBlock(), (torch.randn(2, 16, 10, 15),))]:
@@ -325,7 +327,7 @@ def test_tiled_linear_variants_compile_for_sm90(monkeypatch):
                 assert "warp_group_dot" in ir and "async_copy_global_to_local" in ir, (type(model).__name__, dtype)
                 dots += 1
     assert dots == len(compiled) >= 12, (dots, len(compiled))
-    monkeypatch.setenv("OSTINATO_TILED_LINEAR", "0")
+    monkeypatch.delenv("OSTINATO_TILED_LINEAR")
     assert not _compile_linear_groups(DecoderLayer().to(torch.bfloat16), DecoderLayer.inputs(300, torch.bfloat16), set())
 
 

@@ -45,7 +45,7 @@ class CUDABackend(ConvLayouts, CPUBackend):
         return {"fusion": codegen.codegen_digest()[:16] + ("" if linear_fusion_enabled() else "-nolinear")
                 + ("" if lone_gemv_enabled() else "-nolonegemv")
                 + ("" if dot_rows() == MAX_ROWS else f"-dotrows{dot_rows()}")
-                + ("" if tiled_linear_enabled() else "-notiled")
+                + ("-tiled" if tiled_linear_enabled() else "")
                 + ("" if attention_fusion_enabled() else "-noattention")
                 + ("" if conv_bias_fusion_enabled() else "-noconvbias")
                 + ("" if strided_copies_enabled() else "-nocopies"), **conv}
