@@ -277,9 +277,17 @@ def main(what: str, dtype_name: str) -> None:
                   # through the permute back, over the image's NCHW shape, not its rows: cuBLAS)
                   ("convnext_rows392", ConvNeXtBlock, lambda g: (rand(g, 2, 16, 14, 14),), 1, 1),
                   ("convnext_rows130", ConvNeXtBlock, lambda g: (rand(g, 2, 16, 1, 65),), 1, 1),
+                  # wider results: several column blocks (192 columns in 128s; two slices of 160 in 64s)
+                  ("convnext_wide_rows300", lambda: ConvNeXtBlock(48), lambda g: (rand(g, 2, 48, 10, 15),), 1, 1),
+                  ("packed_wide_rows200", lambda: PackedGatedMLP(i=160), lambda g: (rand(g, 200, 1, 64),), 2, 0),
                   ("lone_rows300", LoneProjections, lambda g: (rand(g, 300, 64), rand(g, 300, 1, 64)), 0, 2)]
-        for name, cls, make, expected, lone in items:
-            def case(name=name, cls=cls, make=make, expected=expected, lone=lone):
+        from ostinato.backends.cuda.kernels.fused import forget_plans
+        # each case twice: the row-stationary kernel (a short K: the default) and the K-loop one
+        items = [(f"{name}_{kind}", *rest, kind) for name, *rest in items for kind in ("mr", "md")]
+        for name, cls, make, expected, lone, kind in items:
+            def case(name=name, cls=cls, make=make, expected=expected, lone=lone, kind=kind):
+                os.environ["OSTINATO_TILED_KLOOP"] = "1" if kind == "md" else "0"
+                forget_plans()
                 torch.manual_seed(0)
                 model = cls().to(dtype).eval()
                 args = make(torch.Generator().manual_seed(sum(map(ord, name))))
@@ -294,7 +302,7 @@ def main(what: str, dtype_name: str) -> None:
                 for l in groups:    # each ran the tl.dot kernel over several blocks of rows
                     plans = [p for p in launcher(l.args[0])._plans.values() if p is not None]
                     kinds = {p.kernel.library.module.split("_")[3][:2] for p in plans}
-                    if kinds != {"md"} or any(p.grid[1] < 2 for p in plans):
+                    if kinds != {kind} or any(p.grid[1] < 2 or (kind == "mr" and p.grid[0] != 1) for p in plans):
                         raise AssertionError(f"{l.name} ran {kinds} kernels over grids {[p.grid for p in plans]}")
             results[name] = _check(case)
         print(json.dumps(results))

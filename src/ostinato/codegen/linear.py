@@ -28,8 +28,10 @@ MLP), stays a cuBLAS call. It is off by default: measured on an H100 (bf16), Con
 took 3.42 ms of GPU time a step with it against 2.38 without; its first stage's fused kernel took 0.30 ms
 a call where the cuBLAS GEMM and the GELU pass it replaces take about 0.1 (128x128 tiles, 8 warps; 64-row
 tiles 0.24 ms; 64-column tiles or 4 warps slower). With K only 96-192 each program runs a loop of two or
-three steps, so the pipeline never fills: such a kernel needs tiles made for a short K (all of K in one
-step, several programs per SM, or a persistent loop over row blocks).
+three steps, so the pipeline never fills. That was the K-loop kernel (one program per row and column
+block, each remaking A's tile and the norm; now OSTINATO_TILED_KLOOP=1); a K of at most 256 now runs a
+row-stationary kernel instead (one program per block of rows makes A's tile once and walks every column
+block), not measured on a GPU yet.
 """
 from __future__ import annotations
 

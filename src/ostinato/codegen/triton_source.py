@@ -459,7 +459,8 @@ def can_split_k(spec: LinearSpec) -> bool:
 
 
 def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int = 1,
-                  interpreted: bool = False, split: bool = False, dot: bool = False) -> tuple[str, str]:
+                  interpreted: bool = False, split: bool = False, dot: bool = False,
+                  stationary: bool = False) -> tuple[str, str]:
     """(module source, kernel name) of a matmul group's kernel. Each program computes NBLOCK columns of
     every row (XBLOCK >= the rows): the prologue's statistics first (loops over K), then one loop over
     K that makes A's tile from the prologue's ops and multiplies it into the weights' [NBLOCK, RBLOCK]
@@ -481,16 +482,22 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     rounds to it), with the weights' tile in their dtype through ``tl.dot`` (tensor cores), into an fp32
     [XBLOCK, NBLOCK] accumulator: XBLOCK, NBLOCK and RBLOCK at least 16 (tl.dot's smallest tile). Grid
     axis 1 walks blocks of XBLOCK rows (a prefill's or an image's many rows; a batched decode step's fit
-    one), each program recomputing the prologue for its rows."""
+    one), each program recomputing the prologue for its rows.
+
+    ``stationary`` (``dot``, all of K in one RBLOCK tile: a short K): one program per block of rows (grid
+    axis 0 of size 1) makes A's tile once, the prologue included, then walks every column block, each
+    one tl.dot, the bias, the rounding and the epilogue; the K-loop form instead runs one program per
+    column block and row block, each remaking A's tile and the prologue."""
     if split and not (one_row and can_split_k(spec)):
         raise ValueError("a split-K matmul kernel takes one row and no epilogue")
     if dot and (one_row or split or spec.dt not in HALF):
         raise ValueError("a tl.dot matmul kernel takes several rows of fp16 or bf16")
-    kind = "m1" if one_row else "md" if dot else "mb"
+    if stationary and not dot:
+        raise ValueError("a row-stationary matmul kernel is a tl.dot one")
+    kind = "m1" if one_row else "mr" if stationary else "md" if dot else "mb"
     name = (f"lin_{spec.digest[:16]}_{kind}{xr_pro}{xr_epi}"
             f"{'_s' if split else ''}{'_i' if interpreted else ''}")
     dt = TRITON_TYPES[spec.dt]
-    half = spec.dt in HALF
     pro = _Emitter(spec.pro, xr_pro, 1, interpreted)
     slices = [(g, g * spec.w[0]) for g in range(len(spec.w))] if spec.epi else [(0, 0)]
     lines = ["@triton.jit", f"def {name}({', '.join(linear_param_names(spec, xr_pro, xr_epi, split))}, "
@@ -509,6 +516,12 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     pro.offsets("x", xr_pro, 1)
     pro.looped_reductions(set())
     lines += _prefixed(pro.lines, "p_")
+    x_stores = [(k, o) for k, o in enumerate(spec.pro.outputs) if spec.pro_store[k] and o[2] == "x"]
+    r_stores = [(k, o) for k, o in enumerate(spec.pro.outputs) if spec.pro_store[k] and o[2] == "r"]
+    a_ref = spec.pro.outputs[spec.a][0]
+    if stationary:
+        _stationary_body(spec, pro, lines, slices, x_stores, r_stores, a_ref, dt, xr_epi, interpreted)
+        return _linear_module(spec, lines), name
     out("    col = pid * NBLOCK + tl.arange(0, NBLOCK)")
     out("    cmask = col < ncols")
     for g, _ in slices:
@@ -516,9 +529,6 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     out("    for r0 in range(sid * kslice, sid * kslice + kslice, RBLOCK):" if split else
         "    for r0 in range(0, p_rnumel, RBLOCK):")
     out("        ridx = r0 + tl.arange(0, RBLOCK)[None, :]")
-    x_stores = [(k, o) for k, o in enumerate(spec.pro.outputs) if spec.pro_store[k] and o[2] == "x"]
-    r_stores = [(k, o) for k, o in enumerate(spec.pro.outputs) if spec.pro_store[k] and o[2] == "r"]
-    a_ref = spec.pro.outputs[spec.a][0]
     pro.lines = []
     pro._row_body(2)
     pro.emit_ops(pro.needed([a_ref] + [o[0] for _, o in x_stores], "x"), 2)
@@ -560,34 +570,89 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     for g, off in slices:
         if one_row and not split:
             out(f"    mm_{g} = tl.sum(mm_{g}, axis=1)[None, :]")
-        if spec.bias:
-            out(f"{pad}mm_{g} = mm_{g} + tl.load(bias + col + {off}, mask=cmask, other=0).to(tl.float32)[None, :]")
-        if half:
-            out(f"{pad}mm_{g} = mm_{g}.to({dt}).to(tl.float32)")
-        if spec.mm_store[g]:
-            out(f"{pad}tl.store(mm + xidx * mmst + (col + {off})[None, :], mm_{g}.to({dt}), mask=xmask & cmask[None, :])")
+    _finish_columns(spec, lines, slices, dt, pad)
     if split:
         out('        tl.atomic_xchg(cnt + pid, 0, sem="relaxed", scope="gpu")')
     pro.lines = []
     for k, (ref, code, *_) in r_stores:
         pro._store(k, ref, code, "xoff", "xmask & (pid == 0)", 1)
     lines += _prefixed(pro.lines, "p_")
-    if spec.epi is not None:
-        epi = _Emitter(spec.epi, xr_epi, 1, interpreted)
-        epi.rblock = "NBLOCK"
-        epi.loaded = {k: f"mm_{g}" for g, k in enumerate(spec.acc)}
-        epi.lines = []
-        epi.coords("x", "xidx", xr_epi, 1)
-        epi.offsets("x", xr_epi, 1)
-        epi.line("ridx = col[None, :]")
-        epi._row_body(1)
-        epi.emit_ops(range(len(spec.epi.ops)), 1)
-        for k, (ref, code, level, *_) in enumerate(spec.epi.outputs):
-            if level == "x":
-                epi._store(k, ref, code, "xoff{k} + roff{k}", "mask", 1, full=True)
-            else:
-                epi._store(k, ref, code, "xoff", "xmask", 1)
-        lines += _prefixed(epi.lines, "e_")     # (mm_{g}, the kernel's own names, carry no prefix)
+    lines += _epilogue(spec, xr_epi, interpreted, 1)
+    return _linear_module(spec, lines), name
+
+
+def _finish_columns(spec: LinearSpec, lines: list[str], slices, dt: str, pad: str) -> None:
+    """The bias, the rounding to the projection's dtype and the store of each slice's result tile."""
+    for g, off in slices:
+        if spec.bias:
+            lines.append(f"{pad}mm_{g} = mm_{g} + tl.load(bias + col + {off}, mask=cmask, other=0).to(tl.float32)[None, :]")
+        if spec.dt in HALF:
+            lines.append(f"{pad}mm_{g} = mm_{g}.to({dt}).to(tl.float32)")
+        if spec.mm_store[g]:
+            lines.append(f"{pad}tl.store(mm + xidx * mmst + (col + {off})[None, :], mm_{g}.to({dt}), "
+                         "mask=xmask & cmask[None, :])")
+
+
+def _epilogue(spec: LinearSpec, xr_epi: int, interpreted: bool, indent: int) -> list[str]:
+    """The epilogue's lines over the [XBLOCK, NBLOCK] result tile at ``col``."""
+    if spec.epi is None:
+        return []
+    epi = _Emitter(spec.epi, xr_epi, 1, interpreted)
+    epi.rblock = "NBLOCK"
+    epi.loaded = {k: f"mm_{g}" for g, k in enumerate(spec.acc)}
+    epi.lines = []
+    epi.coords("x", "xidx", xr_epi, indent)
+    epi.offsets("x", xr_epi, indent)
+    epi.line("ridx = col[None, :]", indent)
+    epi._row_body(indent)
+    epi.emit_ops(range(len(spec.epi.ops)), indent)
+    for k, (ref, code, level, *_) in enumerate(spec.epi.outputs):
+        if level == "x":
+            epi._store(k, ref, code, "xoff{k} + roff{k}", "mask", indent, full=True)
+        else:
+            epi._store(k, ref, code, "xoff", "xmask", indent)
+    return _prefixed(epi.lines, "e_")     # (mm_{g}, the kernel's own names, carry no prefix)
+
+
+def _stationary_body(spec: LinearSpec, pro: "_Emitter", lines: list[str], slices, x_stores, r_stores, a_ref: int,
+                     dt: str, xr_epi: int, interpreted: bool) -> None:
+    """A row-stationary kernel's body after the prologue's statistics: A's tile once (all of K), the
+    prologue's stores, then a loop over the column blocks. K's indices are ``kidx``/``kmask``: the
+    epilogue redefines ``ridx``, ``rmask`` and ``mask`` for its columns."""
+    out = lines.append
+    pro.lines = []
+    pro.line("ridx = tl.arange(0, RBLOCK)[None, :]")
+    pro._row_body(1)
+    pro.emit_ops(pro.needed([a_ref] + [o[0] for _, o in x_stores], "x"), 1)
+    for k, (ref, code, *_) in x_stores:
+        pro._store(k, ref, code, "xoff{k} + roff{k}", "mask", 1, full=True)
+    for k, (ref, code, *_) in r_stores:
+        pro._store(k, ref, code, "xoff", "xmask", 1)
+    pro.line(f"a = tl.where(mask, tl.broadcast_to(v{a_ref}, [XBLOCK, RBLOCK]), 0.0).to({dt})")
+    # the row body's names are the epilogue's too: renamed here, or Triton would take them for values
+    # carried through the column loop, of another shape
+    lines += [_ROW_NAMES.sub(r"k_\g<0>", line) for line in _prefixed(pro.lines, "p_")]
+    out("    kidx = tl.arange(0, RBLOCK)")
+    out("    kmask = kidx < p_rnumel")
+    out("    for c0 in range(0, ncols, NBLOCK):")
+    out("        col = c0 + tl.arange(0, NBLOCK)")
+    out("        cmask = col < ncols")
+    if spec.wt:     # W stored [K, N]: its [RBLOCK, NBLOCK] tile is the dot's right operand as it lies
+        out("        wv = tl.load(w + kidx[:, None].to(tl.int64) * wst + col[None, :], "
+            "mask=kmask[:, None] & cmask[None, :], other=0)")
+        out("        mm_0 = tl.dot(a, wv)")
+    for g, off in slices if not spec.wt else ():
+        out(f"        wv = tl.load(w + (col[:, None] + {off}).to(tl.int64) * wst + kidx[None, :], "
+            "mask=cmask[:, None] & kmask[None, :], other=0)")
+        out(f"        mm_{g} = tl.dot(a, tl.trans(wv))")
+    _finish_columns(spec, lines, slices, dt, "        ")
+    lines += _epilogue(spec, xr_epi, interpreted, 2)
+
+
+_ROW_NAMES = re.compile(r"\b(?:ridx|rmask|rt|rc\d+|mask)\b(?!=)")
+
+
+def _linear_module(spec: LinearSpec, lines: list[str]) -> str:
     head = ('"""Generated by ostinato.codegen from a matmul group; do not edit."""\n'
             "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n")
-    return head + f"# spec: {spec.to_json()}\n" + "\n".join(lines) + "\n", name
+    return head + f"# spec: {spec.to_json()}\n" + "\n".join(lines) + "\n"

@@ -356,16 +356,27 @@ def dot_blocks(m: int, n: int, k: int, slices: int, transposed: bool = False) ->
     return nblock, rblock, warps
 
 
+STATIONARY_K = 256      # a tiled matmul group of a K up to this holds all of K in one tile (row-stationary)
+
+
+def stationary(k: int) -> bool:
+    """Whether a tiled matmul group over ``k`` runs the row-stationary kernel (one program per row block,
+    A made once; codegen.triton_source.render_linear): a K of at most STATIONARY_K, unless
+    OSTINATO_TILED_KLOOP=1 asks for the K-loop form (one program per row and column block)."""
+    return _pow2(k) <= STATIONARY_K and os.environ.get("OSTINATO_TILED_KLOOP") != "1"
+
+
 def tile_blocks(m: int, n: int, k: int, slices: int) -> tuple[int, int, int, int]:
     """(XBLOCK, NBLOCK, RBLOCK, num_warps) of a tl.dot matmul group of more than MAX_DOT_ROWS rows (a
     memory-bound projection with neighbours: codegen.linear.tiled): 128 rows by 128 columns a program,
     64 columns with two weight slices (two fp32 accumulators), 8 warps; K in steps of 64 (less for a
-    shorter K). Column blocks vary fastest in the grid, so the programs running together share their
-    rows' A tiles (and the prologue's reads) in L2. OSTINATO_DOT_NBLOCK, OSTINATO_DOT_RBLOCK and
-    OSTINATO_DOT_WARPS override it as for dot_blocks; OSTINATO_DOT_XBLOCK the rows."""
+    shorter K), or all of it in one tile where ``stationary``. Column blocks vary fastest in the grid, so
+    the programs running together share their rows' A tiles (and the prologue's reads) in L2.
+    OSTINATO_DOT_NBLOCK, OSTINATO_DOT_RBLOCK and OSTINATO_DOT_WARPS override it as for dot_blocks;
+    OSTINATO_DOT_XBLOCK the rows. Not measured faster than cuBLAS yet (codegen/linear.py)."""
     xblock = int(os.environ.get("OSTINATO_DOT_XBLOCK", 128))
     nblock = min(128 if slices == 1 else 64, max(16, _pow2(n)))
-    rblock, warps = max(16, min(64, _pow2(k))), 8
+    rblock, warps = max(16, _pow2(k) if stationary(k) else min(64, _pow2(k))), 8
     nblock = int(os.environ.get("OSTINATO_DOT_NBLOCK", nblock))
     rblock = int(os.environ.get("OSTINATO_DOT_RBLOCK", rblock))
     warps = int(os.environ.get("OSTINATO_DOT_WARPS", warps))
@@ -407,12 +418,12 @@ class LinearLauncher:
                 tuple(t.data_ptr() - packed[0].data_ptr() for t in packed))
 
     def library(self, one_row: bool, xr_pro: int = 1, xr_epi: int = 1, split: bool = False,
-                dot: bool = False) -> KernelLibrary:
+                dot: bool = False, stationary: bool = False) -> KernelLibrary:
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        key = (one_row, xr_pro, xr_epi, interpreted, split, dot)
+        key = (one_row, xr_pro, xr_epi, interpreted, split, dot, stationary)
         lib = self._libraries.get(key)
         if lib is None:
-            source, name = render_linear(self.spec, one_row, xr_pro, xr_epi, interpreted, split, dot)
+            source, name = render_linear(self.spec, one_row, xr_pro, xr_epi, interpreted, split, dot, stationary)
             register_source(f"gen_{name}", source)
             lib = self._libraries[key] = KernelLibrary(f"gen_{name}", {"k": name})
         return lib
@@ -458,10 +469,12 @@ class LinearLauncher:
         # more rows than the GEMV-like kernel takes (a batched decode step, fp16/bf16): tensor cores
         dot = m > MAX_ROWS and spec.dt in HALF
         slices = len(spec.w) if spec.epi else 1
+        rows_stationary = False
         if dot and m > MAX_DOT_ROWS:
             if m * max(k, ntot) >= 2 ** 31:
                 return None     # (codegen.linear.tiled does not make such a group: int32 offsets)
             xblock, nblock, rblock, warps = tile_blocks(m, n, k, slices)
+            rows_stationary = stationary(k) and rblock >= k
         else:
             nblock, rblock, warps = (dot_blocks if dot else linear_blocks)(m, n, k, slices, spec.wt)
             xblock = max(16, _pow2(m)) if dot else _pow2(m)
@@ -472,10 +485,11 @@ class LinearLauncher:
         const = dict(XBLOCK=xblock, RBLOCK=rblock, NBLOCK=nblock, num_warps=warps)
         if nsplit > 1:
             const["NSPLIT"] = nsplit
-        kernel = self.library(m == 1, xr_pro, xr_epi, nsplit > 1, dot).kernel("k", **const)
+        kernel = self.library(m == 1, xr_pro, xr_epi, nsplit > 1, dot, rows_stationary).kernel("k", **const)
         views = [(g * spec.w[0] if spec.epi else sum(spec.w[:g]), spec.w[g]) for g in range(len(spec.w))
                  if spec.mm_store[g]]
-        return _LinearPlan(kernel=kernel, grid=(cdiv(n, nblock), cdiv(m, xblock) if dot else nsplit),
+        return _LinearPlan(kernel=kernel, grid=(1 if rows_stationary else cdiv(n, nblock),
+                                                cdiv(m, xblock) if dot else nsplit),
                            pro_ints=pro_ints, epi_ints=epi_ints,
                            tail=[n, w.stride(0), ntot], pro_shapes=pro_shapes, epi_shape=epi_shape,
                            mm_shape=rows + (ntot,), views=views, nsplit=nsplit,
