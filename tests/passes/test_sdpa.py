@@ -252,6 +252,44 @@ def test_position_mask(form, fused):
         assert q_pos is None and mask.producer.op == "aten.where.self" and mask.producer.args[0].meta.dtype == torch.bool
 
 
+class PositionsFromArange(Attention):
+    """A causal encoder's mask as CLIP's text tower (and transformers' causal masks without a cache)
+    write it: positions ``arange(T)`` compared with ``arange(S)``. ``offset`` starts the queries'
+    positions later (not the square causal mask); ``keys`` adds keys past the queries (T < S)."""
+
+    def __init__(self, form="le", offset=0, keys=0):
+        super().__init__()
+        self.form, self.offset, self.keys = form, offset, keys
+
+    def forward(self, x):
+        q, k, v = self.project(x)
+        t = x.shape[1]
+        if self.keys:
+            k, v = torch.cat([k, k[:, :, :self.keys] * 0.5], dim=2), torch.cat([v, v[:, :, :self.keys] + 1], dim=2)
+        s = k.shape[2]
+        pos = torch.arange(self.offset, self.offset + t)
+        if self.form == "le":
+            mask = torch.arange(s)[None, :] <= pos[:, None]
+        else:       # HF's 4-D form, expanded over the batch
+            mask = (pos[None, None, :, None] >= torch.arange(s)[None, None, None, :]).expand(x.shape[0], 1, -1, -1)
+        return F.scaled_dot_product_attention(q, self.repeat(k), self.repeat(v), attn_mask=mask)
+
+
+@pytest.mark.parametrize("form, offset, keys, causal", [("le", 0, 0, True), ("ge_hf", 0, 0, True), ("le", 1, 0, False),
+                                                        ("le", 0, 3, False)])
+def test_positions_from_arange_are_the_causal_flag(form, offset, keys, causal):
+    """Query positions ``arange(0, T)`` over as many keys: the attention is ``is_causal`` with no mask and
+    no positions, and nothing of the mask is left; positions starting later, or more keys than queries,
+    keep q_pos. Outputs match eager on random inputs either way."""
+    prog, _ = export_and_compare(PositionsFromArange(form, offset, keys), (torch.randn(2, 6, 16),),
+                                 more_inputs=[(torch.randn(2, 6, 16),)])
+    (node,) = sdpa_nodes(prog)
+    mask, q_pos, _, n_rep, is_causal = node.args[3:8]
+    assert mask is None and n_rep == 2 and is_causal is causal and (q_pos is None) is causal
+    if causal:
+        assert not any(n.op.startswith("aten.arange") for n in prog.graph.nodes)
+
+
 class Prefill(Attention):
     def forward(self, x):
         q, k, v = self.project(x)
@@ -273,9 +311,9 @@ def test_dynamic_length(expand):
     prog, _ = export_and_compare(Prefill(expand), (torch.randn(2, 5, 16),), dynamic_shapes=({1: seq},),
                                  more_inputs=[(torch.randn(2, 9, 16),), (torch.randn(2, 3, 16),)])
     (node,) = sdpa_nodes(prog)
-    q_pos = node.args[4]
-    assert node.args[3] is None and node.args[6] == 2 and len(q_pos.meta.shape) == 2
-    assert str(q_pos.meta.shape[0]) == str(node.args[0].meta.shape[2]) != "5"
+    # positions arange(T) over T keys, T symbolic: the causal flag (positions_from_arange)
+    assert node.args[3:5] == (None, None) and node.args[6] == 2 and node.args[7] is True
+    assert str(node.args[0].meta.shape[2]) == str(node.args[1].meta.shape[2]) != "5"
     assert not {"aten.le.Tensor", "aten.repeat_interleave.self_int"} & set(prog.op_counts())
 
 
@@ -298,7 +336,7 @@ class ConstantMask(Attention):
             mask = torch.zeros(1, 1, 1, t).expand(b, 1, t, t)
         elif self.form == "lt-end":           # all True: every position is below the length
             mask = (pos < t)[None, None, None, :]
-        elif self.form == "causal":           # constant, but hides keys: kept
+        elif self.form == "causal":           # constant, but hides keys: the causal flag
             mask = pos[None, :] <= pos[:, None]
         else:                                 # "shifted": hides the first key from every query: kept
             mask = (pos >= 1)[None, None, None, :].expand(b, 1, t, t)
@@ -312,7 +350,8 @@ def test_mask_that_hides_nothing_is_dropped(form, dropped):
     inputs = [(torch.randn(2, 6, 16, generator=gen),) for _ in range(3)]
     prog, _ = export_and_compare(ConstantMask(form), inputs[0], more_inputs=inputs[1:])
     (node,) = sdpa_nodes(prog)
-    assert (node.args[3] is None and node.args[4] is None) == dropped, node.args[3:5]
+    assert (node.args[3] is None and node.args[4] is None) == (dropped or form == "causal"), node.args[3:5]
+    assert node.args[7] is (form == "causal")
 
 
 def test_input_mask_is_never_dropped():

@@ -15,7 +15,9 @@ Read differently: the positional causal mask ``le(KV, Q)`` / ``ge(Q, KV)``, opti
 exactly as the mask they produce), where KV is
 ``arange(0, S)`` viewed as [1, ..., 1, S] with S the key length and Q is shaped [..., T or 1, 1]. The
 fused op gets ``q_pos=Q`` and no mask; its reference computes ``arange(S) <= Q``, the same values up to
-leading singleton dims. The mask nodes are not removed here: they are usually shared by all layers, and
+leading singleton dims. Where Q is itself ``arange(0, T)`` along the queries and T == S (a causal
+encoder such as CLIP's text tower, a prefill without a cache), that mask is the square causal one: the
+fused op gets ``is_causal=True`` and no ``q_pos``. The mask nodes are not removed here: they are usually shared by all layers, and
 the pipeline's dce_after_fusion drops them once nothing reads them.
 
 Dropped: a mask that lets every query see every key whatever the inputs: computed from aranges and
@@ -164,8 +166,14 @@ def _expansion(kv: Value, sdpa: Node, users, pinned: set[int]) -> tuple[Value, i
 # -- positional causal mask -----------------------------------------------------------------------
 def _is_key_positions(kv, length) -> bool:
     """``kv`` is ``arange(0, length)`` (int64) laid out as [1, ..., 1, length]."""
-    if not _tensor(kv) or kv.meta.dtype != torch.int64 or kv.meta.rank < 1 \
-            or not _same(kv.meta.shape[-1], length) or any(_int(d) != 1 for d in kv.meta.shape[:-1]):
+    return _tensor(kv) and kv.meta.rank >= 1 and _is_arange(kv, length, kv.meta.rank - 1)
+
+
+def _is_arange(kv, length, dim: int) -> bool:
+    """``kv`` is ``arange(0, length)`` (int64) laid out along ``dim``, every other dim of size 1."""
+    if not _tensor(kv) or kv.meta.dtype != torch.int64 or not 0 <= dim < kv.meta.rank \
+            or not _same(kv.meta.shape[dim], length) \
+            or any(_int(d) != 1 for i, d in enumerate(kv.meta.shape) if i != dim):
         return False
     # With a single non-trivial dim, any chain of views keeps the values in order along it.
     node = kv.producer
@@ -203,6 +211,18 @@ def _query_positions(mask: Value, q: Value, k: Value) -> Value | None:
             or not (_same(shape[-2], q.meta.shape[-2]) or _int(shape[-2]) == 1):
         return None
     return qp
+
+
+def _causal_positions(q_pos: Value, q: Value, k: Value) -> bool:
+    """Whether query i's position is i, with as many queries as keys (not one static query): the mask
+    ``arange(S) <= q_pos`` is then the square causal one, which the attention takes as ``is_causal``
+    (torch's fused kernels skip the hidden blocks, and no mask is built: CLIP's text encoder built and
+    converted it in every layer, five kernels of its 13). Queries that start later in the keys (a
+    prefill after a cache, positions from an input) are not provably so and keep ``q_pos``."""
+    t = q.meta.shape[-2]
+    if not _same(t, k.meta.shape[-2]) or (_int(t) is not None and _int(t) < 2):
+        return False    # (one static query: the decode kernels take q_pos)
+    return q_pos.meta.rank >= 2 and _int(q_pos.meta.shape[-1]) == 1 and _is_arange(q_pos, t, q_pos.meta.rank - 2)
 
 
 # -- masks that hide nothing ----------------------------------------------------------------------
@@ -296,6 +316,9 @@ def _match(g: Graph, node: Node, users, pinned: set[int], masks: dict) -> tuple[
         q_pos = masks[key]
     if q_pos is not None:
         mask = None
+    is_causal = bool(a["is_causal"])
+    if q_pos is not None and _causal_positions(q_pos, q, k) and a["softcap"] is None and not is_causal:
+        q_pos, is_causal = None, True
     made: list[Node] = []
     if mask is not None and mask.meta.dtype == torch.bool and q.meta.dtype.is_floating_point:
         key = ("additive", mask.id, q.meta.dtype)
@@ -303,7 +326,7 @@ def _match(g: Graph, node: Node, users, pinned: set[int], masks: dict) -> tuple[
             masks[key] = _additive(g, mask, q.meta.dtype, node)
             made = list(masks[key][1])
         mask = masks[key][0]
-    args = (q, k, v, mask, q_pos, a["scale"], n_rep, bool(a["is_causal"]))
+    args = (q, k, v, mask, q_pos, a["scale"], n_rep, is_causal)
     return args + ((a["softcap"],) if a["softcap"] is not None else ()), absorbed, made
 
 
