@@ -244,12 +244,16 @@ def test_position_mask(form, fused):
     prog, _ = export_and_compare(PositionMask(form), steps[0], more_inputs=steps[1:])
     (node,) = sdpa_nodes(prog)
     mask, q_pos = node.args[3:5]
-    assert node.args[6] == 2
-    if fused:
-        assert mask is None and q_pos is not None and not mask_aranges(prog, 8)
-        assert "aten.le.Tensor" not in prog.op_counts() and "aten.ge.Tensor" not in prog.op_counts()
-    else:   # the boolean mask, made additive
-        assert q_pos is None and mask.producer.op == "aten.where.self" and mask.producer.args[0].meta.dtype == torch.bool
+    assert node.args[6] == 2 and q_pos is None
+    # an additive mask: where(visible, 0, -inf)
+    assert mask.producer.op == "aten.where.self" and mask.producer.args[0].meta.dtype == torch.bool
+    visible = mask.producer.args[0].producer
+    if fused:   # the positions read as q_pos; two queries: their mask made again, once, from them
+        assert visible.name.endswith("_mask_visible") and visible.args[0].producer.op == "aten.arange"
+        assert str(visible.args[1].meta) in ("i64[2,1]", "i64[1,1,2,1]") and len(mask_aranges(prog, 8)) == 1
+        assert prog.op_counts()["aten.le.Tensor"] == 1 and "aten.ge.Tensor" not in prog.op_counts()
+    else:       # the model's own boolean mask
+        assert not visible.name.endswith("_mask_visible")
 
 
 class PositionsFromArange(Attention):
@@ -280,14 +284,16 @@ class PositionsFromArange(Attention):
 def test_positions_from_arange_are_the_causal_flag(form, offset, keys, causal):
     """Query positions ``arange(0, T)`` over as many keys: the attention is ``is_causal`` with no mask and
     no positions, and nothing of the mask is left; positions starting later, or more keys than queries,
-    keep q_pos. Outputs match eager on random inputs either way."""
+    get the positions' additive mask. Outputs match eager on random inputs either way."""
     prog, _ = export_and_compare(PositionsFromArange(form, offset, keys), (torch.randn(2, 6, 16),),
                                  more_inputs=[(torch.randn(2, 6, 16),)])
     (node,) = sdpa_nodes(prog)
     mask, q_pos, _, n_rep, is_causal = node.args[3:8]
-    assert mask is None and n_rep == 2 and is_causal is causal and (q_pos is None) is causal
+    assert q_pos is None and n_rep == 2 and is_causal is causal and (mask is None) is causal
     if causal:
         assert not any(n.op.startswith("aten.arange") for n in prog.graph.nodes)
+    else:       # the positions' mask, additive, made from them once
+        assert mask.producer.op == "aten.where.self" and mask.producer.args[0].producer.name.endswith("_mask_visible")
 
 
 class Prefill(Attention):
