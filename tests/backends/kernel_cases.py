@@ -110,6 +110,14 @@ CASES = [
     KernelCase("ost.geglu_packed", "", lambda g, dt, dev: ((_r(g, (4, 30), dt, dev),), {})),
     KernelCase("ost.kv_update_", "dim2", lambda g, dt, dev: ((_r(g, (2, 3, 16, 8), dt, dev), _r(g, (2, 3, 2, 8), dt, dev),
                                                               torch.tensor([5, -1], device=dev), 2), {}), True),
+    # a prefill's keys as the projection leaves them ([B, T, H, D] transposed: not dense), and a batch
+    # of one broadcast over the cache's two (stride 0): read through their strides
+    KernelCase("ost.kv_update_", "dim2-transposed", lambda g, dt, dev: ((_r(g, (2, 3, 16, 8), dt, dev),
+                                                                         _r(g, (2, 4, 3, 8), dt, dev).transpose(1, 2),
+                                                                         torch.tensor([5, -1, 0, 9], device=dev), 2), {}), True),
+    KernelCase("ost.kv_update_", "dim2-broadcast", lambda g, dt, dev: ((_r(g, (2, 3, 16, 8), dt, dev),
+                                                                        _r(g, (1, 3, 2, 8), dt, dev), torch.tensor([7, 2], device=dev),
+                                                                        2), {}), True),
     KernelCase("ost.kv_update_", "ring", lambda g, dt, dev: ((_r(g, (1, 2, 8, 4), dt, dev), _r(g, (1, 2, 1, 4), dt, dev),
                                                               torch.tensor([13], device=dev), 2, 8), {}), True),
     KernelCase("ost.kv_update", "dim1", lambda g, dt, dev: ((_r(g, (2, 10, 6), dt, dev), _r(g, (2, 3, 6), dt, dev),

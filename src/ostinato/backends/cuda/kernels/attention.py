@@ -10,16 +10,36 @@ from ..runtime import KernelLibrary
 from .common import block_for, cdiv
 
 
+def _row_strides(new: torch.Tensor, dim: int) -> tuple[int, int, int, int] | None:
+    """(the second outer dim's size, the two outer dims' strides, a row's stride) of ``new`` written on
+    ``dim``, when the dims after ``dim`` are dense (as one run of ``inner`` elements) and at most two
+    dims come before it; else None (the caller copies it dense first)."""
+    expected = 1
+    for size, stride in zip(reversed(new.shape[dim + 1:]), reversed(new.stride()[dim + 1:])):
+        if size != 1 and stride != expected:
+            return None
+        expected *= size
+    outer, st = new.shape[:dim], new.stride()[:dim]
+    if len(outer) > 2:
+        return None
+    outer, st = (1,) * (2 - len(outer)) + tuple(outer), (0,) * (2 - len(st)) + tuple(st)
+    return outer[1], st[0], st[1], new.stride(dim)
+
+
 def _kv_write(cache: torch.Tensor, new: torch.Tensor, index: torch.Tensor, dim: int, ring) -> None:
     dim %= cache.dim()
     outer = math.prod(cache.shape[:dim])
     inner = math.prod(cache.shape[dim + 1:])
     n_new = index.numel()
-    new = new.expand(*cache.shape[:dim], n_new, *cache.shape[dim + 1:]).contiguous()
+    new = new.expand(*cache.shape[:dim], n_new, *cache.shape[dim + 1:])
+    strides = _row_strides(new, dim)
+    if strides is None:
+        new = new.contiguous()
+        strides = _row_strides(new, dim) or (1, n_new * inner, 0, inner)    # (more than two outer dims)
     if outer and n_new and inner:
         block = min(block_for(inner), 1024)
         LIBRARY.kernel("kv_update", RING=ring is not None, BLOCK=block)(
-            cache, new, index.contiguous(), cache.shape[dim], n_new, inner, int(ring or 1),
+            cache, new, index.contiguous(), cache.shape[dim], n_new, inner, int(ring or 1), *strides,
             grid=(outer * n_new, cdiv(inner, block)))
 
 

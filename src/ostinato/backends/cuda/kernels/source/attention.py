@@ -14,10 +14,13 @@ def _slot(index_ptr, ring, n_slots, RING: tl.constexpr):
 
 
 @triton.jit
-def kv_update_kernel(cache_ptr, new_ptr, index_ptr, n_slots, n_new, inner, ring, RING: tl.constexpr,
-                     BLOCK: tl.constexpr):
-    """cache [outer, n_slots, inner] <- new [outer, n_new, inner] at rows index[j] (negative counts from
-    the end; with RING, modulo the ring length). One program per (outer, j) and inner block."""
+def kv_update_kernel(cache_ptr, new_ptr, index_ptr, n_slots, n_new, inner, ring, outer2, new_s1, new_s2, new_sj,
+                     RING: tl.constexpr, BLOCK: tl.constexpr):
+    """cache [outer, n_slots, inner] <- new [outer1, outer2, n_new, inner] at rows index[j] (negative counts
+    from the end; with RING, modulo the ring length). ``new`` is read through its strides (new_s1 and
+    new_s2 for the two outer dims, new_sj for its rows; inner dense): a prefill's keys and values, a
+    transposed view of the projection, are not copied first. One program per (outer, j) and inner
+    block."""
     pid = tl.program_id(0).to(tl.int64)
     o = pid // n_new
     j = pid % n_new
@@ -25,7 +28,7 @@ def kv_update_kernel(cache_ptr, new_ptr, index_ptr, n_slots, n_new, inner, ring,
     offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     # A slot outside the cache (eager's index_put raises) writes nothing rather than another row.
     mask = (offs < inner) & (slot >= 0) & (slot < n_slots)
-    v = tl.load(new_ptr + (o * n_new + j) * inner + offs, mask=mask)
+    v = tl.load(new_ptr + (o // outer2) * new_s1 + (o % outer2) * new_s2 + j * new_sj + offs, mask=mask)
     tl.store(cache_ptr + (o * n_slots + slot) * inner + offs, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
