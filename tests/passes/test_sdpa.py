@@ -256,6 +256,30 @@ def test_position_mask(form, fused):
         assert not visible.name.endswith("_mask_visible")
 
 
+class ContiguousHeads(Attention):
+    """Whisper's and BART's attention: q, k and v made dense after their transposes (``.contiguous()``);
+    ``keep`` also returns the dense keys (a reader besides the attention)."""
+
+    def __init__(self, keep=False):
+        super().__init__(heads=4, kv_heads=4)
+        self.keep = keep
+
+    def forward(self, x):
+        q, k, v = (t.contiguous() for t in self.project(x))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return (out, k * 2) if self.keep else out
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_dense_copies_of_heads_are_absorbed(keep):
+    """The copies read by the attention alone go; one read elsewhere too stays. Outputs match eager."""
+    prog, _ = export_and_compare(ContiguousHeads(keep), (torch.randn(2, 5, 16),), more_inputs=[(torch.randn(2, 5, 16),)])
+    (node,) = sdpa_nodes(prog)
+    assert prog.op_counts().get("aten.clone", 0) == (1 if keep else 0)
+    clones = [a.producer is not None and a.producer.op == "aten.clone" for a in node.args[:3]]
+    assert clones == [False, keep, False], clones
+
+
 class PositionsFromArange(Attention):
     """A causal encoder's mask as CLIP's text tower (and transformers' causal masks without a cache)
     write it: positions ``arange(T)`` compared with ``arange(S)``. ``offset`` starts the queries'

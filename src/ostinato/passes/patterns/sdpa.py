@@ -10,6 +10,10 @@ the expansion's intermediates are read by nothing else (and are not graph output
   _unsafe_view([..., Hkv*n_rep, S, D])``;
 - ``enable_gqa=True`` on the attention itself (its factor multiplies an absorbed one).
 
+Also absorbed: a dense copy (``clone``, what ``.contiguous()`` exports as) of q, k or v read by the
+attention alone (Whisper's and BART's attention copy them after their transposes); the attention reads
+the transposed view as it lies.
+
 Read differently: the positional causal mask ``le(KV, Q)`` / ``ge(Q, KV)``, optionally under
 ``expand``, leading ``unsqueeze(0)`` or views adding or dropping leading 1-dims (which broadcast
 exactly as the mask they produce), where KV is
@@ -169,6 +173,20 @@ def _expansion(kv: Value, sdpa: Node, users, pinned: set[int]) -> tuple[Value, i
     return None
 
 
+def _unclone(x: Value, sdpa: Node, users, pinned: set[int], absorbed: list[Node]) -> Value:
+    """``x``'s source when ``x`` is a dense copy (``clone``, ``.contiguous()``) read by ``sdpa`` alone: the
+    attention reads any strides (torch's kernels take a transposed [B, T, H, D] view as it lies; the
+    decode kernels check theirs), so the copy is absorbed (appended to ``absorbed``). Whisper's attention
+    copies q, k and v after its transposes: three kernels a layer."""
+    node = x.producer
+    if node is None or node.op != "aten.clone" or len(node.args) != 1 or set(node.kwargs) - {"memory_format"} \
+            or node.kwargs.get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format) \
+            or not _read_only_by(x, sdpa, users, pinned) or not _tensor(node.args[0]):
+        return x
+    absorbed.append(node)
+    return node.args[0]
+
+
 # -- positional causal mask -----------------------------------------------------------------------
 def _is_key_positions(kv, length) -> bool:
     """``kv`` is ``arange(0, length)`` (int64) laid out as [1, ..., 1, length]."""
@@ -312,6 +330,7 @@ def _match(g: Graph, node: Node, users, pinned: set[int], masks: dict) -> tuple[
         k, v = ek[0], ev[0]
         n_rep *= ek[1]  # repeat_interleave twice is repeat_interleave by the product
         absorbed = ek[2] + [n for n in ev[2] if all(n is not m for m in ek[2])]
+    q, k, v = (_unclone(x, node, users, pinned, absorbed) for x in (q, k, v))
     q_pos = None
     if mask is not None and _hides_nothing(mask, masks.setdefault("constants", {})):
         mask = None
