@@ -570,7 +570,7 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     for g, off in slices:
         if one_row and not split:
             out(f"    mm_{g} = tl.sum(mm_{g}, axis=1)[None, :]")
-    _finish_columns(spec, lines, slices, dt, pad)
+        _finish_columns(spec, lines, [(g, off)], dt, pad)
     if split:
         out('        tl.atomic_xchg(cnt + pid, 0, sem="relaxed", scope="gpu")')
     pro.lines = []
