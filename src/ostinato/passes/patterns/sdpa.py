@@ -21,8 +21,8 @@ exactly as the mask they produce), where KV is
 fused op gets ``q_pos=Q`` and no mask; its reference computes ``arange(S) <= Q``, the same values up to
 leading singleton dims. Where Q is itself ``arange(0, T)`` along the queries and T == S (a causal
 encoder such as CLIP's text tower, a prefill without a cache), that mask is the square causal one: the
-fused op gets ``is_causal=True`` and no ``q_pos``. The mask nodes are not removed here: they are usually shared by all layers, and
-the pipeline's dce_after_fusion drops them once nothing reads them.
+fused op gets ``is_causal=True`` and no ``q_pos``. The mask nodes are not removed here: they are
+usually shared by all layers, and the pipeline's dce_after_fusion drops them once nothing reads them.
 
 Dropped: a mask that lets every query see every key whatever the inputs: computed from aranges and
 literals alone (no input, weight or state), of static shape, and all True (bool) or all zero (float).
