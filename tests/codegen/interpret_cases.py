@@ -75,6 +75,27 @@ def _check(fn) -> str:
         return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
 
 
+_PROJECTIONS = ("aten.linear", "ost.multi_linear", "ost.linear", "aten.addmm", "aten.mm")
+
+
+def _linear_case(cls, make, name: str, dtype) -> tuple:
+    """(model, inputs, executable, its matmul groups, the projections left to cuBLAS) of ``cls()`` in
+    ``dtype`` exported on ``make``'s inputs from a generator seeded by ``name``, lowered as on CUDA."""
+    torch.manual_seed(0)
+    model = cls().to(dtype).eval()
+    args = make(torch.Generator().manual_seed(sum(map(ord, name))))
+    exe = fused_executable(ostinato.export(model, args), InterpretedFusionBackend())
+    groups = [l for l in exe.launches if l.op == "ost.fused" and '"kind":"linear"' in l.args[0]]
+    return model, args, exe, groups, [l.op for l in exe.launches if l.op in _PROJECTIONS]
+
+
+def _plans(group) -> list:
+    """The launch plans a matmul group's launcher made (gen_lin_<digest>_<kind><xr_pro><xr_epi>[_i]:
+    ``p.kernel.library.module.split("_")[3][:2]`` is the kernel's kind)."""
+    from ostinato.backends.cuda.kernels.fused import launcher
+    return [p for p in launcher(group.args[0])._plans.values() if p is not None]
+
+
 def _layout_case(dtype) -> None:
     """fusion_models.ConvNet through the CUDA lowering's layouts: fp16 convolutions asked to run
     channels-last, the layout handed on from conv to conv (the input converted once, by the stem), the
@@ -223,8 +244,6 @@ def main(what: str, dtype_name: str) -> None:
     if what == "linear_dot":     # matmul groups past 16 rows (fp16: the tl.dot kernel) against eager
         os.environ["OSTINATO_DOT_ROWS"] = "64"      # (off by default)
         from fusion_models import Conv1DBlock, DecoderLayer, LoneProjections, PackedGatedMLP
-        from ostinato.backends.cuda.kernels.fused import launcher
-        ops = ("aten.linear", "ost.multi_linear", "ost.linear", "aten.addmm", "aten.mm")
 
         def rand(gen, *shape):
             return torch.randn(*shape, generator=gen).to(dtype)
@@ -236,13 +255,7 @@ def main(what: str, dtype_name: str) -> None:
         items.append(("lone_rows32", LoneProjections, lambda g: (rand(g, 32, 64), rand(g, 32, 1, 64)), 2))
         for name, cls, make, expected in items:
             def case(name=name, cls=cls, make=make, expected=expected):
-                torch.manual_seed(0)
-                model = cls().to(dtype).eval()
-                args = make(torch.Generator().manual_seed(sum(map(ord, name))))
-                prog = ostinato.export(model, args)
-                exe = fused_executable(prog, InterpretedFusionBackend())
-                groups = [l for l in exe.launches if l.op == "ost.fused" and '"kind":"linear"' in l.args[0]]
-                left = [l.op for l in exe.launches if l.op in ops]
+                model, args, exe, groups, left = _linear_case(cls, make, name, dtype)
                 if len(groups) != expected or left:
                     raise AssertionError(f"{len(groups)} matmul groups, projections left: {left}")
                 if name.startswith("conv1d") and sum('"wt":true' in l.args[0] for l in groups) != 3:
@@ -250,8 +263,7 @@ def main(what: str, dtype_name: str) -> None:
                 with torch.no_grad():
                     assert_same(exe(*args), model(*args), tol=TOL[dtype] * 4)
                 for l in groups:    # each ran the tl.dot kernel
-                    kinds = {p.kernel.library.module.split("_")[3][:2] for p in launcher(l.args[0])._plans.values()
-                             if p is not None}      # gen_lin_<digest>_<kind><xr_pro><xr_epi>[_i]
+                    kinds = {p.kernel.library.module.split("_")[3][:2] for p in _plans(l)}
                     if kinds != {"md"}:
                         raise AssertionError(f"{l.name} ran {kinds} kernels, not the tl.dot one")
             results[name] = _check(case)
@@ -260,8 +272,6 @@ def main(what: str, dtype_name: str) -> None:
     if what == "linear_tiled":     # matmul groups past 128 rows (fp16: the tl.dot kernel tiled over rows)
         os.environ["OSTINATO_TILED_LINEAR"] = "1"   # (off by default)
         from fusion_models import Conv1DBlock, ConvNeXtBlock, DecoderLayer, LoneProjections, PackedGatedMLP
-        from ostinato.backends.cuda.kernels.fused import launcher
-        ops = ("aten.linear", "ost.multi_linear", "ost.linear", "aten.addmm", "aten.mm")
 
         def rand(gen, *shape):
             return torch.randn(*shape, generator=gen).to(dtype)
@@ -288,19 +298,13 @@ def main(what: str, dtype_name: str) -> None:
             def case(name=name, cls=cls, make=make, expected=expected, lone=lone, kind=kind):
                 os.environ["OSTINATO_TILED_KLOOP"] = "1" if kind == "md" else "0"
                 forget_plans()
-                torch.manual_seed(0)
-                model = cls().to(dtype).eval()
-                args = make(torch.Generator().manual_seed(sum(map(ord, name))))
-                prog = ostinato.export(model, args)
-                exe = fused_executable(prog, InterpretedFusionBackend())
-                groups = [l for l in exe.launches if l.op == "ost.fused" and '"kind":"linear"' in l.args[0]]
-                left = [l.op for l in exe.launches if l.op in ops]
+                model, args, exe, groups, left = _linear_case(cls, make, name, dtype)
                 if len(groups) != expected or len(left) != lone:
                     raise AssertionError(f"{len(groups)} matmul groups, projections left: {left}")
                 with torch.no_grad():
                     assert_same(exe(*args), model(*args), tol=TOL[dtype] * 4)
                 for l in groups:    # each ran the tl.dot kernel over several blocks of rows
-                    plans = [p for p in launcher(l.args[0])._plans.values() if p is not None]
+                    plans = _plans(l)
                     kinds = {p.kernel.library.module.split("_")[3][:2] for p in plans}
                     if kinds != {kind} or any(p.grid[1] < 2 or (kind == "mr" and p.grid[0] != 1) for p in plans):
                         raise AssertionError(f"{l.name} ran {kinds} kernels over grids {[p.grid for p in plans]}")
