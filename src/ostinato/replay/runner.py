@@ -15,11 +15,12 @@ do not interact: name only those.
 
 A cold kernel cache (CUDA), when the first call captures: the capture's warm-up submits the missing
 kernels to the compile workers. The first call of a shape does not wait for them, as torch.compile's
-CUDA-graph trees warm up eagerly and record later: the capture is given up (``CompilesInFlight``; the warm-up's writes were undone) and
-the call runs step by step on the caller's own inputs (``Executable.step``: the ops whose kernels still
-compile run their torch references; state and input writes happen once; the outputs are new tensors
-of the real sizes). No capture is stored; the next call of that shape waits for the compiles still
-running and captures, so at most one call per shape goes uncaptured and the steps after it replay.
+CUDA-graph trees warm up eagerly and record later: the capture is given up (``CompilesInFlight``; the
+warm-up's writes were undone) and the call runs step by step on the caller's own inputs
+(``Executable.step``: the ops whose kernels still compile run their torch references; state and input
+writes happen once; the outputs are new tensors of the real sizes). No capture is stored; the next
+call of that shape waits for the compiles still running and captures, so at most one call per shape
+goes uncaptured and the steps after it replay.
 ``stats()["uncaptured_calls"]`` counts those calls (each is also a plan miss). ``capture_buckets``
 always waits for the compiles and captures.
 """
@@ -96,6 +97,7 @@ class ReplayRunner:
                              if role == "input"]
         self._lock = threading.Lock()
         self.defer = capture_deferred()
+        self._checked = False       # check_capturable passed (once per executable, not per shape)
         # uncaptured_calls: calls answered step by step, without a capture, while kernels compiled
         self._counts = {"captures": 0, "replays": 0, "bucket_hits": 0, "plan_hits": 0, "plan_misses": 0,
                         "uncaptured_calls": 0, "capture_seconds": 0.0}
@@ -134,8 +136,10 @@ class ReplayRunner:
             answered = session.replay.setdefault("uncaptured", set())
             if self.defer and key not in answered:
                 # the first call of a shape runs step by step (the warm-up); the next one captures
-                from .tape import check_capturable
-                check_capturable(self.exe, self.exe.launches)  # an op no replay can repeat: say so now
+                if not self._checked:   # an op no replay can repeat: said now (same launches for every shape)
+                    from .tape import check_capturable
+                    check_capturable(self.exe, self.exe.launches)
+                    self._checked = True
                 return self._uncaptured(session, key, leaves)
             # a first call that captures does not wait for kernels compiling in workers; the next one does
             try:

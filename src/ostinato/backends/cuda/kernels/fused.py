@@ -21,7 +21,8 @@ from ....codegen.prims import DTYPES, HALF, REDUCTIONS, compute_code
 from ....codegen.reference import (base_shape, epilogue_inputs, evaluate, evaluate_linear, iteration_shape, parse,
                                    split_dims, split_linear_args)
 from ....codegen.spec import GroupSpec, LinearSpec
-from ....codegen.triton_source import render, render_linear, split_slots, split_stages
+from ....codegen.triton_linear import render_linear
+from ....codegen.triton_source import render, split_slots, split_stages
 from ....ir.fused_ops import _packed_rows
 from ...cuda.binaries import register_source
 from ..runtime import KernelLibrary
@@ -361,7 +362,7 @@ STATIONARY_K = 256      # a tiled matmul group of a K up to this holds all of K 
 
 def stationary(k: int) -> bool:
     """Whether a tiled matmul group over ``k`` runs the row-stationary kernel (one program per row block,
-    A made once; codegen.triton_source.render_linear): a K of at most STATIONARY_K, unless
+    A made once; codegen.triton_linear.render_linear): a K of at most STATIONARY_K, unless
     OSTINATO_TILED_KLOOP=1 asks for the K-loop form (one program per row and column block)."""
     return _pow2(k) <= STATIONARY_K and os.environ.get("OSTINATO_TILED_KLOOP") != "1"
 

@@ -13,7 +13,7 @@ import torch
 
 from ....codegen.prims import REDUCTIONS
 from ....codegen.spec import LinearSpec
-from ....codegen.triton_source import can_split_k
+from ....codegen.triton_linear import can_split_k
 from .common import cdiv, pow2 as _pow2
 
 
