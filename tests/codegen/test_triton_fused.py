@@ -232,9 +232,10 @@ def test_split_norm_rows_take_two_kernels_without_layout_shuffles(monkeypatch):
     assert checked == 2
 
 
-def _compile_linear_groups(model, args, compiled: set) -> list:
+def _compile_linear_groups(model, args, compiled: set, shared: list | None = None) -> list:
     """Compile for sm_90 each matmul group of ``model`` exported on ``args`` (once per module, argument
-    types and specialization in ``compiled``), with the arguments its launcher passes; their plans."""
+    types and specialization in ``compiled``), with the arguments its launcher passes; their plans. The
+    shared memory (bytes) each binary asks for goes to ``shared``."""
     from ostinato.backends.base import fused_launches
     from ostinato.backends.cpu.backend import CPUBackend
     from ostinato.backends.cuda.binaries import compile_binary
@@ -261,6 +262,8 @@ def _compile_linear_groups(model, args, compiled: set) -> list:
                                      types, plan.kernel.specialization, 90)
         assert cubin[:4] == b"\x7fELF"
         compiled.add(key)
+        if shared is not None:
+            shared.append((type(model).__name__, plan.kernel.specialization, meta.shared))
     return plans
 
 
@@ -321,12 +324,12 @@ def test_tiled_linear_variants_compile_for_sm90(monkeypatch, kind):
     ttgir = _keep_ttgir(monkeypatch)
     monkeypatch.setenv("OSTINATO_TILED_LINEAR", "1")     # (off by default)
     monkeypatch.setenv("OSTINATO_TILED_KLOOP", "1" if kind == "md" else "0")
-    compiled, dots = set(), 0
+    compiled, dots, shared = set(), 0, []
     for model, args in [(cls(), cls.inputs(300, torch.float32)) for cls in (DecoderLayer, Conv1DBlock, PackedGatedMLP)] + \
-            [(ConvNeXtBlock(48), (torch.randn(2, 48, 10, 15),))]:
+            [(ConvNeXtBlock(ch), (torch.randn(2, ch, 10, 15),)) for ch in (48, 192)]:
         for dtype in (torch.bfloat16, torch.float16):
             ttgir.clear()
-            plans = _compile_linear_groups(model.to(dtype), tuple(a.to(dtype) for a in args), compiled)
+            plans = _compile_linear_groups(model.to(dtype), tuple(a.to(dtype) for a in args), compiled, shared)
             assert plans and all(f"_{kind}" in p.kernel.library.module for p in plans), type(model).__name__
             assert all(p.kernel.specialization["XBLOCK"] == 128 and p.grid[1] == 3 for p in plans)
             assert kind == "md" or all(p.grid[0] == 1 for p in plans)     # (row-stationary: one program a row block)
@@ -335,6 +338,10 @@ def test_tiled_linear_variants_compile_for_sm90(monkeypatch, kind):
                 assert kind == "mr" or "async_copy_global_to_local" in ir, (type(model).__name__, dtype)
                 dots += 1
     assert dots == len(compiled) >= 8, (dots, len(compiled))
+    # every binary fits an sm_90 block's shared memory (227 KiB): ConvNeXt's K of 192 held whole asked
+    # for 288 KiB on an H200 before its column blocks were fitted
+    assert shared and all(b <= 232448 for _, _, b in shared), [s for s in shared if s[2] > 232448]
+    assert kind == "md" or any(spec["RBLOCK"] == 256 and spec["NBLOCK"] < 128 for _, spec, _ in shared), shared
     monkeypatch.delenv("OSTINATO_TILED_LINEAR")
     assert not _compile_linear_groups(DecoderLayer().to(torch.bfloat16), DecoderLayer.inputs(300, torch.bfloat16), set())
 

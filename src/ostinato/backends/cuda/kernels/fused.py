@@ -378,13 +378,30 @@ def tile_blocks(m: int, n: int, k: int, slices: int) -> tuple[int, int, int, int
     xblock = int(os.environ.get("OSTINATO_DOT_XBLOCK", 128))
     nblock = min(128 if slices == 1 else 64, max(16, _pow2(n)))
     rblock, warps = max(16, _pow2(k) if stationary(k) else min(64, _pow2(k))), 8
-    nblock = int(os.environ.get("OSTINATO_DOT_NBLOCK", nblock))
     rblock = int(os.environ.get("OSTINATO_DOT_RBLOCK", rblock))
+    held = stationary(k) and rblock >= k
+    if "OSTINATO_DOT_NBLOCK" in os.environ:
+        nblock = int(os.environ["OSTINATO_DOT_NBLOCK"])
+    else:   # fewer columns a program until its tiles fit the SM's shared memory
+        while nblock > 32 and tile_shared_bytes(xblock, nblock, rblock, held) > TILE_SHARED_BYTES:
+            nblock //= 2
     warps = int(os.environ.get("OSTINATO_DOT_WARPS", warps))
     if min(xblock, nblock, rblock) < 16 or any(b & (b - 1) for b in (xblock, nblock, rblock)) or warps not in (4, 8):
         raise ValueError(f"OSTINATO_DOT_XBLOCK={xblock} / OSTINATO_DOT_NBLOCK={nblock} / OSTINATO_DOT_RBLOCK={rblock} / "
                          f"OSTINATO_DOT_WARPS={warps}: powers of 2 from 16, and 4 or 8 warps")
     return xblock, nblock, rblock, warps
+
+
+TILE_SHARED_BYTES = 200 * 1024   # what a tiled matmul program may plan on (an sm_90 block may have 227 KiB)
+
+
+def tile_shared_bytes(xblock: int, nblock: int, rblock: int, held: bool) -> int:
+    """The shared memory (bytes) a tiled matmul program of 16-bit operands asks for with Triton's three
+    pipeline stages: the weight tile in each stage, the row tile held (row-stationary) or in each stage
+    too (K loop), and the result tile for the epilogue's layout change. For 128 x 128 tiles over a K of 256,
+    row-stationary, this is the 294912 bytes Triton 3.6 asked for on an H200 (more than the SM has)."""
+    a = xblock * rblock * (1 if held else 3)
+    return 2 * (a + 3 * rblock * nblock + xblock * nblock)
 
 
 class _LinearPlan:
