@@ -93,23 +93,27 @@ if mode == "ostinato_warm":
     t1 = time.perf_counter()
     prog = ostinato.load(path)
     out["load_s"] = time.perf_counter() - t1
+    profile = os.environ.get("OSTINATO_STARTUP_PROFILE")     # a folder: compile and the first call under cProfile
+    if profile:
+        import cProfile, pstats
+        def dump(pr, what):
+            with open(os.path.join(profile, "warm_%s_%d.txt" % (what, config["num_hidden_layers"])), "w") as f:
+                for order in ("cumulative", "tottime"):
+                    pstats.Stats(pr, stream=f).sort_stats(order).print_stats(45)
+        pr = cProfile.Profile(); pr.enable()
     t1 = time.perf_counter()
     exe = ostinato.compile(prog, device=device, replay=replay == "on")
     out["compile_s"] = time.perf_counter() - t1
     out["plan_source"] = exe.plan_source
-    profile = os.environ.get("OSTINATO_STARTUP_PROFILE")     # a folder: the first call under cProfile
     if profile:
-        import cProfile, pstats
+        pr.disable(); dump(pr, "compile")
         pr = cProfile.Profile(); pr.enable()
     t1 = time.perf_counter()
     y = exe(ids, **kwargs); sync()
     out["first_call_s"] = time.perf_counter() - t1
     out["first_output_s"] = time.perf_counter() - t0
     if profile:
-        pr.disable()
-        with open(os.path.join(profile, "warm_first_call_%d.txt" % config["num_hidden_layers"]), "w") as f:
-            for order in ("cumulative", "tottime"):
-                pstats.Stats(pr, stream=f).sort_stats(order).print_stats(45)
+        pr.disable(); dump(pr, "first_call")
     out["kernel_stats"] = {{k: v for k, v in exe.stats().items() if isinstance(v, (int, float))}}
     first = y.logits.float().clone()    # a replay rewrites the captured outputs in place
     again = later_calls(exe, t0, 0.0)
