@@ -59,6 +59,75 @@ def test_jobs_follow_the_programs_library_ops_and_dtypes(dtype):
     assert warm.jobs_for(plain.graph, 99) == []
 
 
+class RopeAttention(nn.Module):
+    """RoPE's angles as transformers computes them (an fp32 matmul of constants, folded by compile) in
+    front of attention and a projection in the model's dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16))
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, q, k, v):
+        pos = torch.arange(q.shape[-2], device=q.device).float()
+        angles = (self.inv_freq[None, :, None].float() @ pos[None, None, :]).transpose(1, 2)
+        cos = torch.cat((angles, angles), -1).cos().to(q.dtype)
+        return Attention.forward(self, q * cos, k * cos, v)
+
+
+def test_jobs_warm_gemms_first_in_the_dtypes_their_nodes_use():
+    torch.manual_seed(0)
+    prog = ostinato.export(RopeAttention().to(torch.bfloat16).eval(), _qkv(4, torch.bfloat16))
+    # the fp32 constants hold no fp32 attention: only the angles' matmul is fp32, and it comes first
+    assert warm.jobs_for(prog.graph, 99) == [("gemm", torch.float32), ("gemm", torch.bfloat16),
+                                              ("attention", torch.bfloat16)]
+
+
+class _Ready(threading.Thread):
+    """A warm-up thread with ``ready``: records the ops folding asked about."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.asked: list[str] = []
+
+    def run(self):
+        pass
+
+    def ready(self, op):
+        self.asked.append(op)
+
+
+def test_folding_asks_the_warm_up_before_it_runs_a_library_op():
+    torch.manual_seed(0)
+    model = RopeAttention().eval()
+    args = _qkv(4, torch.float32)
+    prog = ostinato.export(model, args)
+    thread = _Ready()
+
+    class B(CPUBackend):
+        def warm_libraries(self, graph):
+            thread.start()
+            return thread
+
+    exe = Executable(prog, B(), cache=False)
+    assert any(op in warm.GEMM_OPS for op in thread.asked), thread.asked     # the angles' matmul, folded
+    assert len(exe.launches) < len(prog.graph.nodes)
+    with torch.no_grad():
+        assert_same(exe(*args), model(*args))
+
+
+def test_a_failed_warm_up_leaves_nothing_waiting():
+    """On a machine where warming fails (here: no GPU), ``ready`` returns at once."""
+    thread = warm.Warming([("gemm", torch.float32), ("attention", torch.float32)], torch.device("cuda", 0))
+    thread.WAIT_S = 30.0
+    t0 = time.perf_counter()
+    thread.start()
+    thread.ready("aten.mm"), thread.ready("ost.sdpa"), thread.ready("aten.relu")
+    thread.join()
+    if not torch.cuda.is_available():
+        assert time.perf_counter() - t0 < 5.0
+
+
 class _SlowWarming(CPUBackend):
     """A CPU backend whose warm-up thread takes 0.2 s and records that it finished."""
 
