@@ -162,8 +162,7 @@ class Backend(ABC):
 
     def warm_libraries(self, graph):
         """Start setting up the libraries ``graph`` will call in a background thread, returned for the
-        caller to join once ``graph`` is compiled (CUDA: cuBLAS and cuDNN, warm.py); None by default. A
-        thread with a ``ready(op)`` method is asked before constant folding runs ``op``."""
+        caller to join once ``graph`` is compiled (CUDA: cuBLAS and cuDNN, warm.py); None by default."""
         return None
 
     def kernel_stats(self) -> dict[str, float]:

@@ -56,7 +56,7 @@ class Executable:
         # CUDA: cuBLAS/cuDNN are set up in a thread while the plan is built, joined before compile returns
         warming = backend.warm_libraries(g)
         try:
-            keep = self._build(program, backend, cache, placed, getattr(warming, "ready", None))
+            keep = self._build(program, backend, cache, placed)
         finally:
             if warming is not None:
                 warming.join()
@@ -77,9 +77,9 @@ class Executable:
         self._converts = type(backend).to_host is not Backend.to_host
         self.session = self.new_session()
 
-    def _build(self, program: Program, backend: Backend, cache: bool, placed, ready=None) -> set[int]:
+    def _build(self, program: Program, backend: Backend, cache: bool, placed) -> set[int]:
         """Place the constants and lower, fold and build the plan (from the plan cache when ``cache``);
-        returns the slots read after a run. ``ready``: the library warm-up's, for folding."""
+        returns the slots read after a run."""
         g = program.graph
         self._checker = InputChecker(program, self.device)
         # Environment template: constants placed once, shared by every call and session.
@@ -106,7 +106,7 @@ class Executable:
 
         def fold(launches: list[Launch]) -> tuple[list[Launch], frozenset]:
             if not folded:
-                rest, which = fold_constants(launches, self._template, constant_slots, keep, backend, ready)
+                rest, which = fold_constants(launches, self._template, constant_slots, keep, backend)
                 folded.append((rest, which))
             return folded[0]
 

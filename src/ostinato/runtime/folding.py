@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -91,12 +91,11 @@ def _protected(launches: list[Launch], keep: set[int]) -> set[int]:
 
 
 def fold_constants(launches: list[Launch], template: list, constant_slots: set[int], keep: set[int],
-                   backend, ready: Callable[[str], None] | None = None) -> tuple[list[Launch], frozenset]:
+                   backend) -> tuple[list[Launch], frozenset]:
     """Run the foldable launches of ``launches`` (in order) into ``template``; return the launches left
     to run per call and the indices of the launches folded.
     ``constant_slots``: the slots ``template`` holds weights in; ``keep``: slots the plan returns or
-    writes back (never folded, nor what they may be views of); ``ready(op)``, when given, is called
-    before a launch of ``op`` runs (it waits for the library it calls to be set up: cuda/warm.py)."""
+    writes back (never folded, nor what they may be views of)."""
     if not folding_enabled():
         return launches, frozenset()
     protected = _protected(launches, keep)
@@ -112,8 +111,6 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
             continue
         args = [resolve(a, template) for a in launch.args]
         kwargs = {name: resolve(a, template) for name, a in launch.kwargs.items()}
-        if ready is not None:
-            ready(launch.op)
         try:
             with torch.no_grad():
                 result = launch.fn(*args, **kwargs)

@@ -16,12 +16,6 @@ set-up overlaps the plan's decoding and building and nothing of it outlives ``co
 or a user's ``torch.cuda.graph`` right after ``compile``, can meet it. The thread works on the device's
 default stream (cuBLAS keeps one workspace per stream: a stream of its own would leave a second one
 allocated for good). ``OSTINATO_WARM_LIBRARIES=0`` turns it off.
-
-The thread warms the GEMMs first, then attention, then convolutions, each in the dtypes the program's
-nodes of that kind use. Constant folding runs some library ops during ``compile`` (RoPE's fp32 ``bmm``
-of a decoder). It waits for that kind's warm-up first (``Warming.ready``) rather than racing it. On an
-H200 (torch 2.11, a 64-layer hidden-128 Llama), the main thread's racing ``bmm`` took 0.21 s of a 0.29 s
-warm compile. The thread's own first linear takes about 0.1 s.
 """
 from __future__ import annotations
 
@@ -56,73 +50,35 @@ def _torch_attention(node) -> bool:
     return node.op != "ost.sdpa" or shape is None or len(shape) < 2 or shape[-2] != 1
 
 
-def _dtype(node):
-    """The dtype a library node computes in: its first tensor input's."""
-    for v in node.inputs:
-        dt = getattr(getattr(v, "meta", None), "dtype", None)
-        if dt in _DTYPES:
-            return dt
-    return None
-
-
 def jobs_for(graph, device_index: int) -> list[tuple[str, torch.dtype]]:
-    """(kind, dtype) of each library call a program makes that this process has not warmed yet on that
-    device: GEMMs first, then attention, then convolutions; within a kind, dtypes in the order the
-    program's nodes first use them."""
-    jobs: list[tuple[str, torch.dtype]] = []
-    for kind, members in _KINDS:
-        for n in graph.nodes:
-            if n.op in members and (kind != "attention" or _torch_attention(n)):
-                job = (kind, _dtype(n))
-                if job[1] is not None and job not in jobs and (device_index, *job) not in _started:
-                    jobs.append(job)
-    return jobs
+    """(kind, dtype) of each library a program will call first that this process has not warmed yet on
+    that device: the kinds of library op among its nodes, for each float dtype of its constants."""
+    ops = {n.op for n in graph.nodes if n.op not in ATTENTION_OPS or _torch_attention(n)}
+    dtypes = sorted({v.meta.dtype for v in graph.constants if getattr(v.meta, "dtype", None) in _DTYPES},
+                    key=str)
+    return [(kind, dt) for dt in dtypes for kind, members in _KINDS
+            if ops & members and (device_index, kind, dt) not in _started]
 
 
-def _warm(kind: str, dt: torch.dtype, device: torch.device) -> None:
-    if kind == "gemm":
-        torch.nn.functional.linear(torch.zeros(8, 64, device=device, dtype=dt),
-                                   torch.zeros(64, 64, device=device, dtype=dt))
-    elif kind == "attention":
-        q = torch.zeros(1, 2, 8, 64, device=device, dtype=dt)
-        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-    else:
-        torch.nn.functional.conv2d(torch.zeros(1, 8, 8, 8, device=device, dtype=dt),
-                                   torch.zeros(8, 8, 3, 3, device=device, dtype=dt), padding=1)
+def _run(jobs: list[tuple[str, torch.dtype]], device: torch.device) -> None:
+    try:
+        with torch.cuda.device(device), torch.no_grad():
+            for kind, dt in jobs:
+                if kind == "gemm":
+                    torch.nn.functional.linear(torch.zeros(8, 64, device=device, dtype=dt),
+                                               torch.zeros(64, 64, device=device, dtype=dt))
+                elif kind == "attention":
+                    q = torch.zeros(1, 2, 8, 64, device=device, dtype=dt)
+                    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+                else:
+                    torch.nn.functional.conv2d(torch.zeros(1, 8, 8, 8, device=device, dtype=dt),
+                                               torch.zeros(8, 8, 3, 3, device=device, dtype=dt), padding=1)
+            torch.cuda.current_stream(device).synchronize()
+    except Exception as e:  # noqa: BLE001 - warming is an optimization: the first call pays instead
+        log.debug("ostinato: warming CUDA libraries failed: %s: %s", type(e).__name__, e)
 
 
-class Warming(threading.Thread):
-    """The warm-up thread of one ``compile``: ``ready(op)`` returns once the library kind ``op`` calls is
-    warmed (or failed to warm, or at once for an op of no kind or a kind not in ``jobs``)."""
-
-    WAIT_S = 10.0       # a warm-up that hangs delays a folded library op this long at most
-
-    def __init__(self, jobs: list[tuple[str, torch.dtype]], device: torch.device):
-        super().__init__(name="ostinato-warm-libraries", daemon=True)
-        self.jobs, self.device = jobs, device
-        self._done = {kind: threading.Event() for kind, _ in jobs}
-
-    def run(self) -> None:
-        try:
-            with torch.cuda.device(self.device), torch.no_grad():
-                for i, (kind, dt) in enumerate(self.jobs):
-                    _warm(kind, dt, self.device)
-                    if all(k != kind for k, _ in self.jobs[i + 1:]):
-                        torch.cuda.current_stream(self.device).synchronize()
-                        self._done[kind].set()
-        except Exception as e:  # noqa: BLE001 - warming is an optimization: the first call pays instead
-            log.debug("ostinato: warming CUDA libraries failed: %s: %s", type(e).__name__, e)
-        finally:
-            for event in self._done.values():
-                event.set()
-
-    def ready(self, op: str) -> None:
-        for kind, members in _KINDS:
-            if op in members and kind in self._done:
-                self._done[kind].wait(self.WAIT_S)
-
-
-def start(graph, device: torch.device) -> Warming | None:
+def start(graph, device: torch.device) -> threading.Thread | None:
     """The thread warming the libraries ``graph`` will call on ``device`` (see the module), started; None
     when there is nothing left to warm. The caller joins it."""
     if not enabled():
@@ -133,6 +89,7 @@ def start(graph, device: torch.device) -> Warming | None:
         if not jobs:
             return None
         _started.update((index, kind, dt) for kind, dt in jobs)
-        thread = Warming(jobs, torch.device("cuda", index))
+        thread = threading.Thread(target=_run, args=(jobs, torch.device("cuda", index)),
+                                  name="ostinato-warm-libraries", daemon=True)
         thread.start()
     return thread
