@@ -404,3 +404,45 @@ def test_hf_bert_traced_mask_is_dropped():
     prog, _ = export_and_compare(LastHidden(model, use_cache=None), (ids[0],), more_inputs=[(ids[1],)])
     nodes = sdpa_nodes(prog)
     assert len(nodes) == 2 and all(n.args[3] is None and n.args[4] is None for n in nodes)
+
+
+class ScaledQuery(Attention):
+    """Whisper's, OPT's and BART's attention: the query projection scaled before its views (``c``, a power
+    of two for head_dim 64 and 16), the attention at scale 1 (``scale=None``: torch's default); ``dense``
+    adds Whisper's ``.contiguous()``; ``divide`` writes the scaling as a division; ``keep`` also returns
+    the scaled query (a reader besides the attention)."""
+
+    def __init__(self, c=0.25, scale=1.0, dense=False, divide=False, keep=False):
+        super().__init__(heads=4, kv_heads=4, head_dim=16, dim=32)
+        self.c, self.scale, self.dense, self.divide, self.keep = c, scale, dense, divide, keep
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        scaled = self.q(x) / (1 / self.c) if self.divide else self.q(x) * self.c
+        q = scaled.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        _, k, v = self.project(x)
+        if self.dense:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out = F.scaled_dot_product_attention(q, k, v, scale=self.scale, is_causal=True)
+        return (out, scaled) if self.keep else out
+
+
+@pytest.mark.parametrize("c, scale, dense, divide, keep, folded", [
+    (0.25, 1.0, False, False, False, True), (0.25, 1.0, True, False, False, True),
+    (0.25, None, False, False, False, True), (0.5, 1.0, False, True, False, True),
+    (0.3, 1.0, False, False, False, False), (0.25, 1.0, True, False, True, False)])
+def test_scaled_query_goes_into_the_scale(c, scale, dense, divide, keep, folded):
+    """A power-of-two scaling of the query before its views becomes the attention's scale: no mul or div
+    left, the scale multiplied by it. Another factor (it would round differently) or another reader of
+    the scaled query keeps it. Outputs match eager on random inputs."""
+    model = ScaledQuery(c, scale, dense, divide, keep)
+    prog, _ = export_and_compare(model, (torch.randn(2, 5, 32),), more_inputs=[(torch.randn(2, 5, 32),)])
+    (node,) = sdpa_nodes(prog)
+    ops = prog.op_counts()
+    scaling = ops.get("aten.mul.Tensor", 0) + ops.get("aten.div.Tensor", 0)
+    want = c * (0.25 if scale is None else scale)     # head_dim 16: torch's default scale is 1/4
+    if folded:
+        assert scaling == 0 and node.args[5] == pytest.approx(want, rel=0, abs=0), (ops, node.args[5])
+        assert node.args[0].producer is None or node.args[0].producer.op != "aten.clone"
+    else:
+        assert scaling == 1 and node.args[5] == scale, (ops, node.args[5])

@@ -14,6 +14,13 @@ Also absorbed: a dense copy (``clone``, what ``.contiguous()`` exports as) of q,
 attention alone (Whisper's and BART's attention copy them after their transposes); the attention reads
 the transposed view as it lies.
 
+Also absorbed: the query's scaling by a power of two written before the attention,
+``(q_proj(x) * c).view(...).transpose(1, 2)[.contiguous()]`` with ``scale=1.0`` (Whisper, OPT, BART and
+their kin, which keep "the original order of scaling"). The ``mul`` (or ``div``) by a Python scalar goes,
+the views read the unscaled projection, and the attention's scale is multiplied by ``c``. A power of two
+scales without rounding, so the scores are bit for bit the same; the mul was one kernel a layer. It stays
+where any value between it and the attention has another reader.
+
 Read differently: the positional causal mask ``le(KV, Q)`` / ``ge(Q, KV)``, optionally under
 ``expand``, leading ``unsqueeze(0)`` or views adding or dropping leading 1-dims (which broadcast
 exactly as the mask they produce), where KV is
@@ -42,6 +49,8 @@ once and shared by every attention reading that mask: torch would convert it aga
 (Mistral's sliding window: three kernels per layer of a 512-token prefill).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -187,6 +196,43 @@ def _unclone(x: Value, sdpa: Node, users, pinned: set[int], absorbed: list[Node]
     return node.args[0]
 
 
+_LAYOUT = (*_RESHAPES, "aten.transpose.int", "aten.permute", "aten.unsqueeze", "aten.squeeze.dim", "aten.clone")
+
+
+def _power_of_two(c) -> bool:
+    return isinstance(c, float | int) and not isinstance(c, bool) and c > 0 and math.isfinite(c) \
+        and math.frexp(c)[0] == 0.5
+
+
+def _unscale(q: Value, sdpa: Node, users, pinned: set[int], absorbed: list[Node]) -> tuple[Value, float]:
+    """(``q`` read without its scaling, the factor) when ``q`` is layout ops over ``mul(x, c)`` or
+    ``div(x, 1/c)`` with ``c`` a power of two, each value from the scaling to ``q`` read by the next alone
+    (``q`` by ``sdpa``); the scaling goes to ``absorbed`` and the first layout op reads ``x``. Else (q, 1.0)."""
+    chain, x, reader = [], q, sdpa
+    while x.producer is not None and x.producer.op in _LAYOUT and _read_only_by(x, reader, users, pinned):
+        reader = x.producer
+        chain.append(reader)
+        x = reader.args[0] if reader.args and _tensor(reader.args[0]) else None
+        if x is None:
+            return q, 1.0
+    node = x.producer
+    if node is None or node.op not in ("aten.mul.Tensor", "aten.mul.Scalar", "aten.div.Tensor", "aten.div.Scalar") \
+            or len(node.args) != 2 or node.kwargs or not _tensor(node.args[0]) \
+            or not _read_only_by(x, reader, users, pinned) or node.args[0].meta.dtype != x.meta.dtype \
+            or tuple(map(str, node.args[0].meta.shape)) != tuple(map(str, x.meta.shape)):
+        return q, 1.0
+    c = node.args[1]
+    if not _power_of_two(c):
+        return q, 1.0
+    factor = float(c) if node.op.startswith("aten.mul") else 1.0 / float(c)
+    absorbed.append(node)
+    if not chain:
+        return node.args[0], factor
+    first = chain[-1]
+    first.args = (node.args[0], *first.args[1:])
+    return q, factor
+
+
 # -- positional causal mask -----------------------------------------------------------------------
 def _is_key_positions(kv, length) -> bool:
     """``kv`` is ``arange(0, length)`` (int64) laid out as [1, ..., 1, length]."""
@@ -330,6 +376,12 @@ def _match(g: Graph, node: Node, users, pinned: set[int], masks: dict) -> tuple[
         k, v = ek[0], ev[0]
         n_rep *= ek[1]  # repeat_interleave twice is repeat_interleave by the product
         absorbed = ek[2] + [n for n in ev[2] if all(n is not m for m in ek[2])]
+    scale = a["scale"]
+    d = _int(q.meta.shape[-1])
+    if a["softcap"] is None and d and (scale is None or isinstance(scale, float | int)):
+        q, factor = _unscale(q, node, users, pinned, absorbed)
+        if factor != 1.0:
+            scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * factor
     q, k, v = (_unclone(x, node, users, pinned, absorbed) for x in (q, k, v))
     q_pos = None
     if mask is not None and _hides_nothing(mask, masks.setdefault("constants", {})):
@@ -362,7 +414,7 @@ def _match(g: Graph, node: Node, users, pinned: set[int], masks: dict) -> tuple[
             masks[key] = _additive(g, mask, q.meta.dtype, node)
             made = list(masks[key][1])
         mask = masks[key][0]
-    args = (q, k, v, mask, q_pos, a["scale"], n_rep, is_causal)
+    args = (q, k, v, mask, q_pos, scale, n_rep, is_causal)
     return args + ((a["softcap"],) if a["softcap"] is not None else ()), absorbed, made, anchor
 
 
