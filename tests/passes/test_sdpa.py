@@ -446,3 +446,22 @@ def test_scaled_query_goes_into_the_scale(c, scale, dense, divide, keep, folded)
         assert node.args[0].producer is None or node.args[0].producer.op != "aten.clone"
     else:
         assert scaling == 1 and node.args[5] == scale, (ops, node.args[5])
+
+
+class ScaledSelfAttention(torch.nn.Module):
+    """One scaled tensor as the queries, keys and values: the scaling is the keys' and values' too, and stays."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(32, 64)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        h = (self.proj(x) * 0.25).view(b, t, 4, 16).transpose(1, 2)
+        return F.scaled_dot_product_attention(h, h, h)
+
+
+def test_scaling_shared_with_keys_and_values_stays():
+    prog, _ = export_and_compare(ScaledSelfAttention(), (torch.randn(2, 5, 32),))
+    (node,) = sdpa_nodes(prog)
+    assert prog.op_counts().get("aten.mul.Tensor", 0) == 1 and node.args[5] is None

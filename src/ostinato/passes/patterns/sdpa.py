@@ -208,6 +208,8 @@ def _unscale(q: Value, sdpa: Node, users, pinned: set[int], absorbed: list[Node]
     """(``q`` read without its scaling, the factor) when ``q`` is layout ops over ``mul(x, c)`` or
     ``div(x, 1/c)`` with ``c`` a power of two, each value from the scaling to ``q`` read by the next alone
     (``q`` by ``sdpa``); the scaling goes to ``absorbed`` and the first layout op reads ``x``. Else (q, 1.0)."""
+    if sum(v is q for v in sdpa.inputs) != 1:      # q is also the keys or values: they keep the scaling
+        return q, 1.0
     chain, x, reader = [], q, sdpa
     while x.producer is not None and x.producer.op in _LAYOUT and _read_only_by(x, reader, users, pinned):
         reader = x.producer
@@ -226,10 +228,13 @@ def _unscale(q: Value, sdpa: Node, users, pinned: set[int], absorbed: list[Node]
         return q, 1.0
     factor = float(c) if node.op.startswith("aten.mul") else 1.0 / float(c)
     absorbed.append(node)
+    source = node.args[0]
     if not chain:
-        return node.args[0], factor
+        return source, factor
     first = chain[-1]
-    first.args = (node.args[0], *first.args[1:])
+    first.args = (source, *first.args[1:])
+    readers = users.setdefault(source.id, [])
+    readers[:] = [first if r is node else r for r in readers]
     return q, factor
 
 
