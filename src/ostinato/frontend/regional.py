@@ -4,8 +4,9 @@ A decoder's 64 layers are 64 instances of one class with the same parameter name
 ``torch.export`` traces every one of them, so export time grows with depth. Here the model is traced
 with each repeated block replaced by an opaque call (``ostinato_regional::call``, a custom op whose
 fake implementation runs the block's forward on fake tensors once per kind and input signature,
-memoized); each kind is then exported once on its own, and ``convert`` instantiates that block's IR
-at every call site with the instance's weights and state (``inline.py``).
+memoized); each kind is then exported once on its own per call signature (its arguments' structure,
+constants, dtypes and sizes), and ``convert`` instantiates that block's IR at every call site with the
+instance's weights and state (``inline.py``).
 
 Equivalence is checked, not assumed. A kind falls back to being traced inline (the whole model then
 is one ``torch.export``, as without ``regional``), with the reason logged and kept in the report, when:
@@ -53,6 +54,30 @@ def _region_call_fake(inputs, call_id):
     if _session is None:
         raise RuntimeError("ostinato_regional::call is traced only by ostinato.export")
     return _session.fake(call_id, inputs)
+
+
+def _sizes(tensors: list[torch.Tensor]) -> tuple:
+    """A call's input sizes as its block's export fixes them: static sizes as they are, symbolic ones by
+    the order their symbols first appear (calls whose inputs share a symbol differently are traced
+    apart). Part of a call's signature: a block traced on 4 tokens computes for 4 tokens (its views'
+    sizes, a size read as a number), so a call on 2 tokens needs its own trace (LeViT's stages, T5's
+    encoder and decoder feed-forward, Hubert's convolutions at each length)."""
+    names: dict[str, str] = {}
+    out = []
+    for t in tensors:
+        dims: list = []
+        for d in t.shape:
+            expr = d.node.expr if isinstance(d, torch.SymInt) else None
+            if expr is None:
+                dims.append(int(d))
+            elif expr.is_number:
+                dims.append(int(expr))
+            elif expr.is_Symbol:
+                dims.append(names.setdefault(str(expr), f"s{len(names)}"))
+            else:
+                dims.append(f"({expr})")
+        out.append(tuple(dims))
+    return tuple(out)
 
 
 def _meta_key(t: torch.Tensor) -> tuple:
@@ -131,7 +156,7 @@ class Session:
                 raise Fallback(kind, f"{path} is called with a {type(x).__name__} argument, which cannot "
                                      "cross an opaque call")
         sig = (kind.index, str(spec), tuple(repr(c) for c in consts),
-               tuple((t.dtype, t.dim()) for t in tensors))
+               tuple((t.dtype, t.dim()) for t in tensors), _sizes(tensors))
         rec = CallRecord(next(self._ids), kind, path, inst, spec, consts, sig)
         self.calls[rec.call_id] = rec
         outs = torch.ops.ostinato_regional.call(tensors, rec.call_id)
