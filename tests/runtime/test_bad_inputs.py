@@ -364,3 +364,42 @@ def test_graph_replay_after_random_reallocations():
             new = x.flip(0)
             ref = model(new.clone())
             assert_same(g.replay(new), ref)
+
+
+class SizeBranch(torch.nn.Module):
+    """A branch on a size: torch.export takes one side and records the condition (a guard)."""
+
+    def forward(self, x):
+        return x * 2 if x.shape[1] % 4 == 0 else x * 3
+
+
+@pytest.mark.parametrize("replay", [False, True], ids=["step", "replay"])
+def test_sizes_breaking_an_export_guard_are_refused(tmp_path, replay):
+    """Sizes on the other side of the export's branch raise InputError naming the condition (they ran the
+    exported side and answered wrong); sizes keeping it match eager; the guard survives save and load.
+    The input dim is 2*k, so k is solved from it: an odd size is refused too."""
+    model = SizeBranch().eval()
+    spec = ({1: 2 * Dim("k", min=1, max=32)},)
+    prog = ostinato.export(model, (torch.randn(2, 8),), dynamic_shapes=spec, cache=False)
+    assert [g[0] for g in prog.info["guards"]] == ["=="] and "Mod(" in prog.info["guards"][0][1], prog.info
+    prog.save(tmp_path / "m.ost")
+    for p in (prog, ostinato.load(tmp_path / "m.ost")):
+        exe = ostinato.compile(p, cache=False, replay=replay)
+        for width in (4, 12, 8, 16, 4):
+            x = torch.randn(2, width)
+            assert_same(exe(x), model(x))
+        for width, why in ((6, "which the model's export assumed"), (10, "which the model's export assumed"),
+                           (7, "is not 2"), (66, "is not 2")):
+            with pytest.raises(InputError, match=why):
+                exe(torch.randn(2, width))
+
+
+def test_malformed_guards_are_refused():
+    """A damaged file's guard list is an error at compile, not a check quietly dropped."""
+    from ostinato.errors import ProgramFormatError
+    prog = ostinato.export(SizeBranch().eval(), (torch.randn(2, 8),),
+                           dynamic_shapes=({1: 2 * Dim("k", min=1, max=32)},), cache=False)
+    for bad in ([["~", "s6", "0"]], [["==", "__import__('os')", "0"]], [["==", "t9", "1"]], ["=="]):
+        prog.info["guards"] = bad
+        with pytest.raises(ProgramFormatError, match="guards are malformed"):
+            ostinato.compile(prog, cache=False)

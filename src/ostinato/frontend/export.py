@@ -166,6 +166,9 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     info = {"model": name, "ostinato": __version__, "torch": torch.__version__,
             "passes": [{"pass": "export", "nodes": exported_nodes}]
             + [{"pass": r.name, "nodes": r.nodes} for r in pass_report]}
+    guards = size_guards(ep, graph.symbols) if graph.symbols else []
+    if guards:
+        info["guards"] = guards
     timings = {"torch_export": t_export, "passes": sum(r.seconds for r in pass_report),
                "total": time.perf_counter() - t0,
                **{f"pass.{r.name}": r.seconds for r in pass_report}}
@@ -227,6 +230,69 @@ def _warn_fallbacks(model_name: str, graph) -> None:
     log.warning("%s: %d node(s) run through eager torch, no ostinato kernel for %s: %s%s. Replay "
                 "captures the regions between them; export with strict=True to refuse such ops instead",
                 model_name, len(rows), ", ".join(ops), sites, more)
+
+
+_RELATIONS = {"Equality": "==", "Unequality": "!=", "LessThan": "<=", "StrictLessThan": "<",
+              "GreaterThan": ">=", "StrictGreaterThan": ">"}
+
+
+def size_guards(ep, symbols: dict) -> list[list[str]]:
+    """The conditions on the inputs' size symbols that torch.export assumed beyond their ranges (a branch
+    on ``x.shape[1] % 4 == 0`` takes one side for every size it accepts), as ``[relation, lhs, rhs]``
+    over the program's symbols, for the input checker. torch's own exported program checks these on
+    every call; a plan built on one side of such a branch computes wrong results for sizes on the other.
+    A condition ostinato cannot read (a boolean combination, a size not an input's) is logged."""
+    import sympy
+
+    from ..ir import SymDim
+    env = next((n.meta["val"].fake_mode.shape_env for n in ep.graph.nodes if n.op == "placeholder"
+                and isinstance(n.meta.get("val"), torch.Tensor) and getattr(n.meta["val"], "fake_mode", None)
+                and n.meta["val"].fake_mode.shape_env is not None), None)
+    if env is None:
+        return []
+    out, seen = [], set()
+    for g in env.guards:
+        try:
+            expr = env.simplify(g.expr)
+        except Exception:  # noqa: BLE001 - a guard torch cannot simplify is read as recorded
+            expr = g.expr
+        if expr is True or expr == sympy.true:
+            continue
+        rel = _RELATIONS.get(type(expr).__name__)
+        names = {str(s) for s in getattr(expr, "free_symbols", ())}
+        if rel is None or not names or not names <= set(symbols):
+            log.info("export: torch.export assumed %s, which ostinato does not check on a call", expr)
+            continue
+        try:
+            guard = [rel, str(SymDim(expr.lhs)), str(SymDim(expr.rhs))]
+        except ValueError:
+            log.info("export: torch.export assumed %s, which ostinato does not check on a call", expr)
+            continue
+        if _implied_by_ranges(guard, symbols) or _zero_one(guard, symbols) or tuple(guard) in seen:
+            continue
+        seen.add(tuple(guard))
+        out.append(guard)
+    return out
+
+
+def _zero_one(guard: list[str], symbols: dict) -> bool:
+    """A size symbol assumed not 0 or 1 (``s0 != 1``, ``s0 >= 2``): torch traces as if sizes were not 0
+    or 1 but its exported program does not require it (nor check it), and the graph holds for them."""
+    rel, lhs, rhs = guard
+    return lhs in symbols and (rel, rhs) in {("!=", "0"), ("!=", "1"), (">=", "1"), (">=", "2"), (">", "0"),
+                                             (">", "1")}
+
+
+def _implied_by_ranges(guard: list[str], symbols: dict) -> bool:
+    """A bound of one symbol that its range already holds (``s0 >= 2``, ``s0 <= 64``)."""
+    rel, lhs, rhs = guard
+    r = symbols.get(lhs)
+    if r is None or not rhs.lstrip("-").isdigit():
+        return False
+    v = int(rhs)
+    return (rel == ">=" and r.min >= v) or (rel == ">" and r.min > v) or \
+        (rel == "<=" and r.max is not None and r.max <= v) or (rel == "<" and r.max is not None and r.max < v) or \
+        (rel == "!=" and (r.min > v or (r.max is not None and r.max < v)))
 
 
 def _size_hints(graph, slots, args, kwargs) -> dict[str, int]:

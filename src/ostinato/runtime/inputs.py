@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ..errors import InputError
+from ..errors import InputError, ProgramFormatError
 from ..ir import ScalarMeta, SymDim, TensorMeta, dtype_name
 from ..program import Program, spec_structure
 
@@ -44,6 +44,13 @@ class InputChecker:
                 static = tuple(v.meta.shape) if v.meta.is_static else None
                 self.tensor_checks.append((pos, slot, v.meta, static))
         # Inputs the model writes in place (x.add_(1)): the caller's tensor receives the new value.
+        # Dims that are a multiple of one symbol plus a constant (8*k, 2*s0 + 1), where an input has no
+        # dim of the bare symbol: the symbol is solved from them (name, a, b), then checked.
+        self.linear = {(pos, i): lin for pos, slot, meta, static in self.tensor_checks if static is None
+                       for i, d in enumerate(meta.shape) if isinstance(d, SymDim) and not d.is_symbol
+                       for lin in [_linear(d)] if lin is not None}
+        self.guards = _parse_guards(program.info.get("guards", []), self.symbols)
+        self._guards_held: set[tuple] = set()     # the bindings every guard held for
         pos_by_input = {slot.index: pos for pos, slot in enumerate(self.slots) if slot.kind == "tensor"}
         self.mutated = {pos_by_input[self.graph.inputs.index(t)] for t, _ in self.graph.mutations
                         if t.role == "input" and t in self.graph.inputs}
@@ -128,6 +135,16 @@ class InputChecker:
                                          "Re-export with a wider torch.export.Dim range")
                     bindings[name] = size
                     bound_by[name] = f"input {pos} dim {i}"
+                elif (pos, i) in self.linear:
+                    name, a, b = self.linear[pos, i]
+                    value, rest = divmod(size - b, a)
+                    r = self.symbols[name]
+                    if rest or value < r.min or (r.max is not None and value > r.max):
+                        raise self._fail(pos, f"dim {i} = {size} is not {d} for {r}", _spec_text(meta, self.symbols),
+                                         _got_text(x), "Pass a size of that form, or re-export with another Dim")
+                    if name not in bindings:
+                        bindings[name] = value
+                        bound_by[name] = f"input {pos} dim {i}"
         for pos, slot in enumerate(self.slots):
             x = leaves[pos]
             if slot.kind == "scalar":
@@ -155,7 +172,30 @@ class InputChecker:
                                      _got_text(x), "Pass the exported value, or re-export with this one")
         if not self.static:
             self._check_derived(leaves, bindings)
+            if self.guards:
+                self._check_guards(bindings)
         return bindings
+
+    def _check_guards(self, bindings: dict[str, int]) -> None:
+        """The conditions torch.export assumed of the sizes (frontend/export.size_guards), checked once
+        per set of sizes."""
+        key = tuple(sorted(bindings.items()))
+        if key in self._guards_held:
+            return
+        for rel, lhs, rhs in self.guards:
+            if not all(s in bindings for s in (*lhs.symbols, *rhs.symbols)):
+                continue
+            a, b = lhs.evaluate(bindings), rhs.evaluate(bindings)
+            if not _RELATIONS[rel](a, b):
+                labels = {k: self.symbols[k].label for k, _ in key}
+                sizes = ", ".join(f"{k} ({labels[k]}) = {v}" if labels[k] and labels[k] != k else f"{k} = {v}"
+                                  for k, v in key)
+                raise InputError(
+                    f"input sizes {sizes} break {lhs} {rel} {rhs}, which the model's export assumed "
+                    f"(torch.export took one side of a branch on the sizes; here {lhs} = {a}, {rhs} = {b}). "
+                    "Pass sizes that keep it, or re-export with an example of these sizes")
+        if len(self._guards_held) < 4096:
+            self._guards_held.add(key)
 
     def _check_derived(self, leaves: list, bindings: dict[str, int]) -> None:
         for pos, slot, meta, static in self.tensor_checks:
@@ -171,6 +211,44 @@ class InputChecker:
                                          _spec_text(meta, self.symbols), _got_text(leaves[pos]),
                                          "Sizes derived from other inputs' sizes must keep the relation "
                                          "they had at export")
+
+
+def _linear(d: SymDim) -> tuple[str, int, int] | None:
+    """(symbol, a, b) when ``d`` is ``a*symbol + b`` with integers a > 0 and b, else None."""
+    if len(d.symbols) != 1:
+        return None
+    import sympy
+    sym = next(iter(d.expr.free_symbols))
+    try:
+        poly = sympy.Poly(d.expr, sym)
+    except sympy.PolynomialError:
+        return None
+    coeffs = poly.all_coeffs()
+    if poly.degree() != 1 or not all(c.is_Integer for c in coeffs) or coeffs[0] <= 0:
+        return None
+    return str(sym), int(coeffs[0]), int(coeffs[1])
+
+
+_RELATIONS = {"==": int.__eq__, "!=": int.__ne__, "<=": int.__le__, "<": int.__lt__, ">=": int.__ge__,
+              ">": int.__gt__}
+
+
+def _parse_guards(raw, symbols) -> list[tuple[str, SymDim, SymDim]]:
+    """The program's size guards as (relation, lhs, rhs); a malformed list (the file is untrusted input)
+    raises ProgramFormatError rather than being skipped, which would run unchecked sizes."""
+    out = []
+    try:
+        for rel, lhs, rhs in raw:
+            if rel not in _RELATIONS:
+                raise ValueError(f"unknown relation {rel!r}")
+            guard = (rel, SymDim(lhs), SymDim(rhs))
+            if not set(guard[1].symbols + guard[2].symbols) <= set(symbols):
+                raise ValueError(f"{lhs} {rel} {rhs} names a size symbol the program does not have")
+            out.append(guard)
+    except (TypeError, ValueError) as e:
+        raise ProgramFormatError(f"the program's size guards are malformed: {e}. Fix: re-export the "
+                                 "model (the file was damaged or edited)") from None
+    return out
 
 
 def _same_constant(x: Any, v: Any) -> bool:
