@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from ..errors import ProgramFormatError
+from ..errors import OstinatoError, ProgramFormatError
 from ..ir import Graph, Node, ScalarMeta, SymbolRange, SymDim, TensorMeta, Value, verify
 from ..ir.fallback import require_fallback_ops
 from ..ir.types import DTYPES_BY_NAME
@@ -402,6 +402,9 @@ def cache_decoded(path: str | os.PathLike, check_shapes: bool = True) -> None:
         if extra.get("methods"):
             return   # the decoded-program cache's JSON holds one graph
         store_decoded(header.fb_sha256, graph, extra, entries)
+    except OstinatoError as e:   # what load would raise too: say so now, not on the machine that loads it
+        log.warning("ostinato: %s: the saved program cannot be loaded back: %s: %s", path, type(e).__name__, e)
+        return
     except Exception as e:  # noqa: BLE001 - a cache warm-up failing costs the first load some time only
         log.debug("ostinato: %s: decoded program not cached at save: %s: %s", path, type(e).__name__, e)
         return
