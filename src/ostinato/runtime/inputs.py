@@ -1,6 +1,7 @@
 """Checking a call's inputs against the exported spec, and binding size symbols from them."""
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -43,14 +44,14 @@ class InputChecker:
                 v = self.graph.inputs[slot.index]
                 static = tuple(v.meta.shape) if v.meta.is_static else None
                 self.tensor_checks.append((pos, slot, v.meta, static))
-        # Inputs the model writes in place (x.add_(1)): the caller's tensor receives the new value.
-        # Dims that are a multiple of one symbol plus a constant (8*k, 2*s0 + 1), where an input has no
-        # dim of the bare symbol: the symbol is solved from them (name, a, b), then checked.
+        # Dims that are a multiple of one symbol plus a constant (8*k, 2*s0 + 1): (name, a, b). A size
+        # there must be of that form in the symbol's range; it binds the symbol when nothing did before.
         self.linear = {(pos, i): lin for pos, slot, meta, static in self.tensor_checks if static is None
                        for i, d in enumerate(meta.shape) if isinstance(d, SymDim) and not d.is_symbol
                        for lin in [_linear(d)] if lin is not None}
         self.guards = _parse_guards(program.info.get("guards", []), self.symbols)
         self._guards_held: set[tuple] = set()     # the bindings every guard held for
+        # Inputs the model writes in place (x.add_(1)): the caller's tensor receives the new value.
         pos_by_input = {slot.index: pos for pos, slot in enumerate(self.slots) if slot.kind == "tensor"}
         self.mutated = {pos_by_input[self.graph.inputs.index(t)] for t, _ in self.graph.mutations
                         if t.role == "input" and t in self.graph.inputs}
@@ -229,8 +230,8 @@ def _linear(d: SymDim) -> tuple[str, int, int] | None:
     return str(sym), int(coeffs[0]), int(coeffs[1])
 
 
-_RELATIONS = {"==": int.__eq__, "!=": int.__ne__, "<=": int.__le__, "<": int.__lt__, ">=": int.__ge__,
-              ">": int.__gt__}
+_RELATIONS = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, "<": operator.lt, ">=": operator.ge,
+              ">": operator.gt}
 
 
 def _parse_guards(raw, symbols) -> list[tuple[str, SymDim, SymDim]]:
