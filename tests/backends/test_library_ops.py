@@ -133,3 +133,32 @@ def test_one_preparation_per_signature_then_hits():
     assert after["entries"] == 2
     import ostinato
     assert ostinato.cache.stats()["op_graph"]["entries"] == 2
+
+
+def test_outer_products_are_a_broadcast_multiply_bit_for_bit(monkeypatch):
+    """A matmul over K = 1 (the rotary tables' ``inv_freq @ positions``, folded at compile) is one product
+    per element: a broadcast multiply gives ATen's result exactly in each float dtype, and calls no
+    GEMM (no cuBLAS set-up on the compile's path). fp32 under TF32 matmuls keeps the GEMM, whose inputs
+    are rounded first; a K of 2 is a GEMM."""
+    g = torch.Generator().manual_seed(3)
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        a, b = torch.randn(3, 17, 1, generator=g).to(dt), torch.randn(3, 1, 9, generator=g).to(dt)
+        assert torch.equal(L.bmm(a, b), aten.bmm(a, b)), dt
+        assert torch.equal(L.mm(a[0], b[0]), aten.mm(a[0], b[0])), dt
+    calls = []
+    real = aten.bmm
+    monkeypatch.setattr(L, "aten", type("A", (), {"__getattr__": lambda self, n: getattr(aten, n),
+                                                  "bmm": lambda self, *x: calls.append("bmm") or real(*x)})())
+    a, b = torch.randn(2, 5, 1, generator=g), torch.randn(2, 1, 4, generator=g)
+    L.bmm(a, b)
+    assert calls == []
+    L.bmm(torch.randn(2, 5, 2, generator=g), torch.randn(2, 2, 4, generator=g))
+    assert calls == ["bmm"]
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        L.bmm(a, b)
+        assert calls == ["bmm", "bmm"]
+        assert L.bmm(a.half(), b.half()).dtype == torch.float16 and calls == ["bmm", "bmm"]
+    finally:
+        torch.set_float32_matmul_precision(old)

@@ -80,13 +80,17 @@ def test_interpreted_matmul_groups(dtype):
                        "bias_gelu_head": "ok", "bias_gelu_head_patterns": "ok"}, results
 
 
-def test_interpreted_dot_matmul_groups():
+@pytest.mark.parametrize("knobs", [{}, {"OSTINATO_DOT_STATS_STAGES": "3", "OSTINATO_DOT_STAGES": "4",
+                                       "OSTINATO_DOT_RBLOCK": "32", "OSTINATO_DOT_XBLOCK": "64"}])
+def test_interpreted_dot_matmul_groups(knobs):
     """Matmul groups past 16 rows (17, 32, 48, 64) in fp16, the tl.dot kernel: a decoder layer (an RMSNorm
     before q/k/v gated pointwise, the output projection with the residual, an RMSNorm before gate/up with
     SwiGLU, the biased down projection with the residual), GPT-2's Conv1D block (weights stored [K, N]),
     a packed gate_up projection gated over its halves and lone projections; against eager on inputs from
-    a seeded generator. (bf16 is not exact in Triton's interpreter: compiled for sm_90 below.)"""
-    results = _interpret("linear_dot", "float16")
+    a seeded generator. Also with the sweep's knobs: pipelined statistics loops (``tl.range``), a set
+    pipeline depth, K in steps of 32 (several steps over these short rows) and 64-row tiles. (bf16 is not
+    exact in Triton's interpreter: compiled for sm_90 below.)"""
+    results = _interpret("linear_dot", "float16", **knobs)
     expected = [f"{case}_rows{m}" for case in ("decoder", "conv1d") for m in (17, 32, 48, 64)]
     assert results == {k: "ok" for k in expected + ["packed_silu_rows48", "lone_rows32"]}, results
 
@@ -310,6 +314,48 @@ def test_dot_linear_variants_compile_for_sm90(monkeypatch):
                     assert "async_copy_global_to_local" in ir
                     dots += 1
     assert dots == len(compiled) >= 30, (dots, len(compiled))
+
+
+def test_dot_pipeline_knobs_reach_triton(monkeypatch):
+    """The sweep's knobs for the tl.dot kernel of a decoder layer at 32 rows reach the compiled binary:
+    OSTINATO_DOT_STAGES as Triton's pipeline depth (more shared memory than the default depth's, less
+    than an sm_90 block may have; fewer stages where the buffers would not fit), OSTINATO_DOT_STATS_STAGES
+    as a pipelined statistics loop in the source and the module's name, OSTINATO_DOT_XBLOCK as 64-row
+    tiles (wgmma); bad values are refused with the variable named."""
+    from fusion_models import DecoderLayer
+    from ostinato.backends.cuda.binaries import _GENERATED
+    from ostinato.backends.cuda.kernels import fused
+    from ostinato.backends.cuda.kernels.fused import forget_plans
+
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "64")
+    model, args = DecoderLayer().to(torch.bfloat16), DecoderLayer.inputs(32, torch.bfloat16)
+    default: list = []
+    _compile_linear_groups(model, args, set(), default)
+    forget_plans()
+    for k, v in {"OSTINATO_DOT_STAGES": "5", "OSTINATO_DOT_STATS_STAGES": "3", "OSTINATO_DOT_XBLOCK": "64"}.items():
+        monkeypatch.setenv(k, v)
+    ttgir = _keep_ttgir(monkeypatch)
+    tuned: list = []
+    plans = _compile_linear_groups(model, args, set(), tuned)
+    assert all(p.kernel.specialization["num_stages"] == 5 and p.kernel.specialization["XBLOCK"] == 64
+               for p in plans), [p.kernel.specialization for p in plans]
+    assert all(p.kernel.library.module.endswith("_p3") for p in plans)
+    assert sum("tl.range(" in _GENERATED[p.kernel.library.module] for p in plans) >= 2
+    assert all("warp_group_dot" in ir for ir in ttgir)
+    assert len(tuned) == len(default) and all(t[2] > d[2] for t, d in zip(tuned, default)), (tuned, default)
+    assert all(t[2] <= 232448 for t in tuned), tuned
+    # a depth whose buffers would not fit is lowered: 8 stages of 64 x 256 tiles over three slices
+    forget_plans()
+    monkeypatch.setenv("OSTINATO_DOT_STAGES", "8")
+    monkeypatch.setenv("OSTINATO_DOT_RBLOCK", "256")
+    deep = [p.kernel.specialization for p in _compile_linear_groups(model, args, set())]
+    assert all(2 <= s["num_stages"] < 8 and s["RBLOCK"] == 256 for s in deep), deep
+    monkeypatch.setenv("OSTINATO_DOT_STAGES", "9")
+    with pytest.raises(ValueError, match="OSTINATO_DOT_STAGES=9"):
+        fused.dot_stages()
+    monkeypatch.setenv("OSTINATO_DOT_XBLOCK", "16")
+    with pytest.raises(ValueError, match="OSTINATO_DOT_XBLOCK=16"):
+        fused.dot_rows_block(32)
 
 
 @pytest.mark.parametrize("kind", ["mr", "md"])

@@ -41,7 +41,7 @@ def can_split_k(spec: LinearSpec) -> bool:
 
 def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int = 1,
                   interpreted: bool = False, split: bool = False, dot: bool = False,
-                  stationary: bool = False) -> tuple[str, str]:
+                  stationary: bool = False, stats_stages: int = 0) -> tuple[str, str]:
     """(module source, kernel name) of a matmul group's kernel. Each program computes NBLOCK columns of
     every row (XBLOCK >= the rows): the prologue's statistics first (loops over K), then one loop over
     K that makes A's tile from the prologue's ops and multiplies it into the weights' [NBLOCK, RBLOCK]
@@ -68,18 +68,24 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     ``stationary`` (``dot``, all of K in one RBLOCK tile: a short K): one program per block of rows (grid
     axis 0 of size 1) makes A's tile once, the prologue included, then walks every column block, each
     one tl.dot, the bias, the rounding and the epilogue; the K-loop form instead runs one program per
-    column block and row block, each remaking A's tile and the prologue."""
+    column block and row block, each remaking A's tile and the prologue.
+
+    ``stats_stages`` (``dot``, K-loop form): the prologue's statistics loops software-pipelined that
+    deep (``tl.range``), so a program's walk over its rows' K issues several chunks' loads at once."""
     if split and not (one_row and can_split_k(spec)):
         raise ValueError("a split-K matmul kernel takes one row and no epilogue")
     if dot and (one_row or split or spec.dt not in HALF):
         raise ValueError("a tl.dot matmul kernel takes several rows of fp16 or bf16")
     if stationary and not dot:
         raise ValueError("a row-stationary matmul kernel is a tl.dot one")
+    if stats_stages and (not dot or stationary):
+        raise ValueError("pipelined statistics loops are a K-loop tl.dot matmul kernel's")
     kind = "m1" if one_row else "mr" if stationary else "md" if dot else "mb"
     name = (f"lin_{spec.digest[:16]}_{kind}{xr_pro}{xr_epi}"
-            f"{'_s' if split else ''}{'_i' if interpreted else ''}")
+            f"{'_s' if split else ''}{f'_p{stats_stages}' if stats_stages else ''}{'_i' if interpreted else ''}")
     dt = TRITON_TYPES[spec.dt]
     pro = Emitter(spec.pro, xr_pro, 1, interpreted)
+    pro.loop_stages = stats_stages or None
     slices = [(g, g * spec.w[0]) for g in range(len(spec.w))] if spec.epi else [(0, 0)]
     lines = ["@triton.jit", f"def {name}({', '.join(linear_param_names(spec, xr_pro, xr_epi, split))}, "
              f"XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, NBLOCK: tl.constexpr{', NSPLIT: tl.constexpr' if split else ''}):"]

@@ -52,6 +52,9 @@ class Emitter:
         self.rblock = "RBLOCK"                  # the row tile's width (a matmul's epilogue: its column tile)
         self.loaded: dict[int, str] = {}       # input -> the expression that holds it (a matmul's result)
         self.i64 = False
+        # the statistics loops' software pipelining (a tl.dot matmul's prologue: its loads are otherwise
+        # issued one chunk at a time); None: a plain loop
+        self.loop_stages: int | None = None
 
     def line(self, text: str, indent: int = 1) -> None:
         self.lines.append("    " * indent + text)
@@ -302,7 +305,9 @@ class Emitter:
         ident = REDUCTIONS[rname][0]
         acc, name = (f"acc{j}", f"v{j}") if centre is None else (f"cacc{j}", name)
         self.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {ident}, {_ct(code)})")
-        self.line(f"for r0 in range({start}, {stop}, RBLOCK):")
+        loop = (f"tl.range({start}, {stop}, RBLOCK, num_stages={self.loop_stages})" if self.loop_stages
+                else f"range({start}, {stop}, RBLOCK)")
+        self.line(f"for r0 in {loop}:")
         self.line("ridx = r0 + tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.i64 else ""), 2)
         self._row_body(2)
         self.emit_ops(self.needed([arg], "x"), 2)

@@ -73,7 +73,19 @@ def _operands(plan: MatmulPlan, a: torch.Tensor, b: torch.Tensor) -> tuple[torch
     return (a.contiguous() if plan.copy_a else a), (b.contiguous() if plan.copy_b else b)
 
 
+def _outer(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a matmul of ``a`` and ``b`` is an outer product (K = 1: each result one product, no
+    sum) that a broadcast multiply gives bit for bit: floating operands, and fp32 ones only where
+    torch's matmuls are not allowed TF32 (cuBLAS would round their inputs first). Such a product (the
+    rotary tables' ``inv_freq @ positions``) then needs no cuBLAS call, whose first use in a process
+    costs about 0.1-0.2 s of library set-up on the compile's path (constant folding runs it)."""
+    return (a.shape[-1] == 1 and a.dtype == b.dtype and a.dtype.is_floating_point
+            and (a.dtype != torch.float32 or torch.get_float32_matmul_precision() == "highest"))
+
+
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if _outer(a, b):
+        return torch.mul(a, b)
     plan = op_graph_cache.get(op_key("aten.mm", a, b), lambda: _matmul_plan(a, b, False))
     return aten.mm(*_operands(plan, a, b))
 
@@ -86,6 +98,8 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if _outer(a, b):
+        return torch.mul(a, b)
     plan = op_graph_cache.get(op_key("aten.bmm", a, b), lambda: _matmul_plan(a, b, True))
     if plan.fold_batch:
         B, M, K = a.shape

@@ -18,6 +18,8 @@ from typing import Any, Sequence
 # Launch-type letters of torch's static launcher, by Triton scalar type.
 LAUNCH_TYPE = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u8": "B", "u16": "H", "u32": "I",
                "u64": "K", "fp16": "f", "bf16": "f", "fp32": "f", "fp64": "d"}
+# Specialization keys that are compile options, not constexprs of the kernel.
+_OPTIONS = ("num_warps", "num_stages")
 
 
 class CompileError(Exception):
@@ -56,11 +58,11 @@ def compile_function(fn, kernel: str, arg_types: Sequence[str], constexprs: dict
     if len(runtime) != len(arg_types):
         raise CompileError(f"Triton kernel {kernel} takes {len(runtime)} runtime arguments "
                            f"({', '.join(runtime)}), got {len(arg_types)}")
-    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs and p.name != "num_warps"]
+    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs and p.name not in _OPTIONS]
     if missing:
         raise CompileError(f"Triton kernel {kernel}: no value for constexpr {', '.join(missing)}")
     signature, attrs, constexprs = {}, {}, dict(constexprs)
-    options = {"num_warps": constexprs.pop("num_warps")} if "num_warps" in constexprs else {}
+    options = {k: constexprs.pop(k) for k in _OPTIONS if k in constexprs}
     for p in fn.params:
         if p.is_constexpr:
             signature[p.name] = "constexpr"

@@ -357,6 +357,42 @@ def dot_blocks(m: int, n: int, k: int, slices: int, transposed: bool = False) ->
     return nblock, rblock, warps
 
 
+def dot_rows_block(m: int) -> int:
+    """XBLOCK of a tl.dot matmul group of ``m`` rows (at most MAX_DOT_ROWS): their power of two, 16 at
+    least (tl.dot's smallest tile; Hopper's wgmma takes 64 rows a warp group, mma.sync fewer).
+    OSTINATO_DOT_XBLOCK (a power of two, at least the rows') overrides it for sweeps."""
+    xblock = max(16, _pow2(m))
+    raw = os.environ.get("OSTINATO_DOT_XBLOCK")
+    if raw is not None:
+        want = int(raw)
+        if want < xblock or want & (want - 1) or want > MAX_DOT_ROWS:
+            raise ValueError(f"OSTINATO_DOT_XBLOCK={raw}: a power of two from {xblock} (the rows' own) to "
+                             f"{MAX_DOT_ROWS}")
+        xblock = want
+    return xblock
+
+
+def dot_stages() -> int | None:
+    """Triton's software-pipeline depth for a tl.dot matmul group of at most MAX_DOT_ROWS rows: None
+    leaves Triton's default (three stages); OSTINATO_DOT_STAGES (2 to 8) sets it for sweeps."""
+    raw = os.environ.get("OSTINATO_DOT_STAGES")
+    if raw is None:
+        return None
+    if not raw.isdigit() or not 2 <= int(raw) <= 8:
+        raise ValueError(f"OSTINATO_DOT_STAGES={raw}: an integer from 2 to 8")
+    return int(raw)
+
+
+def dot_stats_stages() -> int:
+    """How deep a tl.dot matmul group (at most MAX_DOT_ROWS rows) pipelines its prologue's statistics
+    loops (render_linear's ``stats_stages``): 0, a plain loop, unless OSTINATO_DOT_STATS_STAGES (2 to 8)
+    asks for it (sweeps)."""
+    raw = os.environ.get("OSTINATO_DOT_STATS_STAGES", "0")
+    if not raw.isdigit() or int(raw) not in (0, *range(2, 9)):
+        raise ValueError(f"OSTINATO_DOT_STATS_STAGES={raw}: 0, or an integer from 2 to 8")
+    return int(raw)
+
+
 STATIONARY_K = 256      # a tiled matmul group of a K up to this holds all of K in one tile (row-stationary)
 
 
@@ -436,12 +472,13 @@ class LinearLauncher:
                 tuple(t.data_ptr() - packed[0].data_ptr() for t in packed))
 
     def library(self, one_row: bool, xr_pro: int = 1, xr_epi: int = 1, split: bool = False,
-                dot: bool = False, stationary: bool = False) -> KernelLibrary:
+                dot: bool = False, stationary: bool = False, stats_stages: int = 0) -> KernelLibrary:
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        key = (one_row, xr_pro, xr_epi, interpreted, split, dot, stationary)
+        key = (one_row, xr_pro, xr_epi, interpreted, split, dot, stationary, stats_stages)
         lib = self._libraries.get(key)
         if lib is None:
-            source, name = render_linear(self.spec, one_row, xr_pro, xr_epi, interpreted, split, dot, stationary)
+            source, name = render_linear(self.spec, one_row, xr_pro, xr_epi, interpreted, split, dot, stationary,
+                                         stats_stages)
             register_source(f"gen_{name}", source)
             lib = self._libraries[key] = KernelLibrary(f"gen_{name}", {"k": name})
         return lib
@@ -495,15 +532,21 @@ class LinearLauncher:
             rows_stationary = stationary(k) and rblock >= k
         else:
             nblock, rblock, warps = (dot_blocks if dot else linear_blocks)(m, n, k, slices, spec.wt)
-            xblock = max(16, _pow2(m)) if dot else _pow2(m)
+            xblock = dot_rows_block(m) if dot else _pow2(m)
         nsplit = 1
         tiles = lone_tiles(spec, m, n, k)
         if tiles is not None:
             nblock, rblock, nsplit = tiles
         const = dict(XBLOCK=xblock, RBLOCK=rblock, NBLOCK=nblock, num_warps=warps)
+        stages = dot_stages() if dot and not rows_stationary and m <= MAX_DOT_ROWS else None
+        if stages is not None:     # fewer stages until the pipeline's buffers fit the SM's shared memory
+            while stages > 2 and stages * 2 * rblock * (xblock + slices * nblock) > TILE_SHARED_BYTES:
+                stages -= 1
+            const["num_stages"] = stages
         if nsplit > 1:
             const["NSPLIT"] = nsplit
-        kernel = self.library(m == 1, xr_pro, xr_epi, nsplit > 1, dot, rows_stationary).kernel("k", **const)
+        stats = dot_stats_stages() if dot and not rows_stationary and m <= MAX_DOT_ROWS else 0
+        kernel = self.library(m == 1, xr_pro, xr_epi, nsplit > 1, dot, rows_stationary, stats).kernel("k", **const)
         views = [(g * spec.w[0] if spec.epi else sum(spec.w[:g]), spec.w[g]) for g in range(len(spec.w))
                  if spec.mm_store[g]]
         return _LinearPlan(kernel=kernel, grid=(1 if rows_stationary else cdiv(n, nblock),
