@@ -207,6 +207,16 @@ def run_config(name: str, config: dict, args, work: str, base: dict, log) -> dic
     # The saved file, the caches the cold process left: load, compile and first call (the warm start).
     rec["ostinato_warm"] = child("ostinato_warm", args, config, 0, path, env)
     log(name, "ostinato_warm", rec["ostinato_warm"])
+    if args.warm_repeats > 1:   # more fresh processes of the same warm start: its spread
+        runs = [rec["ostinato_warm"]] + [child("ostinato_warm", args, config, 0, path, env)
+                                         for _ in range(args.warm_repeats - 1)]
+        firsts = sorted(r["first_output_s"] for r in runs if r.get("status") == "ok")
+        rec["ostinato_warm_repeats"] = {"first_output_s": [r.get("first_output_s") for r in runs],
+                                        "compile_s": [r.get("compile_s") for r in runs],
+                                        "first_call_s": [r.get("first_call_s") for r in runs],
+                                        "median_first_output_s": firsts[len(firsts) // 2] if firsts else None}
+        print(f"  {name:24s} ostinato_warm x{len(runs)}: first output "
+              f"{', '.join(f'{x:.3f}' for x in firsts)} s", flush=True)
     # Same caches, other weights: the export cache's hit (and warm compile caches).
     rec["ostinato_cache_hit"] = child("ostinato_cache_hit", args, config, 1, path + ".new", env)
     log(name, "ostinato_cache_hit", rec["ostinato_cache_hit"])
@@ -246,6 +256,9 @@ def main() -> None:
                          "second captures (first_replay_output_s: when the first replayed output came; with "
                          "OSTINATO_CAPTURE_CALL=1 the first call captures, except on a cold kernel cache)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per process (default 600)")
+    ap.add_argument("--warm-repeats", type=int, default=1,
+                    help="fresh processes of the warm start per configuration (default 1); their first outputs "
+                         "and median go to ostinato_warm_repeats")
     ap.add_argument("--cold-bytecode", action="store_true",
                     help="leave Python's bytecode cache as the machine has it (default: one process fills a "
                          "private one first, bench/bytecode.py: a machine without .pyc files would otherwise "
