@@ -77,6 +77,10 @@ def main() -> None:
                 with awaiting_compiles():   # every kernel compiled before the profile (no torch references)
                     measure.call(exe, wl.steps[0])
                 rec[f"ostinato_{name}"] = _profile(exe, wl.steps[0], a.steps)
+                print(f"== {cfg.name} ostinato_{name}: {rec[f'ostinato_{name}']['total_ms']:.3f} ms GPU", flush=True)
+            except Exception as e:  # noqa: BLE001 - a variant that fails is reported; the others still run
+                rec[f"ostinato_{name}"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+                print(f"== {cfg.name} ostinato_{name} failed: {rec[f'ostinato_{name}']['error']}", flush=True)
             finally:
                 for k, v in old.items():
                     os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -84,7 +88,12 @@ def main() -> None:
             torch._dynamo.reset()
             rec["inductor_default"] = _profile(torch.compile(wl.model), wl.steps[0], a.steps)
         report[cfg.name] = rec
+        if a.out:   # after every configuration: a run cut short keeps what it measured
+            with open(a.out, "w") as f:
+                json.dump(report, f, indent=1)
         for runner, r in rec.items():
+            if "error" in r:
+                continue
             print(f"== {cfg.name} {runner}: {r['total_ms']:.3f} ms GPU, {r['kernels']} kernels per step")
             for row in r["top"][:12]:
                 print(f"   {row['ms']:8.4f} ms  x{row['calls']:<5} {row['kernel'][:100]}")

@@ -25,7 +25,7 @@ BEST=$(python3 - "$OUT/dot_sweep.json" "$V" <<'PY'
 import json, sys
 rec = next(iter(json.load(open(sys.argv[1])).values()))
 envs = {n: e for n, _, e in (item.partition(":") for item in sys.argv[2].split(","))}
-best = min((r["total_ms"], k[len("ostinato_"):]) for k, r in rec.items() if k.startswith("ostinato_dot"))[1]
+best = min((r["total_ms"], k[len("ostinato_"):]) for k, r in rec.items() if k.startswith("ostinato_dot") and "total_ms" in r)[1]
 print(best, envs[best].replace("+", " "))
 PY
 )

@@ -538,11 +538,15 @@ class LinearLauncher:
         if tiles is not None:
             nblock, rblock, nsplit = tiles
         const = dict(XBLOCK=xblock, RBLOCK=rblock, NBLOCK=nblock, num_warps=warps)
-        stages = dot_stages() if dot and not rows_stationary and m <= MAX_DOT_ROWS else None
-        if stages is not None:     # fewer stages until the pipeline's buffers fit the SM's shared memory
+        if dot and not rows_stationary and m <= MAX_DOT_ROWS:
+            # fewer stages (than asked, or Triton's three) until the pipeline's buffers fit the SM's
+            # shared memory: set only where it differs from Triton's default (the binaries' keys stay)
+            stages = want = dot_stages()
+            stages = stages or 3
             while stages > 2 and stages * 2 * rblock * (xblock + slices * nblock) > TILE_SHARED_BYTES:
                 stages -= 1
-            const["num_stages"] = stages
+            if want is not None or stages != 3:
+                const["num_stages"] = stages
         if nsplit > 1:
             const["NSPLIT"] = nsplit
         stats = dot_stats_stages() if dot and not rows_stationary and m <= MAX_DOT_ROWS else 0
