@@ -82,9 +82,11 @@ def public_binding(op: str) -> Callable | None:
 
 
 def special_forms(op: str, args: tuple, kwargs: dict, bufs: list) -> list[tuple[Callable, tuple, dict]]:
-    """Faster forms for this launch's concrete shapes, tried before the generic out= form: a linear
-    of one row (a decode step) is a matrix-vector product, about 8% faster than linear's matmul path
-    on the CPU when the weights stream from memory. Each is checked against the plan's result."""
+    """Faster or truer forms for this launch's concrete shapes, tried before the generic out= form: a
+    linear of one row (a decode step) is a matrix-vector product, about 8% faster than linear's matmul
+    path on the CPU when the weights stream from memory; a linear over rows in several dims is the
+    folded matmul linear itself runs (its out= form rounds twice). Each is checked against the plan's
+    result."""
     if op not in ("aten.linear", "ost.linear") or len(bufs) != 1:
         return []
     x, w = args[0], args[1]
@@ -92,10 +94,21 @@ def special_forms(op: str, args: tuple, kwargs: dict, bufs: list) -> list[tuple[
     if op == "ost.linear" and (len(args) > 3 or kwargs.get("activation") or kwargs.get("weight_t")):
         return []
     out = bufs[0]
-    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and w.dim() == 2
-            and x.numel() == w.shape[1] and x.is_contiguous() and out.is_contiguous()
-            and out.numel() == w.shape[0] and x.device.type == "cpu"):
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and w.dim() == 2 and x.dim() >= 1
+            and x.shape[-1] == w.shape[1] and x.is_contiguous() and out.is_contiguous()
+            and out.numel() == x.numel() // max(1, w.shape[1]) * w.shape[0] and x.device.type == "cpu"):
         return []
+    if x.numel() == w.shape[1]:     # one row: a matrix-vector product
+        if bias is None:
+            return [(torch.mv, (w, x.view(-1)), {"out": out.view(-1)})]
+        return [(torch.addmv, (bias.view(-1), w, x.view(-1)), {"out": out.view(-1)})]
+    if x.dim() <= 2 or (bias is not None and bias.dim() != 1):
+        return []
+    # Rows in more than one dim: linear folds them into one matmul with the bias in it (one rounding),
+    # where linear.out multiplies, rounds, then adds the bias (bf16 on the CPU: 1 ulp apart on a quarter
+    # of the elements, a difference replay would carry from layer to layer). The same folded matmul:
+    rows = x.view(-1, w.shape[1])
+    flat = out.view(-1, w.shape[0])
     if bias is None:
-        return [(torch.mv, (w, x.view(-1)), {"out": out.view(-1)})]
-    return [(torch.addmv, (bias.view(-1), w, x.view(-1)), {"out": out.view(-1)})]
+        return [(torch.mm, (rows, w.t()), {"out": flat})]
+    return [(torch.addmm, (bias, rows, w.t()), {"out": flat})]

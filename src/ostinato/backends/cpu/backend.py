@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from ...ir import Node, get_op
 from ..base import Backend, Launch
@@ -29,6 +30,17 @@ def view_or_reshape(x: torch.Tensor, shape) -> torch.Tensor:
         return x.reshape(shape)
 
 
+def native_group_norm(x: torch.Tensor, *args):
+    """``aten.native_group_norm`` on an input made dense in its suggested memory format first, as
+    ``aten.group_norm`` does before calling it. torch.export's decomposition drops that call where it
+    was a no-op at the traced sizes, so at another size (a dynamic batch of 1 after a transposed
+    attention output, diffusers' UNet) the CPU kernel would refuse the strides it gets."""
+    return torch.ops.aten.native_group_norm(x.contiguous(memory_format=suggest_memory_format(x)), *args)
+
+
+_OWN = {"aten.view": view_or_reshape, "aten.native_group_norm": native_group_norm}
+
+
 class CPUBackend(Backend):
     name = "cpu"
 
@@ -40,8 +52,9 @@ class CPUBackend(Backend):
         return Launch(self.kernel(node.op), node, node.args, kwargs, returns_sequence(node.op))
 
     def kernel(self, op: str):
-        if op == "aten.view":
-            return view_or_reshape
+        own = _OWN.get(op)
+        if own is not None:
+            return own
         target = get_op(op).target
         # An OpOverload's __call__ only forwards to its C++ operator; calling that directly saves a
         # Python frame per launch.
