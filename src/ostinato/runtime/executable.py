@@ -275,4 +275,23 @@ def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool
     whether it was "compiled", read from the "cache", or reused from this process's "memory".
     ``strict``: refuse ops the backend would run through torch rather than its own kernels (MLX).
     """
-    return Executable(program, get_backend(device, strict=strict), cache=cache)
+    warming = _warm_cuda_libraries(program, device)
+    try:
+        return Executable(program, get_backend(device, strict=strict), cache=cache)
+    finally:
+        if warming is not None:
+            warming.join()
+
+
+def _warm_cuda_libraries(program: Program, device):
+    """The CUDA library warm-up thread (backends/cuda/warm.py) for ``program`` on a CUDA ``device``,
+    started before the backend's modules are imported (about 0.03 s of a warm start's critical path,
+    which cuBLAS's set-up in the thread then overlaps); None for other devices. ``compile`` joins it."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        return None     # (get_backend names the bad device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    from ..backends.cuda import warm
+    return warm.start(program.graph, dev)

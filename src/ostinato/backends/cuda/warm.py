@@ -10,8 +10,8 @@ graph). torch's bindings release the GIL inside those calls, so the compile's Py
 meanwhile, and a handle made by a thread returns to torch's pool when the thread ends, where the main
 thread finds it.
 
-``start(graph, device)`` starts the thread when ``compile`` begins (once per process, device, dtype and
-kind of library op) and returns it; ``compile`` joins it before it returns (in a ``finally``), so the
+``start(graph, device)`` starts the thread when ``compile`` begins, before it imports the backend's
+modules (once per process, device, dtype and kind of library op), and returns it; ``compile`` joins it before it returns (in a ``finally``), so the
 set-up overlaps the plan's decoding and building and nothing of it outlives ``compile``: no capture, ours
 or a user's ``torch.cuda.graph`` right after ``compile``, can meet it. The thread works on the device's
 default stream (cuBLAS keeps one workspace per stream: a stream of its own would leave a second one
