@@ -11,9 +11,10 @@ meanwhile, and a handle made by a thread returns to torch's pool when the thread
 thread finds it.
 
 ``start(graph, device)`` starts the thread when ``compile`` begins, before it imports the backend's
-modules (once per process, device, dtype and kind of library op), and returns it; ``compile`` joins it before it returns (in a ``finally``), so the
-set-up overlaps the plan's decoding and building and nothing of it outlives ``compile``: no capture, ours
-or a user's ``torch.cuda.graph`` right after ``compile``, can meet it. The thread works on the device's
+modules (once per process, device, dtype and kind of library op), and returns it; ``compile`` joins it
+before it returns (in a ``finally``), so the set-up overlaps the plan's decoding and building and
+nothing of it outlives ``compile``: no capture, ours or a user's ``torch.cuda.graph`` right after
+``compile``, can meet it. The thread works on the device's
 default stream (cuBLAS keeps one workspace per stream: a stream of its own would leave a second one
 allocated for good). ``OSTINATO_WARM_LIBRARIES=0`` turns it off.
 """
