@@ -10,22 +10,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:?OUT=DIR}"; CONFIG="${CONFIG:-llama-4096-decode-b32}"; mkdir -p "$OUT"
 D=OSTINATO_DOT_ROWS=64
-V="cublas,dot:$D"
-V="$V,dot_p3:$D+OSTINATO_DOT_STATS_STAGES=3"
-V="$V,dot_p3_s4_r128:$D+OSTINATO_DOT_STATS_STAGES=3+OSTINATO_DOT_STAGES=4+OSTINATO_DOT_RBLOCK=128"
-V="$V,dot_p3_s3_r256:$D+OSTINATO_DOT_STATS_STAGES=3+OSTINATO_DOT_RBLOCK=256"
-V="$V,dot_p3_s5_r128:$D+OSTINATO_DOT_STATS_STAGES=3+OSTINATO_DOT_STAGES=5+OSTINATO_DOT_RBLOCK=128"
-V="$V,dot_p3_s4_r128_x64:$D+OSTINATO_DOT_STATS_STAGES=3+OSTINATO_DOT_STAGES=4+OSTINATO_DOT_RBLOCK=128+OSTINATO_DOT_XBLOCK=64"
-V="$V,dot_p3_s4_r256_n32:$D+OSTINATO_DOT_STATS_STAGES=3+OSTINATO_DOT_STAGES=4+OSTINATO_DOT_RBLOCK=256+OSTINATO_DOT_NBLOCK=32"
-V="$V,dot_p3_s4_r128_n16:$D+OSTINATO_DOT_STATS_STAGES=3+OSTINATO_DOT_STAGES=4+OSTINATO_DOT_RBLOCK=128+OSTINATO_DOT_NBLOCK=16"
-V="$V,dot_p4_s4_r128_w8:$D+OSTINATO_DOT_STATS_STAGES=4+OSTINATO_DOT_STAGES=4+OSTINATO_DOT_RBLOCK=128+OSTINATO_DOT_WARPS=8"
+B="$D+OSTINATO_DOT_STATS_STAGES=4+OSTINATO_DOT_STAGES=4+OSTINATO_DOT_RBLOCK=128+OSTINATO_DOT_WARPS=8"
+V="cublas,dot:$D,best1127:$B"
+V="$V,split2:$B+OSTINATO_DOT_SPLIT=2"
+V="$V,split4:$B+OSTINATO_DOT_SPLIT=4"
+V="$V,split8:$B+OSTINATO_DOT_SPLIT=8"
+V="$V,split4_n32:$B+OSTINATO_DOT_SPLIT=4+OSTINATO_DOT_NBLOCK=32"
+V="$V,split2_r256:$B+OSTINATO_DOT_SPLIT=2+OSTINATO_DOT_RBLOCK=256+OSTINATO_DOT_STAGES=3"
+V="$V,split4_w4:$D+OSTINATO_DOT_STATS_STAGES=4+OSTINATO_DOT_STAGES=4+OSTINATO_DOT_RBLOCK=128+OSTINATO_DOT_SPLIT=4"
+V="$V,split4_s5:$B+OSTINATO_DOT_SPLIT=4+OSTINATO_DOT_STAGES=5"
 python3 bench/profile_kernels.py --configs "$CONFIG" --no-inductor --variants "$V" --out "$OUT/dot_sweep.json"
 # the fastest dot setting's environment, as VAR=VALUE words
 BEST=$(python3 - "$OUT/dot_sweep.json" "$V" <<'PY'
 import json, sys
 rec = next(iter(json.load(open(sys.argv[1])).values()))
 envs = {n: e for n, _, e in (item.partition(":") for item in sys.argv[2].split(","))}
-best = min((r["total_ms"], k[len("ostinato_"):]) for k, r in rec.items() if k.startswith("ostinato_dot") and "total_ms" in r)[1]
+best = min((r["total_ms"], k[len("ostinato_"):]) for k, r in rec.items() if k != "ostinato_cublas" and "total_ms" in r)[1]
 print(best, envs[best].replace("+", " "))
 PY
 )

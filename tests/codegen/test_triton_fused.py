@@ -81,15 +81,17 @@ def test_interpreted_matmul_groups(dtype):
 
 
 @pytest.mark.parametrize("knobs", [{}, {"OSTINATO_DOT_STATS_STAGES": "3", "OSTINATO_DOT_STAGES": "4",
-                                       "OSTINATO_DOT_RBLOCK": "32", "OSTINATO_DOT_XBLOCK": "64"}])
+                                       "OSTINATO_DOT_RBLOCK": "32", "OSTINATO_DOT_XBLOCK": "64"},
+                                   {"OSTINATO_DOT_SPLIT": "4", "OSTINATO_DOT_RBLOCK": "16"}])
 def test_interpreted_dot_matmul_groups(knobs):
     """Matmul groups past 16 rows (17, 32, 48, 64) in fp16, the tl.dot kernel: a decoder layer (an RMSNorm
     before q/k/v gated pointwise, the output projection with the residual, an RMSNorm before gate/up with
     SwiGLU, the biased down projection with the residual), GPT-2's Conv1D block (weights stored [K, N]),
     a packed gate_up projection gated over its halves and lone projections; against eager on inputs from
     a seeded generator. Also with the sweep's knobs: pipelined statistics loops (``tl.range``), a set
-    pipeline depth, K in steps of 32 (several steps over these short rows) and 64-row tiles. (bf16 is not
-    exact in Triton's interpreter: compiled for sm_90 below.)"""
+    pipeline depth, K in steps of 32 (several steps over these short rows) and 64-row tiles; and K split
+    four ways (partials, the last program to arrive adds them and runs the epilogue). (bf16 is not exact
+    in Triton's interpreter: compiled for sm_90 below.)"""
     results = _interpret("linear_dot", "float16", **knobs)
     expected = [f"{case}_rows{m}" for case in ("decoder", "conv1d") for m in (17, 32, 48, 64)]
     assert results == {k: "ok" for k in expected + ["packed_silu_rows48", "lone_rows32"]}, results
@@ -356,6 +358,32 @@ def test_dot_pipeline_knobs_reach_triton(monkeypatch):
     monkeypatch.setenv("OSTINATO_DOT_XBLOCK", "16")
     with pytest.raises(ValueError, match="OSTINATO_DOT_XBLOCK=16"):
         fused.dot_rows_block(32)
+
+
+def test_dot_split_k_compiles_for_sm90(monkeypatch):
+    """OSTINATO_DOT_SPLIT=4: the tl.dot kernels of a decoder layer (norm prologue, gated epilogue), a
+    packed gated MLP and lone projections at 32 rows split K four ways (grid axis 1), compile for sm_90
+    with the partials, counters and slice length their launcher passes, and ask for a partials buffer of
+    [splits, slices * rows * columns]; a bad value is refused with the variable named."""
+    from fusion_models import DecoderLayer, LoneProjections, PackedGatedMLP
+    from ostinato.backends.cuda.kernels import fused
+
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "64")
+    monkeypatch.setenv("OSTINATO_DOT_SPLIT", "4")
+    monkeypatch.setenv("OSTINATO_DOT_RBLOCK", "16")
+    plans = []
+    for cls in (DecoderLayer, PackedGatedMLP, LoneProjections):
+        plans += _compile_linear_groups(cls().to(torch.bfloat16), cls.inputs(32, torch.bfloat16), set())
+    # four ways, or one per K step where K has fewer (the layer's 48-wide down projection: three)
+    assert plans and all(1 < p.nsplit == p.grid[1] == p.kernel.specialization["NSPLIT"] <= 4
+                         and "_s" in p.kernel.library.module for p in plans), [(p.nsplit, p.grid) for p in plans]
+    assert sum(p.nsplit == 4 for p in plans) >= len(plans) // 2
+    slices = [len(p.views) or 1 for p in plans]
+    assert all(p.ws_cols % (32 * p.tail[0]) == 0 for p in plans), [(p.ws_cols, p.tail) for p in plans]
+    assert any(p.ws_cols > 32 * p.tail[0] for p in plans), slices    # a gated group keeps one partial a slice
+    monkeypatch.setenv("OSTINATO_DOT_SPLIT", "3")
+    with pytest.raises(ValueError, match="OSTINATO_DOT_SPLIT=3"):
+        fused.dot_split()
 
 
 @pytest.mark.parametrize("kind", ["mr", "md"])

@@ -27,7 +27,7 @@ def linear_param_names(spec: LinearSpec, xr_pro: int = 1, xr_epi: int = 1, split
     [rows, K], ``xr_pro`` row dims), the weights and biases, the projection's output, the epilogue's
     (over [rows, N]), then the columns walked, the weights' row stride and the output's; a split-K
     kernel then takes its fp32 partials ``[NSPLIT, ncols]``, one arrival counter per column block and
-    the length of K each split walks."""
+    the length of K each split walks (a tl.dot kernel's partials: [NSPLIT, slices, rows, ncols])."""
     names = ["p_" + n for n in param_names(spec.pro, xr_pro, 1)] + ["w"] + (["bias"] if spec.bias else [])
     names += ["mm"] + (["e_" + n for n in param_names(spec.epi, xr_epi, 1)] if spec.epi else [])
     return names + ["ncols", "wst", "mmst"] + (["ws", "cnt", "kslice"] if split else [])
@@ -70,11 +70,16 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     one tl.dot, the bias, the rounding and the epilogue; the K-loop form instead runs one program per
     column block and row block, each remaking A's tile and the prologue.
 
+    ``split`` with ``dot`` (K-loop form, one block of rows): grid axis 1 splits K as above; each program
+    stores its slices' [XBLOCK, NBLOCK] fp32 partials, and the last to arrive adds them in split order,
+    then runs the bias, the rounding and the epilogue (the prologue's statistics are still each
+    program's own walk over all of K).
+
     ``stats_stages`` (``dot``, K-loop form): the prologue's statistics loops software-pipelined that
     deep (``tl.range``), so a program's walk over its rows' K issues several chunks' loads at once."""
-    if split and not (one_row and can_split_k(spec)):
-        raise ValueError("a split-K matmul kernel takes one row and no epilogue")
-    if dot and (one_row or split or spec.dt not in HALF):
+    if split and not ((one_row and can_split_k(spec)) or (dot and not stationary)):
+        raise ValueError("a split-K matmul kernel takes one row and no epilogue, or is a K-loop tl.dot kernel")
+    if dot and (one_row or spec.dt not in HALF):
         raise ValueError("a tl.dot matmul kernel takes several rows of fp16 or bf16")
     if stationary and not dot:
         raise ValueError("a row-stationary matmul kernel is a tl.dot one")
@@ -96,7 +101,8 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
     if split:
         pro.line("sid = tl.program_id(1)")
     # a tl.dot kernel tiles the rows too (grid axis 1: blocks of XBLOCK rows; one block for a batched decode step)
-    pro.line("xidx = (tl.program_id(1) * XBLOCK + tl.arange(0, XBLOCK))[:, None]" if dot else
+    # (a split one: one block, XBLOCK >= the rows; grid axis 1 walks the splits of K)
+    pro.line("xidx = (tl.program_id(1) * XBLOCK + tl.arange(0, XBLOCK))[:, None]" if dot and not split else
              "xidx = tl.arange(0, XBLOCK)[:, None]")
     pro.line("xmask = xidx < xnumel")
     pro.coords("x", "xidx", xr_pro, 1)
@@ -143,7 +149,21 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
         else:
             out(f"        mm_{g} += tl.sum(a[:, None, :] * wv[None, :, :], axis=2)")
     pad = "    "
-    if split:       # (one slice: no epilogue)
+    if split and dot:   # every slice's [XBLOCK, NBLOCK] partial; the last program sums them in split order
+        part = "({s} * " + str(len(slices)) + " + {g}) * p_xnumel * ncols + xidx * ncols + col[None, :]"
+        for g, _ in slices:
+            out(f"    tl.store(ws + {part.format(s='sid', g=g)}, mm_{g}, mask=xmask & cmask[None, :])")
+        out("    tl.debug_barrier()")
+        out('    arrived = tl.atomic_add(cnt + pid, 1, sem="acq_rel", scope="gpu")')
+        out("    if arrived == NSPLIT - 1:")
+        for g, _ in slices:
+            out(f"        mm_{g} = tl.zeros([XBLOCK, NBLOCK], tl.float32)")
+        out("        for s in range(NSPLIT):")
+        for g, _ in slices:
+            out(f"            mm_{g} += tl.load(ws + {part.format(s='s', g=g)}, mask=xmask & cmask[None, :], "
+                'other=0.0, cache_modifier=".cg")')
+        pad = "        "
+    elif split:       # (one slice: no epilogue)
         out("    mm_0 = tl.sum(mm_0, axis=1)[None, :]")
         out("    tl.store(ws + sid * ncols + col[None, :], mm_0, mask=cmask[None, :])")
         out("    tl.debug_barrier()")
@@ -158,13 +178,16 @@ def render_linear(spec: LinearSpec, one_row: bool, xr_pro: int = 1, xr_epi: int 
         if one_row and not split:
             out(f"    mm_{g} = tl.sum(mm_{g}, axis=1)[None, :]")
         _finish_columns(spec, lines, [(g, off)], dt, pad)
+    if split and dot:   # the epilogue in the last program only
+        lines += _epilogue(spec, xr_epi, interpreted, 2)
     if split:
         out('        tl.atomic_xchg(cnt + pid, 0, sem="relaxed", scope="gpu")')
     pro.lines = []
     for k, (ref, code, *_) in r_stores:
-        pro._store(k, ref, code, "xoff", "xmask & (pid == 0)", 1)
+        pro._store(k, ref, code, "xoff", "xmask & (pid == 0)" + (" & (sid == 0)" if split else ""), 1)
     lines += _prefixed(pro.lines, "p_")
-    lines += _epilogue(spec, xr_epi, interpreted, 1)
+    if not split:
+        lines += _epilogue(spec, xr_epi, interpreted, 1)
     return _linear_module(spec, lines), name
 
 

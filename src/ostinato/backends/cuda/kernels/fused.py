@@ -383,6 +383,15 @@ def dot_stages() -> int | None:
     return int(raw)
 
 
+def dot_split() -> int:
+    """How many ways a tl.dot matmul group (at most MAX_DOT_ROWS rows) splits K (render_linear's ``split``
+    with ``dot``): 1 unless OSTINATO_DOT_SPLIT (1, 2, 4 or 8) asks for more (sweeps)."""
+    raw = os.environ.get("OSTINATO_DOT_SPLIT", "1")
+    if raw not in ("1", "2", "4", "8"):
+        raise ValueError(f"OSTINATO_DOT_SPLIT={raw}: 1, 2, 4 or 8")
+    return int(raw)
+
+
 def dot_stats_stages() -> int:
     """How deep a tl.dot matmul group (at most MAX_DOT_ROWS rows) pipelines its prologue's statistics
     loops (render_linear's ``stats_stages``): 0, a plain loop, unless OSTINATO_DOT_STATS_STAGES (2 to 8)
@@ -442,7 +451,7 @@ def tile_shared_bytes(xblock: int, nblock: int, rblock: int, held: bool) -> int:
 
 class _LinearPlan:
     __slots__ = ("kernel", "grid", "pro_ints", "epi_ints", "tail", "pro_shapes", "epi_shape", "mm_shape", "views",
-                 "nsplit", "kslice", "scratch")
+                 "nsplit", "kslice", "scratch", "ws_cols")
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -537,13 +546,19 @@ class LinearLauncher:
         tiles = lone_tiles(spec, m, n, k)
         if tiles is not None:
             nblock, rblock, nsplit = tiles
+        if dot and not rows_stationary and m <= MAX_DOT_ROWS:
+            nsplit = max(1, min(dot_split(), cdiv(k, rblock)))
         const = dict(XBLOCK=xblock, RBLOCK=rblock, NBLOCK=nblock, num_warps=warps)
         if dot and not rows_stationary and m <= MAX_DOT_ROWS:
             # fewer stages (than asked, or Triton's three) until the pipeline's buffers fit the SM's
-            # shared memory: set only where it differs from Triton's default (the binaries' keys stay)
+            # shared memory: set only where it differs from Triton's default (the binaries' keys stay).
+            # Per stage the weights' tiles and twice A's (its staging for the dot; 64-row tiles took more),
+            # plus the pipelined statistics loop's: above what Triton 3.6 asked on an H200 for every tile
+            # the 2026-11-27 sweep tried (5 stages of 32 x 128 x 64 over two slices asked 237568 bytes)
             stages = want = dot_stages()
             stages = stages or 3
-            while stages > 2 and stages * 2 * rblock * (xblock + slices * nblock) > TILE_SHARED_BYTES:
+            stats_bytes = 2 * xblock * rblock * dot_stats_stages()
+            while stages > 2 and stages * 2 * rblock * (2 * xblock + slices * nblock) + stats_bytes > TILE_SHARED_BYTES:
                 stages -= 1
             if want is not None or stages != 3:
                 const["num_stages"] = stages
@@ -554,7 +569,8 @@ class LinearLauncher:
         views = [(g * spec.w[0] if spec.epi else sum(spec.w[:g]), spec.w[g]) for g in range(len(spec.w))
                  if spec.mm_store[g]]
         return _LinearPlan(kernel=kernel, grid=(1 if rows_stationary else cdiv(n, nblock),
-                                                cdiv(m, xblock) if dot else nsplit),
+                                                cdiv(m, xblock) if dot and nsplit == 1 else nsplit),
+                           ws_cols=slices * m * n if dot else n,
                            pro_ints=pro_ints, epi_ints=epi_ints,
                            tail=[n, w.stride(0), ntot], pro_shapes=pro_shapes, epi_shape=epi_shape,
                            mm_shape=rows + (ntot,), views=views, nsplit=nsplit,

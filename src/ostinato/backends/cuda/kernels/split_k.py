@@ -116,7 +116,7 @@ def split_scratch(plan, device: torch.device, capturing: bool) -> list:
     (``recording_scratch``), the pairs are made before the capture begins (``reserve_scratch``), and
     each launch in the capture takes the next; a launch the warm-up did not foresee falls back to a
     pair zeroed by a captured memset."""
-    ws_shape, blocks = (plan.nsplit, plan.tail[0]), plan.grid[0]
+    ws_shape, blocks = (plan.nsplit, plan.ws_cols), plan.grid[0]
 
     def new_pair(zeroed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         counters = torch.zeros if zeroed else torch.empty
