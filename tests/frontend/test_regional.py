@@ -374,3 +374,46 @@ def test_one_kind_at_several_sizes_is_traced_per_size(numeric):
         ref = model(x)
     assert_same(ostinato.compile(regional, cache=False)(x), ref)
     assert_same(ostinato.compile(full, cache=False)(x), ref)
+
+
+class _Processor:
+    """diffusers' style: each attention block gets its own processor object, holding nothing (or plain
+    settings), whose ``__call__`` does the block's work."""
+
+    def __init__(self, slope=0.5, table=None):
+        self.slope, self.table = slope, table
+
+    def __call__(self, block, x):
+        y = torch.nn.functional.leaky_relu(block.fc(x), self.slope)
+        return y if self.table is None else y * self.table
+
+
+class WithProcessor(nn.Module):
+    def __init__(self, d=16, **processor):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.processor = _Processor(**processor)
+
+    def forward(self, x):
+        return x + self.processor(self, x)
+
+
+@pytest.mark.parametrize("case", ["equal", "settings_differ", "tensors_differ"])
+def test_helper_objects_per_instance(case):
+    """Equal helper objects (one per block, same class, equal plain attributes) let the blocks be traced
+    once; a setting that differs, or a tensor the helper holds (no module's weight: nothing would map it
+    per instance), falls back. Every case matches eager."""
+    g = torch.Generator().manual_seed(4)
+    make = {"equal": lambda i: {}, "settings_differ": lambda i: {"slope": 0.1 * (i + 1)},
+            "tensors_differ": lambda i: {"table": torch.rand(16, generator=g) + 0.5}}[case]
+    model = Stack([WithProcessor(**make(i)) for i in range(4)]).eval()
+    prog = ostinato.export(model, (torch.randn(2, 16, generator=g),), cache=False)
+    r = report(prog)
+    if case == "equal":
+        assert r["blocks"] == 1 and r["fallbacks"] == [] and r["kinds"][0]["traced"] == 1, r
+    else:
+        assert r["kinds"] == [] and "reads self.processor, which differs" in r["fallbacks"][0], r
+    x = torch.randn(2, 16, generator=g)
+    with torch.no_grad():
+        ref = model(x)
+    assert_same(ostinato.compile(prog)(x), ref)

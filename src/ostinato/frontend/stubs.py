@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import types
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ _MODULE_INTERNALS = frozenset({
     "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
     "_load_state_dict_post_hooks", "forward", "__class__"})
 _PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device, enum.Enum)
+_HEAPTYPE = 1 << 9      # Py_TPFLAGS_HEAPTYPE: a class defined in Python
 
 
 class _Mirror(nn.Module):
@@ -131,21 +133,37 @@ def _record_reads(modules: dict[str, nn.Module], reads: set) -> list:
     return swapped
 
 
-def same_value(a: Any, b: Any, depth: int = 0) -> bool:
-    """Equal for the purpose of tracing: the same object, or equal plain data."""
+def same_value(a: Any, b: Any, depth: int = 0, held: bool = False) -> bool:
+    """Equal for the purpose of tracing: the same object, or equal plain data. ``held``: inside a helper
+    object, whose tensors are no module's weights (nothing maps them per instance): the same tensor only."""
     if a is b:
         return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)  # weights: mapped per instance
+        # weights: mapped per instance
+        return not held and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
     if type(a) is not type(b) or depth > 4:
         return False
     if isinstance(a, _PLAIN):
         return a == b
     if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(same_value(x, y, depth + 1) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same_value(x, y, depth + 1, held) for x, y in zip(a, b))
     if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_value(a[k], b[k], depth + 1) for k in a)
+        return a.keys() == b.keys() and all(same_value(a[k], b[k], depth + 1, held) for k in a)
     if isinstance(a, functools.partial):
-        return same_value(a.func, b.func, depth + 1) and same_value(a.args, b.args, depth + 1) \
-            and same_value(a.keywords, b.keywords, depth + 1)
+        return same_value(a.func, b.func, depth + 1, held) and same_value(a.args, b.args, depth + 1, held) \
+            and same_value(a.keywords, b.keywords, depth + 1, held)
+    if _helper_object(a):
+        # a plain Python helper of one class whose attributes are equal plain data (diffusers gives each
+        # Attention its own AttnProcessor2_0, which holds nothing): instances behave alike
+        return same_value(vars(a), vars(b), depth + 1, held=True)
     return False
+
+
+def _helper_object(x: Any) -> bool:
+    """An instance of a Python class (not a module, tensor, type or function) that keeps its state in its
+    ``__dict__`` alone: no ``__slots__`` and no C-level base other than ``object``."""
+    cls = type(x)
+    if isinstance(x, (nn.Module, type, types.FunctionType, types.MethodType)) or not hasattr(x, "__dict__"):
+        return False
+    return all(k is object or ("__slots__" not in vars(k) and k.__dictoffset__ != 0 and
+                               k.__flags__ & _HEAPTYPE) for k in cls.__mro__)
