@@ -417,3 +417,45 @@ def test_helper_objects_per_instance(case):
     with torch.no_grad():
         ref = model(x)
     assert_same(ostinato.compile(prog)(x), ref)
+
+
+class _BiasCache(nn.Module):
+    """timm's LeViT: attention biases cached per device in a plain dict, filled by forward in eval mode."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.bias = nn.Parameter(torch.randn(d))
+        self.cache: dict = {}
+        self.seen: list = []
+
+    def forward(self, x):
+        key = str(x.device)
+        if key not in self.cache:
+            self.cache[key] = self.bias * 2
+        self.seen.append(x.shape[0])
+        self.last = x.shape[-1]
+        return x + torch.tanh(self.fc(x)) * self.cache[key]
+
+
+@pytest.mark.parametrize("regional", [True, False])
+@pytest.mark.parametrize("warm", [True, False])
+def test_export_leaves_the_models_python_state_as_it_was(regional, warm):
+    """After export the user's model runs eagerly as before: what its forward cached in plain dicts and
+    lists during the trace (traced tensors) is gone, attributes it added are removed, and what was there
+    before (a cache filled by an earlier eager call) is kept, the same tensor objects."""
+    model = Stack([_BiasCache() for _ in range(3)]).eval()
+    x = torch.randn(2, 16)
+    if warm:
+        with torch.no_grad():
+            model(x)
+    before = [(dict(b.cache), list(b.seen), b.__dict__.get("last")) for b in model.blocks]
+    prog = ostinato.export(model, (x,), cache=False, regional=regional)
+    for b, (cache, seen, last) in zip(model.blocks, before):
+        assert b.cache.keys() == cache.keys() and all(b.cache[k] is cache[k] for k in cache)
+        assert b.seen == seen and b.__dict__.get("last") == last
+    y = torch.randn(2, 16)
+    with torch.no_grad():
+        ref = model(y)      # eager works (a traced tensor left in the cache would raise here)
+    assert all(type(v) is torch.Tensor for b in model.blocks for v in b.cache.values())
+    assert_same(ostinato.compile(prog)(y), ref)

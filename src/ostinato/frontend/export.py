@@ -1,6 +1,7 @@
 """``ostinato.export``: nn.Module → torch.export → core ATen → verified ostinato Program."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -68,6 +69,41 @@ def _repeat(x: torch.Tensor, repeats) -> torch.Tensor:
     return tiled.view([r * d for r, d in zip(repeats, shape)])
 
 
+_TORCH_STATE = frozenset({"_parameters", "_buffers", "_modules"})
+
+
+@contextlib.contextmanager
+def python_state_kept(model: torch.nn.Module):
+    """Every module's Python attributes as they were before, after a trace: a forward that caches a
+    value in a plain dict, list or set of its module (timm's LeViT keeps its attention biases per device
+    in ``attention_bias_cache``) stored a traced tensor there, a FunctionalTensor, and the user's model
+    failed on its next eager call. Attributes rebound are put back, added ones removed, and dicts, lists
+    and sets refilled with what they held (in place: other references to them see it too). Parameters,
+    buffers and submodules are torch's to restore."""
+    saved = []
+    for m in model.modules():
+        d = m.__dict__
+        saved.append((m, dict(d), {k: (v.copy() if type(v) in (dict, set) else list(v))
+                                   for k, v in d.items() if type(v) in (dict, list, set) and k not in _TORCH_STATE}))
+    try:
+        yield
+    finally:
+        for m, attrs, contents in saved:
+            d = m.__dict__
+            for k in [k for k in d if k not in attrs and k not in _TORCH_STATE]:
+                del d[k]
+            for k, v in attrs.items():
+                if k not in _TORCH_STATE and d.get(k) is not v:
+                    d[k] = v
+            for k, old in contents.items():
+                v = attrs[k]
+                if type(v) is list:
+                    v[:] = old
+                else:
+                    v.clear()
+                    v.update(old)
+
+
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
            dynamic_shapes: Any = None, *, strict: bool = False,
            trace_strict: bool = False,
@@ -120,13 +156,13 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     report = regional_mod.Report(fallbacks=["regional=False"] if not regional else
                                  ["trace_strict: TorchDynamo traces the whole model"] if trace_strict else [])
     if regional and not trace_strict:
-        with torch.no_grad():
+        with torch.no_grad(), python_state_kept(model):
             ep, regions, report = regional_mod.trace(model, args, kwargs, dynamic_shapes, decomposition_table(),
                                                      convert, strict)
         for why in report.fallbacks:
             log.log(_report_level(), "%s: regional export: %s", name, why)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), python_state_kept(model):
             if ep is None:
                 report.traces += 1
                 ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes,
