@@ -575,9 +575,9 @@ def test_split_k_scratch_is_never_shared_by_a_capture():
     from ostinato.backends.cuda.kernels.split_k import (owned_scratch, recording_scratch, reserve_scratch,
                                                         split_scratch, zero_counters)
     plan = _LinearPlan(kernel=None, grid=(5, 4), pro_ints=[], epi_ints=[], tail=[40, 8192, 40], pro_shapes=[],
-                       epi_shape=None, mm_shape=(1, 40), views=[], nsplit=4, kslice=2048, scratch={})
+                       epi_shape=None, mm_shape=(1, 40), views=[], nsplit=4, kslice=2048, scratch={}, ws_cols=40)
     other = _LinearPlan(kernel=None, grid=(3, 2), pro_ints=[], epi_ints=[], tail=[24, 4096, 24], pro_shapes=[],
-                        epi_shape=None, mm_shape=(1, 24), views=[], nsplit=2, kslice=2048, scratch={})
+                        epi_shape=None, mm_shape=(1, 24), views=[], nsplit=2, kslice=2048, scratch={}, ws_cols=24)
     cpu = torch.device("cpu")
     with recording_scratch() as shapes:
         a = split_scratch(plan, cpu, False)
