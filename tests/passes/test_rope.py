@@ -223,3 +223,41 @@ def test_llama_decode_has_one_rope_per_q_and_k():
         with torch.no_grad():
             expected = ref(**kwargs)
         assert_same(exe(**kwargs), expected, msg=f"llama step {s}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_rope_is_eager_bit_for_bit(dtype):
+    """x, cos and sin all in half precision (transformers' Llama in bf16): the fused op rounds each product
+    to the dtype before the sum, as eager's ``q * cos + rotate_half(q) * sin`` does, so a transformers
+    Llama's logits on the CPU are eager's bit for bit (the second product left unrounded was 1 bf16 ulp
+    off at the logits' scale)."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval().to(dtype)
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, ids):
+            return self.m(ids, use_cache=False).logits
+
+    wrapper = Logits()
+    g = torch.Generator().manual_seed(5)
+    prog = ostinato.export(wrapper, (torch.randint(0, 128, (2, 9), generator=g),), cache=False)
+    assert prog.op_counts()["ost.rope"] >= 2
+    exe = ostinato.compile(prog, cache=False)
+    for _ in range(3):
+        ids = torch.randint(0, 128, (2, 9), generator=g)
+        with torch.no_grad():
+            ref = wrapper(ids)
+        assert torch.equal(exe(ids), ref), (exe(ids).float() - ref.float()).abs().max()
+    # and the op alone, on random tensors of the dtype
+    x, cos, sin = (torch.randn(2, 4, 9, 16, generator=g).to(dtype) for _ in range(3))
+    x1, x2 = x[..., :8], x[..., 8:]
+    from ostinato.ir.fused_ops import rope
+    assert torch.equal(rope(x, cos, sin), x * cos + torch.cat((-x2, x1), dim=-1) * sin)
