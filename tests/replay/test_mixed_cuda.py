@@ -45,9 +45,15 @@ class Mlp(torch.nn.Module):
 
 @pytest.mark.cuda
 @pytest.mark.slow
-def test_replay_interleaved_with_cuda_graphs_and_reduce_overhead():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+def test_replay_interleaved_with_cuda_graphs_and_reduce_overhead(monkeypatch):
+    # fp32 without TF32, restored after the test; cuDNN's flags only through its context manager (torch's
+    # own test utilities, once imported, forbid setting them directly)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
+        interleave_replay_with_cuda_graphs_and_reduce_overhead()
+
+
+def interleave_replay_with_cuda_graphs_and_reduce_overhead():
     torch.manual_seed(0)
     dev = "cuda"
     x0 = torch.randn(4, 64, device=dev)
