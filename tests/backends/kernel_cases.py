@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from ostinato.backends.cuda.kernels.common import SHORT_QUERIES
+
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
@@ -144,8 +146,37 @@ CASES = [
                                                                      None, 2), {})),
     KernelCase("ost.sdpa", "decode-nomask", lambda g, dt, dev: ((_r(g, (1, 3, 1, 16), dt, dev), _r(g, (1, 3, 9, 16), dt, dev),
                                                                  _r(g, (1, 3, 9, 16), dt, dev)), {})),
-    KernelCase("ost.sdpa", "prefill-fallback", lambda g, dt, dev: ((_r(g, (1, 2, 5, 16), dt, dev), _r(g, (1, 2, 5, 16), dt, dev),
-                                                                    _r(g, (1, 2, 5, 16), dt, dev)), {"is_causal": True})),
+    # short prompts (at most SHORT_QUERIES query rows): the Triton kernel, one program per query row. torch's
+    # is_causal (query i sees keys j <= i, top-left); positions per query row ([T, 1]) and per batch and row
+    # ([B, 1, T, 1]) over a static cache longer than the prompt, with GQA; a boolean mask per row and a float
+    # one per head; the largest short prompt; one row more, torch's SDPA
+    KernelCase("ost.sdpa", "prompt-causal", lambda g, dt, dev: ((_r(g, (1, 2, 5, 16), dt, dev), _r(g, (1, 2, 5, 16), dt, dev),
+                                                                 _r(g, (1, 2, 5, 16), dt, dev)), {"is_causal": True})),
+    KernelCase("ost.sdpa", "prompt-causal-more-keys", lambda g, dt, dev: ((_r(g, (2, 3, 6, 8), dt, dev),
+                                                                           _r(g, (2, 3, 9, 8), dt, dev),
+                                                                           _r(g, (2, 3, 9, 8), dt, dev)), {"is_causal": True})),
+    KernelCase("ost.sdpa", "prompt-positions-gqa", lambda g, dt, dev: ((_r(g, (1, 4, 7, 32), dt, dev), _r(g, (1, 2, 70, 32), dt, dev),
+                                                                        _r(g, (1, 2, 70, 32), dt, dev), None,
+                                                                        torch.arange(7, device=dev).view(7, 1) + 60, None, 2), {})),
+    KernelCase("ost.sdpa", "prompt-positions-per-batch", lambda g, dt, dev: ((_r(g, (2, 2, 3, 16), dt, dev),
+                                                                              _r(g, (2, 2, 20, 16), dt, dev),
+                                                                              _r(g, (2, 2, 20, 16), dt, dev), None,
+                                                                              torch.tensor([[0, 1, 2], [9, 10, 11]], device=dev)
+                                                                              .view(2, 1, 3, 1)), {})),
+    KernelCase("ost.sdpa", "prompt-bool-mask-rows", lambda g, dt, dev: ((_r(g, (1, 2, 4, 16), dt, dev), _r(g, (1, 2, 12, 16), dt, dev),
+                                                                         _r(g, (1, 2, 12, 16), dt, dev),
+                                                                         torch.rand(1, 1, 4, 12, generator=g).to(dev) > 0.4), {})),
+    KernelCase("ost.sdpa", "prompt-float-mask-heads", lambda g, dt, dev: ((_r(g, (1, 2, 4, 16), dt, dev),
+                                                                           _r(g, (1, 2, 12, 16), dt, dev),
+                                                                           _r(g, (1, 2, 12, 16), dt, dev),
+                                                                           _r(g, (1, 2, 4, 12), dt, dev)), {})),
+    KernelCase("ost.sdpa", "prompt-longest", lambda g, dt, dev: ((_r(g, (1, 2, SHORT_QUERIES, 16), dt, dev),
+                                                                  _r(g, (1, 2, SHORT_QUERIES, 16), dt, dev),
+                                                                  _r(g, (1, 2, SHORT_QUERIES, 16), dt, dev)), {"is_causal": True})),
+    KernelCase("ost.sdpa", "prompt-fallback", lambda g, dt, dev: ((_r(g, (1, 2, SHORT_QUERIES + 1, 16), dt, dev),
+                                                                   _r(g, (1, 2, SHORT_QUERIES + 1, 16), dt, dev),
+                                                                   _r(g, (1, 2, SHORT_QUERIES + 1, 16), dt, dev)),
+                                                                  {"is_causal": True})),
     KernelCase("ost.decode_attention_", "rope-gqa-pos", lambda g, dt, dev: (
         (_r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 2, 40, 24), dt, dev),
          _r(g, (2, 1, 4, 24), dt, dev).transpose(1, 2), _r(g, (2, 2, 1, 24), dt, dev), _r(g, (2, 2, 1, 24), dt, dev),

@@ -47,11 +47,13 @@ def test_jobs_follow_the_programs_library_ops_and_dtypes(dtype):
     torch.manual_seed(0)
     linear = ostinato.export(nn.Sequential(nn.Linear(8, 8), nn.GELU()).to(dtype), (torch.randn(2, 8).to(dtype),))
     assert warm.jobs_for(linear.graph, 99) == [("gemm", dtype)]
-    prefill = ostinato.export(Attention().to(dtype), _qkv(4, dtype))
+    from ostinato.backends.cuda.kernels.common import SHORT_QUERIES
+    prefill = ostinato.export(Attention().to(dtype), _qkv(SHORT_QUERIES + 1, dtype))
     assert warm.jobs_for(prefill.graph, 99) == [("gemm", dtype), ("attention", dtype)]
-    # one query row: the decode kernels take it, no cuDNN to warm
-    decode = ostinato.export(Attention().to(dtype), _qkv(1, dtype))
-    assert warm.jobs_for(decode.graph, 99) == [("gemm", dtype)]
+    # one query row, or a short prompt's few: the Triton attention kernel takes them, no cuDNN to warm
+    for rows in (1, 4, SHORT_QUERIES):
+        short = ostinato.export(Attention().to(dtype), _qkv(rows, dtype))
+        assert warm.jobs_for(short.graph, 99) == [("gemm", dtype)], rows
     conv = ostinato.export(Conv().to(dtype), (torch.randn(1, 3, 8, 8).to(dtype),))
     assert warm.jobs_for(conv.graph, 99) == [("conv", dtype)]
     # nothing a library runs: nothing to warm

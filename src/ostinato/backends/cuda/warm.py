@@ -44,11 +44,13 @@ def enabled() -> bool:
 
 
 def _torch_attention(node) -> bool:
-    """Whether an attention node runs torch's SDPA (cuDNN, flash): not one query row, which the decode
-    kernels (Triton) take."""
+    """Whether an attention node runs torch's SDPA (cuDNN, flash): not up to SHORT_QUERIES query rows (a
+    decode step, a short prompt), which the Triton attention kernel takes."""
+    from .kernels.common import SHORT_QUERIES
     q = node.args[0] if node.args else None
     shape = getattr(getattr(q, "meta", None), "shape", None)
-    return node.op != "ost.sdpa" or shape is None or len(shape) < 2 or shape[-2] != 1
+    rows = shape[-2] if shape is not None and len(shape) >= 2 else None
+    return node.op != "ost.sdpa" or not isinstance(rows, int) or rows > SHORT_QUERIES
 
 
 def jobs_for(graph, device_index: int) -> list[tuple[str, torch.dtype]]:

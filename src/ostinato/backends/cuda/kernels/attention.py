@@ -7,7 +7,7 @@ import torch
 
 from ....cache.op_cache import op_graph_cache, op_key
 from ..runtime import KernelLibrary
-from .common import block_for, cdiv
+from .common import SHORT_QUERIES, block_for, cdiv
 
 
 def _row_strides(new: torch.Tensor, dim: int) -> tuple[int, int, int, int] | None:
@@ -59,41 +59,48 @@ def kv_update(cache, new, index, dim, ring=None):
     return out
 
 
-def _batch_positions(q_pos, batch: int) -> bool:
-    """Whether ``q_pos`` broadcasts against [B, H, 1, S] scores as one position, or one per batch row
-    (shape [B, 1, 1, 1] once padded to rank 4): what the decode kernels read."""
+def _position_strides(q_pos, batch: int, rows: int) -> tuple[int, int] | None:
+    """(batch, row) strides through which the attention kernels read each query's position from ``q_pos``:
+    one position, or one per batch row and/or query row (shape [B, 1, T, 1] once padded to rank 4,
+    either of B and T possibly 1); None when it varies otherwise (per head: the reference then)."""
     if q_pos is None or q_pos.numel() == 1:
-        return True
+        return 0, 0
     if q_pos.dim() > 4:
-        return False
-    shape = (1,) * (4 - q_pos.dim()) + tuple(q_pos.shape)
-    return shape[0] == batch and shape[1:] == (1, 1, 1)
+        return None
+    p = q_pos.reshape((1,) * (4 - q_pos.dim()) + tuple(q_pos.shape))
+    if p.shape[1] != 1 or p.shape[3] != 1 or p.shape[0] not in (1, batch) or p.shape[2] not in (1, rows):
+        return None
+    e = p.expand(batch, 1, rows, 1)
+    return e.stride(0), e.stride(2)
 
 
 def _mask_plan(mask, q, n_keys: int) -> tuple | None:
-    """The decode kernels' (MASK, batch, head and key strides) for an explicit mask over the [B, Hq, 1, S]
-    scores: MASK 0 none, 1 added (a float mask), 2 hiding where False (a boolean one); None when it does
-    not broadcast so (the reference then)."""
+    """The attention kernels' (MASK, batch, head, query row and key strides) for an explicit mask over the
+    [B, Hq, T, S] scores: MASK 0 none, 1 added (a float mask), 2 hiding where False (a boolean one); None
+    when it does not broadcast so (the reference then)."""
     if mask is None:
-        return 0, 0, 0, 0
+        return 0, 0, 0, 0, 0
     if mask.dim() > 4 or not (mask.dtype == torch.bool or mask.dtype.is_floating_point):
         return None
     try:
-        e = mask.expand(q.shape[0], q.shape[1], 1, n_keys)
+        e = mask.expand(q.shape[0], q.shape[1], q.shape[2], n_keys)
     except RuntimeError:
         return None
-    return 2 if mask.dtype == torch.bool else 1, e.stride(0), e.stride(1), e.stride(3)
+    return 2 if mask.dtype == torch.bool else 1, e.stride(0), e.stride(1), e.stride(2), e.stride(3)
 
 
-def _decode_plan(q, k, v, mask, q_pos, is_causal) -> tuple | None:
-    """(BLOCK_N, BLOCK_D, the mask's plan) when the Triton decode kernel handles this call (one query
-    token, a mask broadcasting over [B, Hq, 1, S] if any, 4-D q/k/v with a dense head dim), else None
-    (torch's SDPA)."""
-    decode = (not is_causal and q.dim() == 4 and q.shape[-2] == 1 and k.dim() == 4
-              and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and q.shape[-1] <= 256
-              and _batch_positions(q_pos, q.shape[0]))
-    masking = _mask_plan(mask, q, k.shape[-2]) if decode else None
-    return None if masking is None else (64, block_for(q.shape[-1]), masking)
+def _rows_plan(q, k, v, mask, q_pos) -> tuple | None:
+    """(BLOCK_N, BLOCK_D, the positions' strides, the mask's plan) when the Triton kernel handles this call
+    (4-D q/k/v with a dense head dim of at most 256, at most SHORT_QUERIES query rows: a decode step, a
+    short prompt; positions and a mask as _position_strides and _mask_plan take them), else None (torch's
+    SDPA: past a short prompt, its tensor-core kernels; their set-up, cuDNN's graph built per shape on
+    each thread, is tens of milliseconds of a first call that the short prompts do without)."""
+    if not (q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.shape[-2] <= SHORT_QUERIES
+            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and q.shape[-1] <= 256):
+        return None
+    positions = _position_strides(q_pos, q.shape[0], q.shape[-2])
+    masking = _mask_plan(mask, q, k.shape[-2]) if positions is not None else None
+    return None if masking is None else (64, block_for(q.shape[-1]), positions, masking)
 
 
 def _dense_last(mask):
@@ -109,29 +116,28 @@ def _dense_last(mask):
 
 
 def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, softcap=None, *, out=None):
-    """ost.sdpa on CUDA: the decode case runs the Triton kernel; every other case runs the reference
-    (torch's SDPA, or the eager form with a soft cap). The choice is made once per shapes and layout (the
-    op-level graph cache)."""
+    """ost.sdpa on CUDA: a decode step or a short prompt (_rows_plan) runs the Triton kernel; every other
+    case runs the reference (torch's SDPA, or the eager form with a soft cap). The choice is made once per
+    shapes and layout (the op-level graph cache)."""
     key = op_key("ost.sdpa", q, k, v, *(() if q_pos is None else (q_pos,)), *(() if mask is None else (mask,)),
                  masked=mask is not None, is_causal=is_causal)
-    plan = op_graph_cache.get(key, lambda: _decode_plan(q, k, v, mask, q_pos, is_causal))
+    plan = op_graph_cache.get(key, lambda: _rows_plan(q, k, v, mask, q_pos))
     if plan is None:
         from ....ir.fused_ops import sdpa as reference
         res = reference(q, k, v, _dense_last(mask), q_pos, scale, n_rep, is_causal, softcap)
         return res if out is None else out.copy_(res)
-    block_n, block_d, (mask_kind, *mask_strides) = plan
-    B, Hq, _, D = q.shape
+    block_n, block_d, (pos_sb, pos_st), (mask_kind, *mask_strides) = plan
+    B, Hq, T, D = q.shape
     S = k.shape[-2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
-    pos = q_pos.reshape(-1) if q_pos is not None else q
-    pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
-    LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
+    LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, CAUSAL=bool(is_causal), MASK=mask_kind,
                    SOFTCAP=softcap is not None, BLOCK_N=block_n, BLOCK_D=block_d)(
-        q, k, v, pos, q if mask is None else mask, out, D, n_rep, Hq,
+        q, k, v, q if q_pos is None else q_pos, q if mask is None else mask, out, D, n_rep, Hq, T,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), pos_sb, *mask_strides, grid=(B * Hq,))
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+        v.stride(2), out.stride(0), out.stride(1), out.stride(2), pos_sb, pos_st, *mask_strides, grid=(B * Hq * T,))
     return out
+
 
 def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n_rep, mask) -> tuple | None:
     """(BLOCK_N, BLOCK_D, the mask's plan) when the fused decode kernel handles this call: one query token and one
@@ -145,7 +151,7 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
             and q.shape == (B, Hkv * n_rep, 1, D) and k.shape == (B, Hkv, 1, D) and v.shape == k.shape
             and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and D <= 256
             and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
-            and _batch_positions(q_pos, B)):
+            and _position_strides(q_pos, B, 1) is not None):
         return None
     if cos is not None:
         if D % 2 or any(t.dim() > 4 or t.shape[-1] != D for t in (cos, sin)):
@@ -156,7 +162,7 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
         except RuntimeError:
             return None
     masking = _mask_plan(mask, q, S)
-    return None if masking is None else (64, block_for(D), masking)
+    return None if masking is None else (64, block_for(D), _position_strides(q_pos, B, 1)[0], masking)
 
 
 def _rope_strides(t, shape) -> tuple[int, int]:
@@ -178,7 +184,7 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         from ....ir.fused_ops import decode_attention_ as reference
         return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
                          mask, softcap)
-    block_n, block_d, (mask_kind, *mask_strides) = plan
+    block_n, block_d, pos_sb, (mask_kind, m_sb, m_sh, _, m_sn) = plan
     B, Hkv, S, D = k_cache.shape
     Hq = q.shape[1]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -190,15 +196,13 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
     else:
         cos = sin = q
         strides = (0,) * 8
-    pos = q_pos.reshape(-1) if q_pos is not None else index
-    pos_sb = 1 if q_pos is not None and q_pos.numel() == B and B > 1 else 0
     LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
                    SOFTCAP=softcap is not None, ROPE=rope, INTERLEAVED=bool(interleaved), RING=ring is not None,
                    BLOCK_N=block_n, BLOCK_D=block_d)(
-        q, k, v, k_cache, v_cache, index, pos, cos, sin, q if mask is None else mask, out, D, n_rep, Hq,
+        q, k, v, k_cache, v_cache, index, index if q_pos is None else q_pos, cos, sin, q if mask is None else mask, out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *strides,
-        k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1), pos_sb, *mask_strides, grid=(B * Hq,))
+        k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1), pos_sb, m_sb, m_sh, m_sn, grid=(B * Hq,))
     return out, k_cache, v_cache
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 import torch
 
 MAX_BLOCK = 1 << 16   # one program holds a whole row; rows longer than this are not for these kernels
+# query rows up to which ost.sdpa runs the Triton attention kernel (a decode step, a short prompt); torch's SDPA
+# past it (kernels/attention.py: _rows_plan)
+SHORT_QUERIES = 32
 
 
 def block_for(n: int) -> int:

@@ -68,17 +68,25 @@ def _capped(s, add, cap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, pos_ptr, pos_off, skip, scale, cap, mask_base, m_sn,
-            n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr, SOFTCAP: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """softmax(softcap(q k^T * scale) + mask) v online over the cache rows j <= pos (all rows without HAS_POS)
-    except row ``skip``: (running max, sum, weighted values, the last row the query sees)."""
-    limit = n_keys - 1
-    end = n_keys
+def _last_key(pos_ptr, pos_off, row, n_keys: tl.constexpr, HAS_POS: tl.constexpr, CAUSAL: tl.constexpr):
+    """The last key a query sees: its position (HAS_POS; negative: none), at most its own ``row`` with
+    CAUSAL (torch's is_causal: query i sees keys j <= i), else the cache's last."""
+    limit = tl.full((), n_keys - 1, tl.int64)
     if HAS_POS:
         limit = tl.load(pos_ptr + pos_off).to(tl.int64)
-        # no block past the position: a step at position p reads ceil((p + 1) / BLOCK_N) blocks, not the cache
-        end = tl.minimum(tl.maximum(limit + 1, 0), n_keys).to(tl.int32)
+    if CAUSAL:
+        limit = tl.minimum(limit, row)
+    return limit
+
+
+@triton.jit
+def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, limit, skip, scale, cap, mask_base, m_sn,
+            n_keys: tl.constexpr, MASK: tl.constexpr, SOFTCAP: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """softmax(softcap(q k^T * scale) + mask) v online over the cache rows j <= limit except row ``skip``:
+    (running max, sum, weighted values). No block past the limit is read: a step at position p reads
+    ceil((p + 1) / BLOCK_N) blocks, not the cache."""
+    end = tl.minimum(tl.maximum(limit + 1, 0), n_keys).to(tl.int32)
     m = tl.full((), float("-inf"), tl.float32)
     l = tl.full((), 0.0, tl.float32)
     acc = tl.zeros((BLOCK_D,), tl.float32)
@@ -91,29 +99,33 @@ def _attend(q, k_base, v_base, k_ss, v_ss, d, dmask, pos_ptr, pos_off, skip, sca
                      other=0.0).to(tl.float32)
         m, l, acc = _online_softmax(m, l, acc, _capped(tl.sum(kt * q[None, :], axis=1) * scale, add, cap, SOFTCAP),
                                     seen, vt)
-    return m, l, acc, limit
+    return m, l, acc
 
 
 @triton.jit
-def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mask_ptr, out_ptr, head_dim, n_rep, hq, scale, cap,
-                            q_sb, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
-                            n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr,
+def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mask_ptr, out_ptr, head_dim, n_rep, hq, n_q, scale, cap,
+                            q_sb, q_sh, q_st, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_st, pos_sb, pos_st,
+                            m_sb, m_sh, m_st, m_sn,
+                            n_keys: tl.constexpr, HAS_POS: tl.constexpr, CAUSAL: tl.constexpr, MASK: tl.constexpr,
                             SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One (batch, query head): softmax(softcap(q k^T * scale) + mask, keys j <= pos) v, online over key
-    blocks.
+    """One (batch, query head, query row) of ``n_q`` rows (a decode step's one, a short prompt's few):
+    softmax(softcap(q k^T * scale) + mask, keys j <= the row's position) v, online over key blocks.
     The cache length is a compile-time constant: a static cache has one."""
     pid = tl.program_id(0).to(tl.int64)
-    b = pid // hq
-    h = pid % hq
+    t = pid % n_q
+    bh = pid // n_q
+    b = bh // hq
+    h = bh % hq
     kvh = h // n_rep
     d = tl.arange(0, BLOCK_D)
     dmask = d < head_dim
-    q = tl.load(q_ptr + b * q_sb + h * q_sh + d, mask=dmask, other=0.0).to(tl.float32)
-    m, l, acc, limit = _attend(q, k_ptr + b * k_sb + kvh * k_sh, v_ptr + b * v_sb + kvh * v_sh, k_ss, v_ss, d, dmask,
-                               pos_ptr, b * pos_sb, -1, scale, cap, mask_ptr + b * m_sb + h * m_sh, m_sn, n_keys,
-                               HAS_POS, MASK, SOFTCAP, BLOCK_N, BLOCK_D)
+    q = tl.load(q_ptr + b * q_sb + h * q_sh + t * q_st + d, mask=dmask, other=0.0).to(tl.float32)
+    limit = _last_key(pos_ptr, b * pos_sb + t * pos_st, t, n_keys, HAS_POS, CAUSAL)
+    m, l, acc = _attend(q, k_ptr + b * k_sb + kvh * k_sh, v_ptr + b * v_sb + kvh * v_sh, k_ss, v_ss, d, dmask,
+                        limit, -1, scale, cap, mask_ptr + b * m_sb + h * m_sh + t * m_st, m_sn, n_keys,
+                        MASK, SOFTCAP, BLOCK_N, BLOCK_D)
     out = tl.where(l > 0, acc / l, 0.0)    # no visible key: 0, as torch's SDPA gives
-    tl.store(out_ptr + b * o_sb + h * o_sh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+    tl.store(out_ptr + b * o_sb + h * o_sh + t * o_st + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
 @triton.jit
@@ -179,8 +191,9 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
         tl.store(vc_ptr + row, vn, mask=inside)
     base = b * c_sb + kvh * c_sh
     mask_base = mask_ptr + b * m_sb + h * m_sh
-    m, l, acc, limit = _attend(q, kc_ptr + base, vc_ptr + base, head_dim, head_dim, d, dmask, pos_ptr, b * pos_sb,
-                               slot, scale, cap, mask_base, m_sn, n_keys, HAS_POS, MASK, SOFTCAP, BLOCK_N, BLOCK_D)
+    limit = _last_key(pos_ptr, b * pos_sb, 0, n_keys, HAS_POS, False)
+    m, l, acc = _attend(q, kc_ptr + base, vc_ptr + base, head_dim, head_dim, d, dmask, limit, slot, scale, cap,
+                        mask_base, m_sn, n_keys, MASK, SOFTCAP, BLOCK_N, BLOCK_D)
     # the step's own key, when the query sees its slot (its mask entry is the slot's)
     seen = first & (slot <= limit) & (slot >= 0) & (slot < n_keys)
     add, seen = _mask_row(seen, mask_base, m_sn, slot + 0 * tl.arange(0, BLOCK_N), MASK)
