@@ -126,6 +126,9 @@ CASES = [
                                                              torch.tensor([0, 4, 9], device=dev), 1), {})),
     KernelCase("ost.linear", "gelu_tanh-bias", lambda g, dt, dev: ((_r(g, (2, 3, 24), dt, dev), _r(g, (40, 24), dt, dev, 0.2),
                                                                     _r(g, (40,), dt, dev), "gelu_tanh"), {})),
+    # GPT-2's written-out tanh GELU: the kernel's tanh GELU rounds once, the reference at each op (within TOL)
+    KernelCase("ost.linear", "gelu_new-bias", lambda g, dt, dev: ((_r(g, (2, 3, 24), dt, dev), _r(g, (40, 24), dt, dev, 0.2),
+                                                                   _r(g, (40,), dt, dev), "gelu_new"), {})),
     KernelCase("ost.linear", "silu-nobias", lambda g, dt, dev: ((_r(g, (5, 16), dt, dev), _r(g, (8, 16), dt, dev, 0.3),
                                                                  None, "silu"), {})),
     KernelCase("ost.linear", "relu-weight_t", lambda g, dt, dev: ((_r(g, (2, 4, 12), dt, dev), _r(g, (12, 20), dt, dev, 0.3),

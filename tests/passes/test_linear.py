@@ -27,8 +27,8 @@ ACTS = {
     "silu": (F.silu, "silu"),
     "gelu": (F.gelu, "gelu"),
     "gelu_tanh": (lambda h: F.gelu(h, approximate="tanh"), "gelu_tanh"),
-    "gelu_new": (ACT2FN["gelu_new"], "gelu_tanh"),           # GPT-2's, written out: pow/mul/add/tanh
-    "gelu_new_commuted": (gelu_new_commuted, "gelu_tanh"),
+    "gelu_new": (ACT2FN["gelu_new"], "gelu_new"),            # GPT-2's, written out: pow/mul/add/tanh
+    "gelu_new_commuted": (gelu_new_commuted, "gelu_new"),
 }
 
 
@@ -141,7 +141,7 @@ def test_gpt2_decode_has_one_linear_per_mlp():
     assert "aten.tanh" not in ops and "aten.pow.Tensor_Scalar" not in ops
     acts = [n.args[3] for n in prog.graph.nodes if n.op == "ost.linear"]
     # per layer: c_fc with its GELU; c_attn and mlp.c_proj whole, without an activation
-    assert sorted(acts, key=str) == [None] * 4 + ["gelu_tanh"] * 2, acts
+    assert sorted(acts, key=str) == [None] * 4 + ["gelu_new"] * 2, acts
     # attn.c_proj flattens the heads' transpose itself (no view pair to take): it stays
     assert ops["aten.addmm"] == 2
     exe = ostinato.compile(prog)
@@ -171,3 +171,51 @@ def test_addmm_with_a_residual_for_bias_stays():
     prog = ostinato.export(model, args)
     assert "ost.linear" not in prog.op_counts() and prog.op_counts().get("aten.addmm") == 1
     assert_same(ostinato.compile(prog, device="cpu")(*args), model(*args), tol=1e-5)
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "gelu_new_commuted"])
+@pytest.mark.parametrize("conv1d", [False, True])
+def test_written_out_gelu_in_bf16_is_eagers_bit_for_bit(act, conv1d):
+    """GPT-2's gelu_new, folded into ost.linear, rounds at each op as eager does: the CPU's result equals
+    eager's exactly in bf16 (the one-kernel tanh GELU it was folded into before was 1 ulp apart)."""
+    torch.manual_seed(0)
+    model = MLP(act, True, conv1d, dim=64, hidden=256).to(torch.bfloat16).eval()
+    exe = ostinato.compile(ostinato.export(model, (torch.randn(2, 5, 64, dtype=torch.bfloat16),)))
+    assert exe.program.op_counts()["ost.linear"] == 1
+    assert next(n for n in exe.program.graph.nodes if n.op == "ost.linear").args[3] == "gelu_new"
+    for seed in range(3):
+        x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16) * 3
+        with torch.no_grad():
+            want = model(x)
+        assert torch.equal(exe(x), want)
+
+
+def test_gpt2_in_bf16_gives_eagers_logits_bit_for_bit():
+    """transformers' GPT-2 (gelu_new written out, Conv1D projections) in bf16 on the CPU: ostinato's logits
+    are eager's exactly, on prompts it was not exported with."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_inner=256, vocab_size=128, n_positions=64,
+                                     pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    model = transformers.GPT2LMHeadModel(config).eval().to(torch.bfloat16)
+    exe = ostinato.compile(ostinato.export(model, (torch.randint(0, 128, (2, 9)),), {"use_cache": False}))
+    assert [n.args[3] for n in exe.program.graph.nodes if n.op == "ost.linear"].count("gelu_new") == 2
+    for seed in range(3):
+        ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            want = model(ids, use_cache=False).logits
+        got = exe(ids, use_cache=False)
+        assert torch.equal(got.logits if hasattr(got, "logits") else got[0], want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_written_out_gelu_on_mlx(dtype):
+    """The MLX backend's gelu_new computes the written form too (op by op in the dtype)."""
+    pytest.importorskip("mlx.core", reason="MLX is a dev dependency: pip install 'mlx[cpu]'")
+    torch.manual_seed(0)
+    model = MLP("gelu_new", True, True, dim=32, hidden=64).to(dtype).eval()
+    prog = ostinato.export(model, (torch.randn(2, 5, 32, dtype=dtype),))
+    assert [n.args[3] for n in prog.graph.nodes if n.op == "ost.linear"] == ["gelu_new"]
+    exe = ostinato.compile(prog, device="mlx")
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1)).to(dtype) * 3
+    with torch.no_grad():
+        assert_same(exe(x), model(x))

@@ -50,7 +50,10 @@ log = logging.getLogger("ostinato")
 LINEAR_OPS = ("aten.linear", "ost.multi_linear", "ost.linear")
 # ost.linear's activation as the ATen node the epilogue expands (expand.HANDLERS)
 _ACTIVATION_OPS = {"relu": ("aten.relu", {}), "silu": ("aten.silu", {}), "gelu": ("aten.gelu", {}),
-                   "gelu_tanh": ("aten.gelu", {"approximate": "tanh"})}
+                   "gelu_tanh": ("aten.gelu", {"approximate": "tanh"}),
+                   # GPT-2's written-out form: one rounding in the generated kernel, as torch.compile's (the
+                   # reference rounds at each op, as eager does: ir/fused_ops.py's gelu_new)
+                   "gelu_new": ("aten.gelu", {"approximate": "tanh"})}
 MAX_ROWS = 16       # decode-shaped: the GEMV-like kernel (a broadcast product summed over K)
 MAX_DOT_ROWS = 128  # half dtypes, with OSTINATO_DOT_ROWS: at most this many rows in a tl.dot kernel
 TILE_INTENSITY = 160    # past MAX_DOT_ROWS rows: the most FLOPs per byte of a tiled projection (``tiled``)

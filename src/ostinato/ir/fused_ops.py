@@ -4,6 +4,8 @@ backends' kernels. A reference reproduces the chain it replaces operation by ope
 does not change results on the CPU."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .ops import OpDef, register_op
@@ -109,6 +111,15 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
 
 register_op(OpDef("ost.layer_norm", layer_norm, category="fused"))
 
+def gelu_new(h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The tanh GELU as GPT-2's gelu_new writes it, ``0.5 * h * (1 + tanh(sqrt(2 / pi) * (h + 0.044715 * h**3)))``,
+    op by op, so each step rounds to h's dtype as eager's do (the one-kernel tanh GELU rounds once: 1 bf16
+    ulp apart). Products and sums in either operand order round alike, so every form the pattern takes
+    (passes/patterns/linear.py) computes this."""
+    inner = torch.pow(h, 3.0) * 0.044715 + h
+    return _into(out, (h * 0.5) * (torch.tanh(inner * math.sqrt(2.0 / math.pi)) + 1.0))
+
+
 # Each takes ``out=None`` (a new tensor) or a tensor to write.
 ACTIVATIONS = {
     "relu": lambda h, out=None: torch.clamp_min(h, 0, out=out),
@@ -116,6 +127,7 @@ ACTIVATIONS = {
     "gelu": lambda h, out=None: torch._C._nn.gelu(h, out=out) if out is not None else torch.nn.functional.gelu(h),
     "gelu_tanh": lambda h, out=None: torch._C._nn.gelu(h, approximate="tanh", out=out) if out is not None
     else torch.nn.functional.gelu(h, approximate="tanh"),
+    "gelu_new": gelu_new,
 }
 
 

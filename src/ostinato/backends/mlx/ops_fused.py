@@ -7,6 +7,8 @@ elementwise (``x * cos + rotate(x) * sin``, fused by ``mx.compile`` under replay
 """
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 
 from .ops import handles, mxd
@@ -83,8 +85,14 @@ def geglu_packed(x, approximate="none"):
     return gelu_of(gate, approximate) * up
 
 
+def _gelu_new(h):
+    """GPT-2's gelu_new op by op, each step in h's dtype (ir/fused_ops.py's gelu_new)."""
+    inner = mx.power(h, 3) * 0.044715 + h
+    return (h * 0.5) * (mx.tanh(inner * math.sqrt(2.0 / math.pi)) + 1.0)
+
+
 _ACT = {"relu": lambda h: mx.maximum(h, 0), "silu": silu_of, "gelu": gelu_of,
-        "gelu_tanh": lambda h: gelu_of(h, "tanh")}
+        "gelu_tanh": lambda h: gelu_of(h, "tanh"), "gelu_new": _gelu_new}
 
 
 @handles("ost.linear")

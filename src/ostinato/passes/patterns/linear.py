@@ -4,7 +4,8 @@ Projections: ``aten.linear(x, W, b)``, and GPT-2's Conv1D ``view(addmm(b, view(x
 with W as [in, out] (``weight_t=True``; the two views go in when both are there, else the bare addmm).
 Activations: relu, silu, gelu (``approximate`` none or tanh), and the tanh GELU written out as GPT-2's
 gelu_new exports it: ``(y * 0.5) * (tanh((y + y**3 * 0.044715) * sqrt(2/pi)) + 1)``, operands of each
-multiply and add in either order.
+multiply and add in either order. That one is the activation ``gelu_new``, whose reference computes it op by
+op as written (each step rounded to the dtype, as eager's are; ``gelu_tanh``'s one kernel rounds once).
 
 Absorbed: the projection, its views and the activation's nodes, provided the projection's result (and
 every intermediate) has no reader outside the chain and is not a graph output or mutation value; the
@@ -99,7 +100,7 @@ def _activation(y: Value, users: Users, pinned: set[int]) -> tuple[str, list[Nod
                 return ("gelu" if approximate == "none" else "gelu_tanh"), [act]
         return None
     nodes = _gelu_written(y, users, pinned)
-    return None if nodes is None else ("gelu_tanh", nodes)
+    return None if nodes is None else ("gelu_new", nodes)
 
 
 def _same_dims(a, b) -> bool:

@@ -88,7 +88,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     return out
 
 
-_ACTS = {None: 0, "relu": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4}
+# gelu_new (GPT-2's written-out tanh GELU) as the tanh GELU, rounded once (the reference rounds at each op)
+_ACTS = {None: 0, "relu": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4, "gelu_new": 4}
 
 
 def linear(x, weight, bias=None, activation=None, weight_t: bool = False, *, out=None):
