@@ -7,11 +7,8 @@ torch.fx's code generation, applied to an already-lowered plan.
 """
 from __future__ import annotations
 
-import importlib.util
-import marshal
 import math
 import re
-import types
 from typing import Any, Callable, Iterable
 
 from ..backends.base import Launch, _Slot, _SlotList
@@ -30,34 +27,10 @@ def _literal(a: Any) -> str | None:
     return None
 
 
-def _code(source: str, filename: str, cached: bool) -> types.CodeType:
-    """``source`` compiled; with ``cached``, through the compile cache (kind ``plan_code``: content the
-    source's hash, target this interpreter's bytecode magic, as marshal's format is per Python version).
-    A 64-layer decoder's plan is about a thousand lines, 30 ms of a warm start's compile to compile again."""
-    if not cached:
-        return compile(source, filename, "exec")
-    from ..cache import get_cache, make_key
-    key = make_key("plan_code", source.encode(),
-                   {"backend": "any", "python": importlib.util.MAGIC_NUMBER.hex(), "file": filename})
-    cache = get_cache()
-    blob = cache.get(key)
-    if blob is not None:
-        try:
-            code = marshal.loads(blob)
-            if isinstance(code, types.CodeType) and code.co_filename == filename:
-                return code
-        except (EOFError, ValueError, TypeError):
-            pass
-    code = compile(source, filename, "exec")
-    cache.put(key, marshal.dumps(code))
-    return code
-
-
-def compile_launches(launches: list[Launch], keep: Iterable[int], name: str = "plan",
-                     cached: bool = False) -> Callable[[list], None]:
+def compile_launches(launches: list[Launch], keep: Iterable[int], name: str = "plan") -> Callable[[list], None]:
     """A function ``run(env)`` equivalent to ``for l in launches: l(env)``, storing into ``env`` only
     the slots in ``keep`` (outputs and values read after the run); every other value produced is
-    released after its last use. ``cached``: the function's bytecode through the compile cache."""
+    released after its last use."""
     keep = set(keep)
     namespace: dict[str, Any] = {}
     produced: set[int] = set()
@@ -110,7 +83,7 @@ def compile_launches(launches: list[Launch], keep: Iterable[int], name: str = "p
     head = [f"def {name}(env):"] + [f"    v{i} = env[{i}]" for i in sorted(loads)]
     tail = [f"    env[{i}] = v{i}" for i in sorted(keep & produced)]
     source = "\n".join(head + body + tail + ["    return None"]) + "\n"
-    code = _code(source, f"<ostinato {name}>", cached)
+    code = compile(source, f"<ostinato {name}>", "exec")
     exec(code, namespace)  # noqa: S102 - source generated above from launches, no user text
     fn = namespace[name]
     fn.source = source

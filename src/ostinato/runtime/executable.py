@@ -112,7 +112,7 @@ class Executable:
 
         def build(launches: list[Launch], keep: set[int]):
             rest, which = fold(launches)
-            fn = compile_launches(rest, keep, name="run_" + backend.name, cached=cache)
+            fn = compile_launches(rest, keep, name="run_" + backend.name)
             fn.folded = which
             return fn
 
