@@ -1,4 +1,5 @@
-"""KV-cache writes and decode attention (one query token over a static cache, grouped KV heads)."""
+"""KV-cache writes and attention over a static cache (a decode step's one query token, a short prompt's
+few; grouped KV heads)."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,5 @@
-"""KV-cache writes and decode attention (one query token over a static cache). Only Triton source: the
-launchers (../attention.py) never import this module unless a kernel must be compiled."""
+"""KV-cache writes and attention over a static cache (a decode step's one query row, a short prompt's few).
+Only Triton source: the launchers (../attention.py) never import this module unless a kernel must be compiled."""
 import triton
 import triton.language as tl
 
