@@ -111,6 +111,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
 
 register_op(OpDef("ost.layer_norm", layer_norm, category="fused"))
 
+
 def gelu_new(h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The tanh GELU as GPT-2's gelu_new writes it, ``0.5 * h * (1 + tanh(sqrt(2 / pi) * (h + 0.044715 * h**3)))``,
     op by op, so each step rounds to h's dtype as eager's do (the one-kernel tanh GELU rounds once: 1 bf16

@@ -131,8 +131,8 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
     B, Hq, T, D = q.shape
     S = k.shape[-2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
-    LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, CAUSAL=bool(is_causal), MASK=mask_kind,
-                   SOFTCAP=softcap is not None, BLOCK_N=block_n, BLOCK_D=block_d)(
+    LIBRARY.kernel("decode_attention", n_keys=S, HAS_POS=q_pos is not None, CAUSAL=bool(is_causal),
+                   MASK=mask_kind, SOFTCAP=softcap is not None, BLOCK_N=block_n, BLOCK_D=block_d)(
         q, k, v, q if q_pos is None else q_pos, q if mask is None else mask, out, D, n_rep, Hq, T,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
@@ -200,7 +200,8 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
     LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
                    SOFTCAP=softcap is not None, ROPE=rope, INTERLEAVED=bool(interleaved), RING=ring is not None,
                    BLOCK_N=block_n, BLOCK_D=block_d)(
-        q, k, v, k_cache, v_cache, index, index if q_pos is None else q_pos, cos, sin, q if mask is None else mask, out, D, n_rep, Hq,
+        q, k, v, k_cache, v_cache, index, index if q_pos is None else q_pos, cos, sin, q if mask is None else mask,
+        out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *strides,
         k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1), pos_sb, m_sb, m_sh, m_sn, grid=(B * Hq,))
