@@ -1,0 +1,48 @@
+"""scripts/gpu_suite_parts.sh over scripts/gpu_jobs.sh: one suite part per GPU, each job seeing its own GPU,
+and a refusal when there are fewer GPUs than parts. Run with a stand-in nvidia-smi and gpu_suite.sh."""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.skipif(shutil.which("taskset") is None, reason="gpu_jobs.sh pins jobs with taskset")
+
+
+def _tree(tmp_path, gpus: int):
+    """A copy of the two scripts, a gpu_suite.sh that records its arguments and GPU, and an nvidia-smi
+    listing ``gpus`` GPUs."""
+    scripts, bin_ = tmp_path / "repo" / "scripts", tmp_path / "bin"
+    scripts.mkdir(parents=True)
+    bin_.mkdir()
+    for name in ("gpu_jobs.sh", "gpu_suite_parts.sh"):
+        shutil.copy(os.path.join(ROOT, "scripts", name), scripts / name)
+    (scripts / "gpu_suite.sh").write_text('echo "args=$* gpu=$CUDA_VISIBLE_DEVICES timeout=$SUITE_TIMEOUT"\n')
+    smi = bin_ / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + "".join(f'echo "GPU {i}: stand-in"\n' for i in range(gpus)))
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    return scripts / "gpu_suite_parts.sh", dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}",
+                                                 OUT=str(tmp_path / "out"))
+
+
+def test_each_part_runs_on_its_own_gpu(tmp_path):
+    script, env = _tree(tmp_path, gpus=2)     # two jobs: CI has two cores, one each
+    p = subprocess.run(["bash", str(script), "36", "4", "9"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    for gpu, part in enumerate((4, 9)):
+        log = (tmp_path / "out" / f"part{part}.log").read_text()
+        assert log.strip() == f"args={part}/36 --startup-configs representative gpu={gpu} timeout=545", log
+
+
+def test_more_parts_than_gpus_is_refused(tmp_path):
+    script, env = _tree(tmp_path, gpus=1)
+    p = subprocess.run(["bash", str(script), "36", "4", "5"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "2 jobs need 2 GPUs" in p.stderr
+    assert not (tmp_path / "out" / "part4.log").exists()
+    p = subprocess.run(["bash", str(script), "36"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "usage" in p.stderr
