@@ -80,8 +80,15 @@ def test_bundle_carries_the_export(cache_dir, tmp_path, monkeypatch):
         assert ostinato.export(llama(2), (ids,), {"use_cache": False}).export_report["cache"]["hit"]
 
 
+def eager_attention(model: nn.Module) -> nn.Module:
+    model.set_attn_implementation("eager")
+    return model
+
+
 @pytest.mark.parametrize("change, component", [
     (lambda: (llama(0, rms_norm_eps=1e-3), (torch.randint(0, 96, (2, 5)),), {}), "target.structure"),
+    # transformers 5's to_dict() leaves the attention implementation out: the key must not
+    (lambda: (eager_attention(llama(0)), (torch.randint(0, 96, (2, 5)),), {}), "target.structure"),
     (lambda: (llama(0, intermediate_size=48), (torch.randint(0, 96, (2, 5)),), {}), "target.structure"),
     (lambda: (llama(0), (torch.randint(0, 96, (2, 6)),), {}), "target.inputs"),
     (lambda: (llama(0), (torch.randint(0, 96, (2, 5)),), {"strict": True}), "target.options"),
@@ -165,3 +172,19 @@ def test_cache_false_neither_reads_nor_writes(cache_dir):
     prog = ostinato.export(llama(0), (ids,), {"use_cache": False})
     assert prog.export_report["cache"]["hit"] is False
     assert "no entry" in prog.export_report["cache"]["why"]
+
+
+def test_switching_the_same_models_attention_implementation_misses(cache_dir):
+    """One model object exported with sdpa, then switched to eager attention (transformers 5 keeps the
+    choice out of ``config.to_dict()``): the second export must trace its own graph, and it matches the
+    switched model's eager outputs on a left-padded batch (the sdpa graph read the mask differently)."""
+    model = llama(0)
+    ids = torch.randint(0, 96, (2, 5))
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    ostinato.export(model, (ids,), {"attention_mask": mask, "use_cache": False})
+    model.set_attn_implementation("eager")
+    prog = ostinato.export(model, (ids,), {"attention_mask": mask, "use_cache": False})
+    assert prog.export_report["cache"]["hit"] is False
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask, use_cache=False).logits
+    assert_same(ostinato.compile(prog)(ids, attention_mask=mask, use_cache=False).logits, ref)

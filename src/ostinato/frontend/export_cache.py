@@ -205,16 +205,42 @@ def _plain(v: Any, where: str, depth: int = 0) -> Any:
         return ["fn", getattr(v, "__module__", ""), getattr(v, "__qualname__", repr(v))]
     if isinstance(v, nn.Module):
         return ["module", type(v).__qualname__]   # a module held outside _modules: its class only
-    to_dict = getattr(v, "to_dict", None)          # transformers' configs (one object shared by many modules)
-    if callable(to_dict) and type(v).__module__.split(".")[0] == "transformers":
+    if _is_hf_config(v):       # transformers' configs (one object shared by many modules)
+        to_dict = v.to_dict
         hit = _CONFIGS.get(id(v))
         if hit is None or hit[0] is not v:
-            hit = _CONFIGS[id(v)] = (v, ["config", type(v).__qualname__, _plain(to_dict(), where, depth + 1)])
+            hit = _CONFIGS[id(v)] = (v, ["config", type(v).__qualname__, _plain(to_dict(), where, depth + 1),
+                                         _plain(_config_private(v), where, depth + 1)])
         return hit[1]
     if hasattr(v, "__dict__") and not isinstance(v, types.ModuleType):
         return ["object", f"{type(v).__module__}.{type(v).__qualname__}",
                 _plain({k: x for k, x in vars(v).items()}, where, depth + 1)]
     raise Uncacheable(f"{where} is a {type(v).__name__}, which the export cache's key cannot describe")
+
+
+# A transformers config's private attributes that say where it came from, not what its modules compute.
+_CONFIG_PROVENANCE = frozenset({"_name_or_path", "_commit_hash"})
+
+
+def _is_hf_config(v) -> bool:
+    return callable(getattr(v, "to_dict", None)) and type(v).__module__.split(".")[0] == "transformers"
+
+
+def _config_private(config) -> dict:
+    """What a transformers config's ``to_dict()`` leaves out and its modules read: its private settings
+    (transformers 5's ``_attn_implementation_internal``, ``_experts_implementation_internal``,
+    ``_output_attentions``), and its nested configs' (a text and a vision config). An sdpa model and the
+    same model after ``set_attn_implementation("eager")`` have equal ``to_dict()``s and different graphs."""
+    out: dict = {}
+    for k, x in sorted(vars(config).items()):
+        if _is_hf_config(x):
+            sub = _config_private(x)
+            if sub:
+                out[k] = sub
+        elif k.startswith("_") and k not in _CONFIG_PROVENANCE and (
+                x is None or isinstance(x, (bool, int, float, str, dict))):
+            out[k] = x
+    return out
 
 
 def _code(code: types.CodeType) -> str:
