@@ -70,7 +70,7 @@ register_aten("""
 register_aten("""
     aten._softmax aten._log_softmax aten.softmax.int aten.log_softmax.int aten.layer_norm
     aten.native_layer_norm aten.rms_norm aten.native_group_norm aten._native_batch_norm_legit_no_training
-    aten._native_batch_norm_legit.no_stats aten.native_batch_norm
+    aten._native_batch_norm_legit.no_stats aten.native_batch_norm aten._weight_norm_interface
 """, "norm")
 
 register_aten("""

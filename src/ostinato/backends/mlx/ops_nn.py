@@ -408,6 +408,16 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     return (y if weight is None else y * weight.astype(mx.float32)).astype(x.dtype)
 
 
+@handles("aten._weight_norm_interface", multi=True)
+def weight_norm_interface(v, g, dim=0):
+    """(v * (g / |v|), |v|): the norm over every dim but ``dim``, in float32 (returned so, as torch's
+    kernel does), one rounding of the product to v's dtype."""
+    dim %= v.ndim
+    h = v.astype(mx.float32)
+    norm = mx.sqrt(mx.sum(mx.square(h), axis=[a for a in range(v.ndim) if a != dim], keepdims=True))
+    return (h * (g.astype(mx.float32) / norm)).astype(v.dtype), norm
+
+
 @handles("aten.native_group_norm", multi=True)
 def native_group_norm(x, weight, bias, n, c, hw, group, eps):
     h = mx.reshape(x.astype(mx.float32), (n, group, -1))
