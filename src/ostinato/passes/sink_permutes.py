@@ -6,7 +6,10 @@ A gather sinks the same way, its input and index both permuted and its dim renum
 ``permute(gather(x, d, i), p)`` is ``gather(permute(x, p), p.index(d), permute(i, p))`` (DeBERTa's
 position-to-content scores, gathered then transposed before they are added).
 
-Values are the same; what changes is where the permute stands. A pointwise chain that ends in a
+Values are the same up to the kernels: where the permute stands changes only the layout an op reads,
+but torch's CPU kernels take other code paths over strided inputs, and for transcendental functions
+those round differently (the Whisper encoder's GELU on its transposed input: 4.8e-7 off eager in fp32,
+within tolerance; bit for bit in bf16). A pointwise chain that ends in a
 permute and feeds pointwise ops (ConvNeXt's layer scale ``gamma * x`` over NHWC, permuted back to NCHW
 for the residual add) is then one chain over one shape, which the code generator fuses into one kernel
 (codegen/schedule.py groups values of one iteration space); the permuted operands are views, read
