@@ -9,12 +9,14 @@
 # as many GPUs as jobs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/ostinato-jobs}"; mkdir -p "$OUT"
+export OUT="${OUT:-/tmp/ostinato-jobs}"; mkdir -p "$OUT"     # the jobs write under it too
 [ "$#" -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: $0 NAME_1 'COMMAND 1' [NAME_2 'COMMAND 2' ...]" >&2; exit 2; }
 jobs=$(($# / 2))
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ "$gpus" -ge "$jobs" ] || { echo "gpu_jobs: $jobs jobs need $jobs GPUs, nvidia-smi lists $gpus" >&2; exit 2; }
-n=$(nproc); share=$((n / jobs))
+# the CPUs this process may use (a cpuset need not start at 0 nor be contiguous)
+read -r -a cpus <<<"$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+n=${#cpus[@]}; share=$((n / jobs))
 [ "$share" -ge 1 ] || { echo "gpu_jobs: $jobs jobs on $n CPU cores" >&2; exit 2; }
 job() {  # GPU, CPU list, name, command
   CUDA_VISIBLE_DEVICES=$1 TORCHINDUCTOR_COMPILE_THREADS=$share OMP_NUM_THREADS=$share \
@@ -24,7 +26,8 @@ job() {  # GPU, CPU list, name, command
 pids=()
 for ((i = 0; i < jobs; i++)); do
   name="$1"; cmd="$2"; shift 2
-  job "$i" "$((i * share))-$(((i + 1) * share - 1))" "$name" "$cmd" & pids+=($!)
+  list=$(IFS=,; echo "${cpus[*]:$((i * share)):$share}")
+  job "$i" "$list" "$name" "$cmd" & pids+=($!)
 done
 rc=0
 for p in "${pids[@]}"; do wait "$p"; r=$?; [ "$rc" -eq 0 ] && rc=$r; done

@@ -176,6 +176,11 @@ CASES = [
     KernelCase("ost.sdpa", "prompt-longest", lambda g, dt, dev: ((_r(g, (1, 2, SHORT_QUERIES, 16), dt, dev),
                                                                   _r(g, (1, 2, SHORT_QUERIES, 16), dt, dev),
                                                                   _r(g, (1, 2, SHORT_QUERIES, 16), dt, dev)), {"is_causal": True})),
+    # MLA's shapes (DeepSeek: v's head dim narrower than q's and k's): torch's SDPA
+    KernelCase("ost.sdpa", "prompt-narrow-v-fallback", lambda g, dt, dev: ((_r(g, (1, 2, 4, 24), dt, dev),
+                                                                            _r(g, (1, 2, 6, 24), dt, dev),
+                                                                            _r(g, (1, 2, 6, 16), dt, dev)),
+                                                                           {"is_causal": True})),
     KernelCase("ost.sdpa", "prompt-fallback", lambda g, dt, dev: ((_r(g, (1, 2, SHORT_QUERIES + 1, 16), dt, dev),
                                                                    _r(g, (1, 2, SHORT_QUERIES + 1, 16), dt, dev),
                                                                    _r(g, (1, 2, SHORT_QUERIES + 1, 16), dt, dev)),

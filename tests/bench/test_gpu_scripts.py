@@ -46,3 +46,19 @@ def test_more_parts_than_gpus_is_refused(tmp_path):
     assert not (tmp_path / "out" / "part4.log").exists()
     p = subprocess.run(["bash", str(script), "36"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "usage" in p.stderr
+
+
+def test_a_cpuset_not_starting_at_zero_and_out_left_unset(tmp_path):
+    """Under a cpuset of CPU 1 alone the job is pinned to CPU 1 (not 0, which taskset would refuse), and
+    with OUT unset the default folder gets the part's log."""
+    script, env = _tree(tmp_path, gpus=1)
+    env.pop("OUT")
+    default = tmp_path / "default-out"
+    env["TMPDIR"] = str(tmp_path)
+    text = (script.parent / "gpu_jobs.sh").read_text().replace("/tmp/ostinato-jobs", str(default))
+    (script.parent / "gpu_jobs.sh").write_text(text)
+    p = subprocess.run(["taskset", "-c", "1", "bash", str(script), "36", "7"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "(GPU 0, CPUs 1)" in p.stdout, p.stdout
+    assert (default / "part7.log").read_text().startswith("args=7/36")

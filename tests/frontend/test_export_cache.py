@@ -188,3 +188,28 @@ def test_switching_the_same_models_attention_implementation_misses(cache_dir):
     with torch.no_grad():
         ref = model(ids, attention_mask=mask, use_cache=False).logits
     assert_same(ostinato.compile(prog)(ids, attention_mask=mask, use_cache=False).logits, ref)
+
+
+STRUCTURE_KEY = textwrap.dedent("""
+    import sys, torch, transformers
+    from ostinato.frontend.export_cache import structure_component
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=96, max_position_embeddings=32)
+    torch.manual_seed(0)
+    print(structure_component(transformers.LlamaForCausalLM(config).eval()))
+""")
+
+
+def test_the_structure_key_is_the_same_in_every_process():
+    """A causal LM carries a GenerationConfig whose private _original_object_hash is a str hash, different
+    in each process: none of that may reach the key, or the disk cache and bundles never hit."""
+    import os
+    import subprocess
+    from conftest import ROOT
+    keys = set()
+    for seed in ("0", "1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=f"{ROOT}/src")
+        out = subprocess.run([sys.executable, "-c", STRUCTURE_KEY], env=env, capture_output=True, text=True,
+                             timeout=300, check=True).stdout
+        keys.add(out.strip().splitlines()[-1])
+    assert len(keys) == 1, keys

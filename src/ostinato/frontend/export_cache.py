@@ -209,8 +209,12 @@ def _plain(v: Any, where: str, depth: int = 0) -> Any:
         to_dict = v.to_dict
         hit = _CONFIGS.get(id(v))
         if hit is None or hit[0] is not v:
+            try:
+                private = _config_private(v)
+            except (RecursionError, TypeError, ValueError) as e:
+                raise Uncacheable(f"{where}: its transformers config's settings: {type(e).__name__}: {e}") from e
             hit = _CONFIGS[id(v)] = (v, ["config", type(v).__qualname__, _plain(to_dict(), where, depth + 1),
-                                         _plain(_config_private(v), where, depth + 1)])
+                                         _plain(private, where, depth + 1)])
         return hit[1]
     if hasattr(v, "__dict__") and not isinstance(v, types.ModuleType):
         return ["object", f"{type(v).__module__}.{type(v).__qualname__}",
@@ -218,8 +222,10 @@ def _plain(v: Any, where: str, depth: int = 0) -> Any:
     raise Uncacheable(f"{where} is a {type(v).__name__}, which the export cache's key cannot describe")
 
 
-# A transformers config's private attributes that say where it came from, not what its modules compute.
-_CONFIG_PROVENANCE = frozenset({"_name_or_path", "_commit_hash"})
+# A transformers config's private attributes that decide what its modules compute (to_dict() leaves them
+# out). Named, not every private attribute: others are metadata, some different in every process
+# (GenerationConfig's _original_object_hash is a str hash, randomised per process).
+_CONFIG_SETTINGS = frozenset({"_output_attentions"})
 
 
 def _is_hf_config(v) -> bool:
@@ -228,8 +234,9 @@ def _is_hf_config(v) -> bool:
 
 def _config_private(config) -> dict:
     """What a transformers config's ``to_dict()`` leaves out and its modules read: its private settings
-    (transformers 5's ``_attn_implementation_internal``, ``_experts_implementation_internal``,
-    ``_output_attentions``), and its nested configs' (a text and a vision config). An sdpa model and the
+    (transformers 5's ``_attn_implementation_internal``, ``_experts_implementation_internal``: any
+    ``*_implementation_internal``; ``_output_attentions``), and its nested configs' (a text and a vision
+    config). An sdpa model and the
     same model after ``set_attn_implementation("eager")`` have equal ``to_dict()``s and different graphs."""
     out: dict = {}
     for k, x in sorted(vars(config).items()):
@@ -237,7 +244,7 @@ def _config_private(config) -> dict:
             sub = _config_private(x)
             if sub:
                 out[k] = sub
-        elif k.startswith("_") and k not in _CONFIG_PROVENANCE and (
+        elif (k in _CONFIG_SETTINGS or k.endswith("_implementation_internal")) and (
                 x is None or isinstance(x, (bool, int, float, str, dict))):
             out[k] = x
     return out

@@ -90,14 +90,18 @@ def _mask_plan(mask, q, n_keys: int) -> tuple | None:
     return 2 if mask.dtype == torch.bool else 1, e.stride(0), e.stride(1), e.stride(2), e.stride(3)
 
 
-def _rows_plan(q, k, v, mask, q_pos) -> tuple | None:
+def _rows_plan(q, k, v, mask, q_pos, n_rep: int) -> tuple | None:
     """(BLOCK_N, BLOCK_D, the positions' strides, the mask's plan) when the Triton kernel handles this call
-    (4-D q/k/v with a dense head dim of at most 256, at most SHORT_QUERIES query rows: a decode step, a
-    short prompt; positions and a mask as _position_strides and _mask_plan take them), else None (torch's
+    (4-D q/k/v of one batch, one head dim of at most 256, dense, in all three (not MLA's narrower v), k and
+    v of Hq / n_rep heads, 1 to SHORT_QUERIES query rows: a decode step, a short prompt; positions and a
+    mask as _position_strides and _mask_plan take them), else None (torch's
     SDPA: past a short prompt, its tensor-core kernels; their set-up, cuDNN's graph built per shape on
     each thread, is tens of milliseconds of a first call that the short prompts do without)."""
-    if not (q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.shape[-2] <= SHORT_QUERIES
-            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and q.shape[-1] <= 256):
+    if not (q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and 1 <= q.shape[-2] <= SHORT_QUERIES
+            and q.shape[-1] == k.shape[-1] == v.shape[-1] <= 256 and k.shape[-2] == v.shape[-2]
+            and q.shape[0] == k.shape[0] == v.shape[0] and k.shape[1] == v.shape[1]
+            and k.shape[1] * n_rep == q.shape[1]
+            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1):
         return None
     positions = _position_strides(q_pos, q.shape[0], q.shape[-2])
     masking = _mask_plan(mask, q, k.shape[-2]) if positions is not None else None
@@ -121,8 +125,8 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
     case runs the reference (torch's SDPA, or the eager form with a soft cap). The choice is made once per
     shapes and layout (the op-level graph cache)."""
     key = op_key("ost.sdpa", q, k, v, *(() if q_pos is None else (q_pos,)), *(() if mask is None else (mask,)),
-                 masked=mask is not None, is_causal=is_causal)
-    plan = op_graph_cache.get(key, lambda: _rows_plan(q, k, v, mask, q_pos))
+                 masked=mask is not None, is_causal=is_causal, n_rep=n_rep)
+    plan = op_graph_cache.get(key, lambda: _rows_plan(q, k, v, mask, q_pos, n_rep))
     if plan is None:
         from ....ir.fused_ops import sdpa as reference
         res = reference(q, k, v, _dense_last(mask), q_pos, scale, n_rep, is_causal, softcap)
