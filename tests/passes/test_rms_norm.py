@@ -127,3 +127,66 @@ def test_gemma_weight_read_elsewhere_keeps_its_add():
                                  more_inputs=[(torch.randn(3, 16, dtype=torch.bfloat16),)])
     (node,) = [n for n in prog.graph.nodes if n.op == "ost.rms_norm"]
     assert node.args[3:] == (torch.float32, 0.0, True) and prog.op_counts()["aten.add.Tensor"] == 1
+
+
+class TorchRMSNormBlock(torch.nn.Module):
+    """Pre-norm blocks written with torch's own RMSNorm (``nn.RMSNorm`` / ``F.rms_norm``, which export keeps
+    as one ``aten.rms_norm``): residual adds between them, a projection after each."""
+
+    def __init__(self, dim: int = 64, eps: float | None = None, affine: bool = True):
+        super().__init__()
+        self.n1 = torch.nn.RMSNorm(dim, eps=eps, elementwise_affine=affine)
+        self.n2 = torch.nn.RMSNorm(dim, eps=eps, elementwise_affine=affine)
+        self.a, self.b = torch.nn.Linear(dim, dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        h = x + self.a(self.n1(x))
+        return h + self.b(torch.nn.functional.rms_norm(h, (h.shape[-1],), self.n2.weight, self.n2.eps))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("eps, affine", [(None, True), (1e-5, True), (1e-6, False)])
+def test_torchs_rms_norm_is_one_op_and_eagers_bit_for_bit(dtype, eps, affine):
+    """aten.rms_norm becomes ost.rms_norm (in fp32 with the weight before the cast back for half types: what
+    torch's CPU kernel computes); the residual add before the second joins it as ost.add_rms_norm."""
+    torch.manual_seed(0)
+    model = TorchRMSNormBlock(eps=eps, affine=affine).eval()
+    with torch.no_grad():
+        for n in (model.n1, model.n2):
+            if n.weight is not None:
+                n.weight.uniform_(0.5, 1.5)
+    model = model.to(dtype)
+    prog = ostinato.export(model, (torch.randn(2, 5, 64, dtype=dtype),))
+    ops = prog.op_counts()
+    assert "aten.rms_norm" not in ops and ops["ost.rms_norm"] == 1 and ops["ost.add_rms_norm"] == 1, ops
+    exe, exe_r = ostinato.compile(prog), ostinato.compile(prog, replay=True)
+    for seed in range(3):
+        x = (torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(seed)) * 3).to(dtype)
+        with torch.no_grad():
+            want = model(x)
+        assert torch.equal(exe(x), want)
+        assert torch.equal(exe_r(x), want)
+
+
+class TwoDimNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm((4, 16))
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+def test_torchs_rms_norm_over_two_dims_or_a_weight_of_another_dtype_stays():
+    prog = ostinato.export(TwoDimNorm().eval(), (torch.randn(2, 4, 16),))
+    assert prog.op_counts().get("aten.rms_norm") == 1
+    w = torch.nn.Parameter(torch.rand(16))
+
+    class MixedWeight(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.rms_norm(x, (16,), w.to(torch.float32))
+
+    prog = ostinato.export(MixedWeight(), (torch.randn(3, 16, dtype=torch.bfloat16),))
+    assert "ost.rms_norm" not in prog.op_counts()
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    assert torch.equal(ostinato.compile(prog)(x), MixedWeight()(x))

@@ -3,10 +3,18 @@ upcast around it (HF's ``x.to(float32)`` … ``.to(input_dtype)``) and the weigh
 before the cast back (Gemma's form: ``weight_first``), with a weight computed as ``weight + c`` from a
 weight read by nothing else (Gemma's ``1 + weight``: ``weight_offset``).
 
+torch's own ``aten.rms_norm(x, [n], weight, eps)`` over the last dim (``F.rms_norm``, ``nn.RMSNorm``; export
+keeps it whole) becomes ``ost.rms_norm`` too, with the arguments that compute what torch's CPU kernel does,
+bit for bit: in float32 for fp16/bf16 with the weight multiplied before the cast back (``weight_first``),
+as is in fp32 and fp64; no ``eps`` is the compute dtype's machine epsilon. The residual add before it
+can then join it (add_rms_norm.py) and the projection after it take it as a prologue.
+
 Absorbed: every node of the chain, provided each intermediate has exactly one reader and is not a
 graph output or mutation value. Kept: ``x`` and the weight (whatever produces them).
 """
 from __future__ import annotations
+
+import torch
 
 from ...ir import Graph, Node, TensorMeta, Value
 from ..rewrite import drop_nodes, is_dtype_cast, pinned_values
@@ -124,13 +132,43 @@ def _offset_weight(users, pinned, w: Value, weight_first: bool) -> tuple[Value, 
     return base, float(c), nodes
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _whole(node: Node) -> tuple | None:
+    """ost.rms_norm's arguments for an ``aten.rms_norm`` node over the last dim (see the module), or None:
+    another normalized shape, or a weight of another dtype than x's."""
+    names = ("input", "normalized_shape", "weight", "eps")
+    if len(node.args) > 4 or set(node.kwargs) - set(names):
+        return None
+    bound = {**dict(zip(names, node.args)), **node.kwargs}
+    x, shape, weight, eps = (bound.get(n) for n in names)
+    if not isinstance(x, Value) or not isinstance(x.meta, TensorMeta) or x.meta.rank == 0 \
+            or x.meta.dtype not in (*_HALF, torch.float32, torch.float64) \
+            or not isinstance(shape, (list, tuple)) or len(shape) != 1 or str(shape[0]) != str(x.meta.shape[-1]):
+        return None
+    if weight is not None and (not _is_row_weight(weight, x) or weight.meta.dtype != x.meta.dtype):
+        return None
+    half = x.meta.dtype in _HALF
+    if eps is None:
+        eps = torch.finfo(torch.float32 if half else x.meta.dtype).eps
+    elif not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        return None
+    return x, weight, float(eps), torch.float32 if half else None, 0.0, half
+
+
 def fuse_rms_norm(g: Graph) -> Graph:
     users = g.users()
     pinned = pinned_values(g)  # intermediates must not be outputs; the chain's last value may be
     taken: set[int] = set()
     fused: list[tuple[list[Node], tuple, Value]] = []
     for node in g.nodes:
-        if node.op == "aten.pow.Tensor_Scalar" and id(node) not in taken:
+        if node.op == "aten.rms_norm" and id(node) not in taken:
+            args = _whole(node)
+            if args is not None:
+                taken.add(id(node))
+                fused.append(([node], args, node.outputs[0]))
+        elif node.op == "aten.pow.Tensor_Scalar" and id(node) not in taken:
             m = _match(g, node, users, pinned)
             if m is not None and not any(id(n) in taken for n in m[0]):
                 taken.update(id(n) for n in m[0])
