@@ -206,14 +206,13 @@ def _plain(v: Any, where: str, depth: int = 0) -> Any:
     if isinstance(v, nn.Module):
         return ["module", type(v).__qualname__]   # a module held outside _modules: its class only
     if _is_hf_config(v):       # transformers' configs (one object shared by many modules)
-        to_dict = v.to_dict
         hit = _CONFIGS.get(id(v))
         if hit is None or hit[0] is not v:
             try:
                 private = _config_private(v)
             except (RecursionError, TypeError, ValueError) as e:
                 raise Uncacheable(f"{where}: its transformers config's settings: {type(e).__name__}: {e}") from e
-            hit = _CONFIGS[id(v)] = (v, ["config", type(v).__qualname__, _plain(to_dict(), where, depth + 1),
+            hit = _CONFIGS[id(v)] = (v, ["config", type(v).__qualname__, _plain(v.to_dict(), where, depth + 1),
                                          _plain(private, where, depth + 1)])
         return hit[1]
     if hasattr(v, "__dict__") and not isinstance(v, types.ModuleType):
@@ -236,8 +235,8 @@ def _config_private(config) -> dict:
     """What a transformers config's ``to_dict()`` leaves out and its modules read: its private settings
     (transformers 5's ``_attn_implementation_internal``, ``_experts_implementation_internal``: any
     ``*_implementation_internal``; ``_output_attentions``), and its nested configs' (a text and a vision
-    config). An sdpa model and the
-    same model after ``set_attn_implementation("eager")`` have equal ``to_dict()``s and different graphs."""
+    config). An sdpa model and the same model after ``set_attn_implementation("eager")`` have equal
+    ``to_dict()``s and different graphs."""
     out: dict = {}
     for k, x in sorted(vars(config).items()):
         if _is_hf_config(x):

@@ -26,6 +26,8 @@ import threading
 
 import torch
 
+from .kernels.common import SHORT_QUERIES
+
 log = logging.getLogger("ostinato")
 
 GEMM_OPS = frozenset({"aten.linear", "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul",
@@ -46,7 +48,6 @@ def enabled() -> bool:
 def _torch_attention(node) -> bool:
     """Whether an attention node runs torch's SDPA (cuDNN, flash): not up to SHORT_QUERIES query rows (a
     decode step, a short prompt), which the Triton attention kernel takes."""
-    from .kernels.common import SHORT_QUERIES
     q = node.args[0] if node.args else None
     shape = getattr(getattr(q, "meta", None), "shape", None)
     rows = shape[-2] if shape is not None and len(shape) >= 2 else None

@@ -163,10 +163,9 @@ def fuse_rms_norm(g: Graph) -> Graph:
     taken: set[int] = set()
     fused: list[tuple[list[Node], tuple, Value]] = []
     for node in g.nodes:
-        if node.op == "aten.rms_norm" and id(node) not in taken:
+        if node.op == "aten.rms_norm":        # one node, which no chain below takes
             args = _whole(node)
             if args is not None:
-                taken.add(id(node))
                 fused.append(([node], args, node.outputs[0]))
         elif node.op == "aten.pow.Tensor_Scalar" and id(node) not in taken:
             m = _match(g, node, users, pinned)

@@ -152,11 +152,12 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k_cache.dim() != 4 or dim % 4 != 2 or index.numel() != 1:
         return None
     B, Hkv, S, D = k_cache.shape
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
+    positions = _position_strides(q_pos, B, 1)
+    if not (positions is not None and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and v_cache.shape == k_cache.shape
             and q.shape == (B, Hkv * n_rep, 1, D) and k.shape == (B, Hkv, 1, D) and v.shape == k.shape
             and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and D <= 256
-            and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
-            and _position_strides(q_pos, B, 1) is not None):
+            and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype):
         return None
     if cos is not None:
         if D % 2 or any(t.dim() > 4 or t.shape[-1] != D for t in (cos, sin)):
@@ -167,7 +168,7 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
         except RuntimeError:
             return None
     masking = _mask_plan(mask, q, S)
-    return None if masking is None else (64, block_for(D), _position_strides(q_pos, B, 1)[0], masking)
+    return None if masking is None else (64, block_for(D), positions[0], masking)
 
 
 def _rope_strides(t, shape) -> tuple[int, int]:
