@@ -5,12 +5,13 @@ many written by hand, compute attention as
 
     scores = q @ k.transpose(-2, -1) * scale        # any number of multiplies / divides by numbers
     scores = tanh(scores / cap) * cap                # optional: the soft cap
-    scores = scores + mask                           # optional
+    scores = scores + mask                           # optional; or a boolean mask, below
     probs = softmax(scores, dim=-1[, dtype=float32]).to(q.dtype)    # then an optional no-op dropout
     out = probs @ v
 
-which torch.export gives as two ``bmm`` over [B*H, ...] views (k and v often through HF's repeat_kv)
-with the pointwise ops between. This pass puts one node in their place:
+which torch.export gives as two ``bmm`` over [B*H, ...] views (k and v often through HF's repeat_kv, k
+and q possibly through the copy ``.contiguous()`` makes, k's transpose possibly one permute from
+[B, S, H, D] as GPT-2's) with the pointwise ops between. This pass puts one node in their place:
 
 - without a soft cap, ``aten.scaled_dot_product_attention(q, k, v, mask, scale=scale)`` (any length):
   fuse_sdpa then takes it as any other attention (the grouped heads' expansion, the masks) and torch's
@@ -21,11 +22,39 @@ with the pointwise ops between. This pass puts one node in their place:
   written-out form: no fused kernel with a soft cap is built, and the code generator already makes the
   pointwise chain and softmax one kernel.
 
+A boolean mask written as ``scores.masked_fill(m, fill)`` (export gives ``where(m, fill, scores)``) or
+``where(m, scores, fill)`` (GPT-2's old eager path) masks where the add would, or before the scale's
+multiplies (not under the soft cap: tanh makes -inf a finite -cap, no mask). It is a mask only when the
+value the softmax then sees in the scores' dtype (the fill, a number or a ``scalar_tensor`` / ``full``
+constant, after the scale written after it) is -inf or at most ``finfo(dtype).min``; any other fill (0,
+-1e4, a lifted tensor constant whose value the graph does not hold) is a value, and nothing changes.
+``m`` must be torch.bool, of rank 2 to 4 (SDPA reads a mask's last two dims; a 1-D one fails there, added
+or boolean), broadcasting to the scores without making them larger; one mask per attention (a boolean
+one and an added one together keep the written-out form).
+
+- -inf: the attention gets the boolean mask, True = visible: ``m`` for ``where(m, scores, fill)``, its
+  negation for masked_fill (``x`` itself when ``m`` is ``~x``, else one ``bitwise_not`` made per mask and
+  shared by the layers), which fuse_sdpa reads as positions or converts as any boolean mask. A query
+  with no visible key is NaN in eager (softmax over -inf alone) and 0 from the attention (torch's SDPA
+  and the CUDA kernels; the soft cap's reference keeps the NaN), as for an added -inf mask.
+- finite (HF's ``finfo.min``): the additive mask ``where(m, fill, 0)`` (``where(m, 0, fill)``) in the
+  scores' dtype, made once per mask and shared, as if the model had added it: a query with no visible
+  key keeps eager's uniform weights (in fp32 and bf16 the fill swamps any score the fused kernels add it
+  to in fp32; in fp16 -65504 does not, and such a row gets the softmax of its raw scores, as an added
+  fp16 ``finfo.min`` mask does). A boolean mask would make that row 0.
+
+Rows with a visible key are the same either way, up to the rounding below. The masks made go right after
+the boolean mask's producer (first when it is an input), where fuse_sdpa puts its own.
+
 The fused kernels compute the scores in fp32 where the eager form rounds each step to q's dtype: the
 results differ by that rounding (as torch's own SDPA differs from the eager form). Every intermediate
 must be read by the chain alone and not be a graph output or mutation value; otherwise nothing changes.
 """
 from __future__ import annotations
+
+import math
+
+import torch
 
 from ...ir import Graph, Node, TensorMeta, Value
 from ..rewrite import drop_nodes, pinned_values
@@ -33,6 +62,8 @@ from .sdpa import _int, _same
 
 _RESHAPES = ("aten.view", "aten.reshape", "aten._unsafe_view")
 _CAST_KWARGS = {"dtype", "layout", "device", "memory_format"}     # a cast or copy that keeps the values
+_MASKED = ("aten.where.self", "aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+_NOT = ("aten.bitwise_not", "aten.logical_not")
 
 
 def _tensor(v) -> bool:
@@ -43,11 +74,15 @@ def _number(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
+def _same_shape(a: Value, b: Value) -> bool:
+    return a.meta.rank == b.meta.rank and all(_same(x, y) for x, y in zip(a.meta.shape, b.meta.shape))
+
+
 class _Chain:
     """The nodes a match absorbs, each checked to be its value's only reader."""
 
-    def __init__(self, users, pinned: set[int]):
-        self.users, self.pinned, self.nodes = users, pinned, []
+    def __init__(self, g: Graph, users, pinned: set[int]):
+        self.g, self.users, self.pinned, self.nodes = g, users, pinned, []
 
     def only(self, v: Value, reader: Node) -> bool:
         readers = self.users.get(v.id, [])
@@ -80,10 +115,140 @@ def _unflatten(v: Value, chain: _Chain, reader: Node) -> Value | None:
     return x
 
 
-def _scores(x: Value, chain: _Chain, reader: Node):
-    """(s4, q4, kt4 source k4, scale, softcap, mask) walking back from the softmax's input ``x``."""
+# -- boolean masks: masked_fill / where ------------------------------------------------------------
+def _fill(x) -> torch.Tensor | None:
+    """A fill's value as a 0-d tensor of its own dtype: a number, or a one-element ``scalar_tensor`` /
+    ``full``; None for anything else (a lifted constant's value is not in the graph)."""
+    if _number(x) is not None:
+        return torch.tensor(_number(x), dtype=torch.float64)
+    node = x.producer if _tensor(x) else None
+    if node is None or x.meta.dtype == torch.bool or x.meta.dtype.is_complex:
+        return None
+    if node.op == "aten.scalar_tensor" and len(node.args) == 1:
+        value = _number(node.args[0])
+    elif node.op == "aten.full" and len(node.args) == 2 and all(_int(d) == 1 for d in node.args[0]):
+        value = _number(node.args[1])
+    else:
+        return None
+    return None if value is None else torch.tensor(value, dtype=torch.float64).to(x.meta.dtype)
+
+
+def _masking(fill: torch.Tensor, dtype: torch.dtype, later: list[tuple[str, float]]) -> float | None:
+    """What the softmax sees where the fill went (the scale ``later`` applied in ``dtype``, as eager
+    rounds it) when that hides the key: -inf, or a finite value at most ``finfo(dtype).min``."""
+    t = fill.to(dtype)
+    for op, c in later:
+        t = t * c if op == "aten.mul.Tensor" else t / c
+    seen = float(t)
+    return seen if seen == -math.inf or (math.isfinite(seen) and seen <= torch.finfo(dtype).min) else None
+
+
+def _masked(x: Value, chain: _Chain, reader: Node, later: list[tuple[str, float]]):
+    """((source, hides, fill), the scores, the node) for a ``masked_fill`` / ``where`` producing ``x`` with a
+    boolean mask and a fill that hides (``source`` True hides the key when ``hides``, shows it otherwise);
+    None when ``x`` is not made so (then it is a value: nothing may change)."""
+    node = chain.back(x, reader, _MASKED)
+    if node is None or node.kwargs or len(node.args) != 3:
+        return None
+    if node.op == "aten.where.self":
+        m, a, b = node.args
+        sides = [(a, b, False), (b, a, True)]       # where(m, scores, fill): m shows; where(m, fill, s) hides
+    else:
+        y, m, value = node.args
+        sides = [(y, value, True)]
+    for y, value, hides in sides:
+        fill = _fill(value)
+        if fill is not None and _tensor(y) and _tensor(m) and y.meta.dtype == x.meta.dtype \
+                and x.meta.dtype.is_floating_point and _same_shape(y, x) and m.meta.dtype == torch.bool \
+                and 2 <= m.meta.rank <= x.meta.rank:
+            seen = _masking(fill, x.meta.dtype, later)
+            if seen is None:
+                return None
+            inner = m.producer
+            if inner is not None and inner.op in _NOT and len(inner.args) == 1 and _tensor(inner.args[0]) \
+                    and inner.args[0].meta.dtype == torch.bool:
+                if chain.only(m, node):      # ~x read by this mask alone goes with it; else it stays
+                    chain.nodes.append(inner)
+                m, hides = inner.args[0], not hides
+            return (m, hides, seen), y, node
+    return None
+
+
+class _Masks:
+    """The attention masks made from boolean ones, each once for all the attention nodes reading it, to go
+    right after the boolean mask's producer (``None``: first, for an input)."""
+
+    def __init__(self, g: Graph):
+        self.g, self.made, self.after = g, {}, {}
+
+    def value(self, spec: tuple[Value, bool, float], dtype: torch.dtype, at: Node) -> Value:
+        m, hides, fill = spec
+        if fill == -math.inf and not hides:
+            return m
+        key = (m.id, hides, fill, None if fill == -math.inf else dtype)
+        if key not in self.made:
+            if fill == -math.inf:
+                made = [Node("aten.bitwise_not", (m,), {}, f"{at.name}_shown", at.source)]
+                meta = TensorMeta(torch.bool, tuple(m.meta.shape))
+            else:
+                made = [Node("aten.scalar_tensor", (x,), {"dtype": dtype, "layout": torch.strided,
+                                                          "device": torch.device("cpu")},
+                             f"{at.name}_fill_{name}", at.source) for x, name in ((fill, "hidden"), (0.0, "zero"))]
+                for n in made:
+                    n.outputs = [self.g.new_value(n.name, TensorMeta(dtype, ()), "temp", n)]
+                values = [n.outputs[0] for n in made]
+                made.append(Node("aten.where.self", (m, *(values if hides else values[::-1])), {},
+                                 f"{at.name}_fill_mask", at.source))
+                meta = TensorMeta(dtype, tuple(m.meta.shape))
+            made[-1].outputs = [self.g.new_value(made[-1].name, meta, "temp", made[-1])]
+            self.after.setdefault(None if m.producer is None else id(m.producer), []).extend(made)
+            self.made[key] = made[-1].outputs[0]
+        return self.made[key]
+
+
+# -- the chain ------------------------------------------------------------------------------------
+def _keys(kt4: Value, chain: _Chain, reader: Node, name: str):
+    """(k as [B, H, S, D], the permute made for it or None) for ``kt4``, k with its last two dims swapped:
+    a transpose of them, or a permute (GPT-2's [B, S, H, D] → [B, H, D, S]), under an optional copy."""
+    t = kt4.producer
+    if t is not None and t.op == "aten.clone" and set(t.kwargs) <= {"memory_format"} and len(t.args) == 1 \
+            and _tensor(t.args[0]) and chain.only(kt4, reader):
+        chain.nodes.append(t)
+        kt4, reader, t = t.args[0], t, t.args[0].producer
+    if t is None or t.op not in ("aten.permute", "aten.transpose.int") or not chain.only(kt4, reader) \
+            or not _tensor(t.args[0]) or t.args[0].meta.rank != 4:
+        return None
+    dims = [_int(d) for d in (t.args[1] if t.op == "aten.permute" else t.args[1:3])]
+    if None in dims:
+        return None
+    dims = [d % 4 for d in dims]
+    if t.op == "aten.transpose.int" and sorted(dims) == [2, 3]:
+        order = [0, 1, 2, 3]
+    elif t.op == "aten.permute" and sorted(dims) == [0, 1, 2, 3]:      # k = the permute with its last two swapped
+        order = [*dims[:2], dims[3], dims[2]]
+    else:
+        return None
+    chain.nodes.append(t)
+    src = t.args[0]
+    if order == [0, 1, 2, 3]:
+        return src, None
+    node = Node("aten.permute", (src, order), {}, name, t.source)
+    node.outputs = [chain.g.new_value(name, TensorMeta(src.meta.dtype, tuple(src.meta.shape[i] for i in order)),
+                                      "temp", node)]
+    return node.outputs[0], node
+
+
+def _scores(x: Value, chain: _Chain, reader: Node, name: str):
+    """(s4, q4, k4, the permute made for k4, scale, softcap, mask) walking back from the softmax's input
+    ``x``; the mask a Value, or for a boolean one its (source, hides, fill)."""
     mask, softcap, scale = None, None, 1.0
-    node = chain.back(x, reader, ("aten.add.Tensor",))
+    producer = x.producer if _tensor(x) else None
+    if producer is not None and producer.op in _MASKED:
+        found = _masked(x, chain, reader, [])
+        if found is None:
+            return None
+        mask, x, reader = found
+    node = chain.back(x, reader, ("aten.add.Tensor",)) if mask is None else None
     if node is not None:
         if len(node.args) != 2 or node.kwargs:
             return None
@@ -91,9 +256,10 @@ def _scores(x: Value, chain: _Chain, reader: Node):
         pick = [(a, b), (b, a)] if _tensor(b) else []
         for y, m in pick:       # the scores' operand is the one made by the chain's ops
             # an additive mask of the scores' own float dtype that does not broadcast them any larger (a
-            # bool or integer tensor added is a number there, not SDPA's mask; another dtype would promote)
+            # bool or integer tensor added is a number there, not SDPA's mask; another dtype would promote;
+            # SDPA reads a mask's last two dims as the queries' and keys': one of rank 0 or 1 fails there)
             if _tensor(m) and y.producer is not None and y.producer.op in (
-                    "aten.mul.Tensor", "aten.div.Tensor", *_RESHAPES) and m.meta.rank <= 4 \
+                    "aten.mul.Tensor", "aten.div.Tensor", *_RESHAPES) and 2 <= m.meta.rank <= 4 \
                     and m.meta.dtype == y.meta.dtype and y.meta.dtype.is_floating_point \
                     and len(x.meta.shape) == len(y.meta.shape) \
                     and all(_same(a, c) for a, c in zip(x.meta.shape, y.meta.shape)):
@@ -117,12 +283,22 @@ def _scores(x: Value, chain: _Chain, reader: Node):
                 or chain.back(tanh.args[0], tanh, (div.op,)) is None:
             return None
         softcap, x, reader = cap, div.args[0], div
-    while _tensor(x) and x.producer is not None and x.producer.op in ("aten.mul.Tensor", "aten.div.Tensor"):
+    later: list[tuple[str, float]] = []     # the scale's ops after x, in the order eager applies them
+    while _tensor(x) and x.producer is not None:
         node = x.producer
+        if node.op in _MASKED and mask is None and softcap is None:     # a boolean mask before the scale
+            found = _masked(x, chain, reader, later)
+            if found is None:
+                return None
+            mask, x, reader = found
+            continue
+        if node.op not in ("aten.mul.Tensor", "aten.div.Tensor"):
+            break
         c = _number(node.args[1]) if len(node.args) == 2 and not node.kwargs else None
         if c is None or c == 0 or chain.back(x, reader, (node.op,)) is None:
             return None
         scale = scale * c if node.op == "aten.mul.Tensor" else scale / c
+        later.insert(0, (node.op, c))
         x, reader = node.args[0], node
     s4 = x
     view = chain.back(s4, reader, _RESHAPES)
@@ -135,24 +311,15 @@ def _scores(x: Value, chain: _Chain, reader: Node):
     kt4 = _unflatten(bmm.args[1], chain, bmm)
     if q4 is None or kt4 is None:
         return None
-    t = kt4.producer
-    if t is None or not chain.only(kt4, chain.nodes[-1]):     # read by its flattening view (or expand)
+    keys = _keys(kt4, chain, chain.nodes[-1], f"{name}_keys")    # read by its flattening view (or expand)
+    if keys is None:
         return None
-    dims = [_int(d) for d in (t.args[1] if t.op == "aten.permute" else t.args[1:3])]
-    if None in dims or (t.op, [d % 4 for d in dims]) not in (("aten.permute", [0, 1, 3, 2]),
-                                                              ("aten.transpose.int", [2, 3]),
-                                                              ("aten.transpose.int", [3, 2])):
-        return None     # k's last two dims swapped, and nothing else
-    chain.nodes.append(t)
-    k4 = t.args[0]
-    if not _tensor(k4) or k4.meta.rank != 4:
-        return None
-    return s4, q4, k4, scale, softcap, mask
+    return s4, q4, *keys, scale, softcap, mask
 
 
-def _match(g: Graph, pv: Node, users, pinned: set[int]):
-    """(the attention node, the view node it needs, the output view it replaces, absorbed nodes) or None."""
-    chain = _Chain(users, pinned)
+def _match(g: Graph, pv: Node, users, pinned: set[int], masks: _Masks, absorbed: set[int]):
+    """(the attention node, the nodes it needs made, the output view it replaces, absorbed nodes) or None."""
+    chain = _Chain(g, users, pinned)
     if len(pv.args) != 2 or pv.kwargs:
         return None
     out3 = pv.outputs[0]
@@ -177,10 +344,10 @@ def _match(g: Graph, pv: Node, users, pinned: set[int]):
     if cast is not None and cast.op == "aten._to_copy" and set(cast.kwargs) <= _CAST_KWARGS \
             and chain.back(x, reader, ("aten._to_copy",)) is not None:
         x, reader = cast.args[0], cast
-    found = _scores(x, chain, reader)
+    found = _scores(x, chain, reader, pv.name)
     if found is None:
         return None
-    s4, q4, k4, scale, softcap, mask = found
+    s4, q4, k4, k4_node, scale, softcap, mask = found
     # v: [B, H, S, D], or HF's repeat_kv 5-D copy [B, Hkv, n_rep, S, D] flattened straight to [B*H, S, D]
     v3 = pv.args[1]
     view = chain.back(v3, pv, _RESHAPES)
@@ -210,6 +377,10 @@ def _match(g: Graph, pv: Node, users, pinned: set[int]):
         return None
     if len({q4.meta.dtype, k4.meta.dtype, v4.meta.dtype, out3.meta.dtype}) != 1 or not q4.meta.dtype.is_floating_point:
         return None
+    if any(id(n) in absorbed for n in chain.nodes):
+        return None
+    if isinstance(mask, tuple):     # a boolean mask's: made only now that the match holds
+        mask = masks.value(mask, q4.meta.dtype, pv)
     if softcap is None:
         node = Node("aten.scaled_dot_product_attention", (q4, k4, v4, mask, 0.0, False), {"scale": scale},
                     pv.name, pv.source)
@@ -217,7 +388,7 @@ def _match(g: Graph, pv: Node, users, pinned: set[int]):
         node = Node("ost.softcap_attention", (q4, k4, v4, mask, None, scale, 1, False, softcap), {}, pv.name,
                     pv.source)
     node.outputs = [result]
-    return node, v4_node, out_view, chain.nodes + [pv]
+    return node, [n for n in (k4_node, v4_node) if n is not None], out_view, chain.nodes + [pv]
 
 
 def fuse_eager_attention(g: Graph) -> Graph:
@@ -225,17 +396,22 @@ def fuse_eager_attention(g: Graph) -> Graph:
     pinned = pinned_values(g)
     replacement: dict[int, list[Node]] = {}
     absorbed: set[int] = set()
+    masks = _Masks(g)
     for node in list(g.nodes):
         if node.op != "aten.bmm" or id(node) in absorbed:
             continue
-        m = _match(g, node, users, pinned)
-        if m is None or any(id(n) in absorbed for n in m[3]):
+        m = _match(g, node, users, pinned, masks, absorbed)
+        if m is None:
             continue
-        attention, v4_node, out_view, nodes = m
+        attention, made, out_view, nodes = m
         attention.outputs[0].producer = attention
-        replacement[id(out_view)] = [n for n in (v4_node, attention) if n is not None]
+        replacement[id(out_view)] = [*made, attention]
         absorbed.update(id(n) for n in nodes)
     if replacement:
-        g.nodes = [x for n in g.nodes for x in replacement.get(id(n), [n])]
+        nodes = [*masks.after.get(None, [])]
+        for n in g.nodes:
+            nodes.extend(replacement.get(id(n), [n]))
+            nodes.extend(masks.after.get(id(n), []))
+        g.nodes = nodes
         drop_nodes(g, absorbed)
     return g
