@@ -36,7 +36,26 @@ def test_each_part_runs_on_its_own_gpu(tmp_path):
     assert p.returncode == 0, p.stderr
     for gpu, part in enumerate((4, 9)):
         log = (tmp_path / "out" / f"part{part}.log").read_text()
-        assert log.strip() == f"args={part}/36 --startup-configs representative gpu={gpu} timeout=545", log
+        assert log.strip() in (f"args={part}/36 --startup-configs representative gpu={gpu} timeout={t}"
+                               for t in (544, 545)), log
+
+
+def test_parts_one_after_the_other_on_one_gpu(tmp_path):
+    """``16+17`` runs both parts on the first GPU, the second until the deadline the first left; a failing
+    part does not stop the next, and the job's exit code is the failing part's."""
+    script, env = _tree(tmp_path, gpus=2)
+    stand_in = script.parent / "gpu_suite.sh"
+    stand_in.write_text(stand_in.read_text() + '[ "$1" = 16/36 ] && exit 3\nsleep 1\n')
+    p = subprocess.run(["bash", str(script), "36", "16+17", "18"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 3, (p.stdout, p.stderr)
+    first, second = (tmp_path / "out" / "part16+17.log").read_text().split("\n")[:2]
+    assert first.startswith("args=16/36 ") and " gpu=0 " in first and first.endswith(("timeout=545", "timeout=544"))
+    assert second.startswith("args=17/36 ") and " gpu=0 " in second
+    assert 0 < int(second.rsplit("=", 1)[1]) <= 545
+    assert (tmp_path / "out" / "part18.log").read_text().startswith("args=18/36 --startup-configs representative gpu=1")
+    p = subprocess.run(["bash", str(script), "36", "16+x"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "'16+x' is not K or K1+K2" in p.stderr
 
 
 def test_more_parts_than_gpus_is_refused(tmp_path):
