@@ -425,3 +425,104 @@ def test_dot_rows_take_half_dtypes_up_to_the_switch(monkeypatch):
     monkeypatch.setenv("OSTINATO_DOT_ROWS", "256")
     with pytest.raises(ValueError, match="OSTINATO_DOT_ROWS"):
         key()
+
+
+class _HeadedDecoder(torch.nn.Module):
+    """Two decoder layers with Llama's proportions (gate/up the heaviest of a layer), a final RMSNorm and a
+    head heavier than any of the layers' projections."""
+
+    def __init__(self):
+        super().__init__()
+        from fusion_models import DecoderLayer
+        self.layers = torch.nn.ModuleList(DecoderLayer(i=128) for _ in range(2))
+        self.w = torch.nn.Parameter(torch.rand(64) + 0.5)
+        self.head = torch.nn.Linear(64, 1024, bias=False)
+
+    def forward(self, x):
+        from fusion_models import DecoderLayer
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(DecoderLayer._rms(x, self.w))
+
+
+def test_dot_pick_prologue_moves_the_lighter_projections(monkeypatch):
+    """OSTINATO_DOT_PICK=prologue (with OSTINATO_DOT_ROWS): past 16 rows only projections that take a
+    prologue launched on its own otherwise are tl.dot matmul groups, all but the heaviest of them and no
+    head. A decoder layer with Llama's proportions: RMSNorm + q/k/v (gated after) and SwiGLU + down +
+    residual are the two groups, o and gate/up stay cuBLAS calls and the second norm its own launch (5
+    launches; 9 by default, 4 with every projection moved). With q/k/v as heavy as gate/up both stay, and
+    the output projection takes the gating as its prologue instead. A head heavier than the layers'
+    projections stays cuBLAS's, the layers as before. Nothing changes without OSTINATO_DOT_ROWS, nor at 16
+    rows or past OSTINATO_DOT_ROWS; the pick is part of the plan key; a bad value is refused. Outputs equal
+    eager through the reference."""
+    from fusion_models import DecoderLayer
+    from ostinato.backends.cuda.backend import CUDABackend
+    from ostinato.codegen.report import launch_table
+
+    def launches(model, rows=32):
+        """Each launch of ``model`` at ``rows`` rows in fp16 as its ops, a matmul group's in a tuple."""
+        torch.manual_seed(0)
+        model = model.eval().to(torch.float16)
+        args = DecoderLayer.inputs(rows, torch.float16)
+        prog = ostinato.export(model, args)
+        with torch.no_grad():
+            assert_same(fused_executable(prog, ReferenceFusionBackend())(*args), model(*args))
+        return [tuple(r["ops"]) if r["kind"] == "fused" else r["kind"] for r in launch_table(prog.graph, "cuda")]
+
+    def key():
+        return CUDABackend.plan_key_parts(object.__new__(CUDABackend))["fusion"]
+
+    monkeypatch.setenv("OSTINATO_DOT_PICK", "prologue")
+    default = key()
+    assert "pick" not in default and launches(DecoderLayer(i=128)) == [
+        "ost.rms_norm", "ost.multi_linear", ("aten.sigmoid", "aten.mul.Tensor", "aten.add.Tensor"), "aten.linear",
+        "ost.add_rms_norm", "ost.multi_linear", "ost.swiglu", "aten.linear", "aten.add.Tensor"]    # (no DOT_ROWS)
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "64")
+    assert key().endswith("-dotrows64-pickprologue")
+    qkv = ("ost.rms_norm", "ost.multi_linear", "aten.sigmoid", "aten.mul.Tensor", "aten.add.Tensor")
+    down = ("ost.swiglu", "aten.linear", "aten.add.Tensor")
+    layer = [qkv, "aten.linear", "ost.add_rms_norm", "ost.multi_linear", down]
+    for rows in (17, 32, 64):
+        assert launches(DecoderLayer(i=128), rows) == layer, rows
+    picked = {rows: launches(DecoderLayer(i=128), rows) for rows in (16, 65)}   # the GEMV kernel's rows, too many
+    # q/k/v (3 x 64 x 64) as heavy as gate/up (2 x 96 x 64): both stay, o takes the gating
+    assert launches(DecoderLayer()) == ["ost.rms_norm", "ost.multi_linear", ("aten.sigmoid", "aten.mul.Tensor",
+                                        "aten.add.Tensor", "aten.linear"), "ost.add_rms_norm", "ost.multi_linear", down]
+    # (each layer's residual add goes to the next add + RMSNorm: the first down has no epilogue)
+    first = [qkv, *layer[1:4], ("ost.swiglu", "aten.linear")]
+    second = [("ost.add_rms_norm", *qkv[1:]), *first[1:]]
+    assert launches(_HeadedDecoder()) == [*first, *second, "ost.add_rms_norm", "aten.linear"]
+    monkeypatch.setenv("OSTINATO_DOT_PICK", "all")
+    assert key().endswith("-dotrows64") and len(launches(DecoderLayer(i=128))) == 4
+    assert picked == {rows: launches(DecoderLayer(i=128), rows) for rows in (16, 65)}, picked
+    monkeypatch.setenv("OSTINATO_DOT_PICK", "some")
+    with pytest.raises(ValueError, match="OSTINATO_DOT_PICK"):
+        key()
+
+
+def test_dot_pick_batched_llama_takes_six_launches_per_layer(monkeypatch):
+    """Issue #15 at batch 32 (bf16 transformers Llama, three layers): OSTINATO_DOT_ROWS=64 with
+    OSTINATO_DOT_PICK=prologue is 6 launches a layer (add + RMSNorm + q/k/v, attention, o, add + RMSNorm,
+    gate/up, SwiGLU + down; the final norm and the LM head stay as they were), against 5 with every
+    projection moved and 8 by default."""
+    from fusion_backend import batched_llama
+    from ostinato.codegen.report import launch_table
+    wrapper, steps = batched_llama(32, torch.bfloat16)
+    prog = ostinato.export(wrapper, (), steps[0], trace_strict=True)
+
+    def kinds():
+        return [tuple(r["ops"]) if r["kind"] == "fused" else r["kind"] for r in launch_table(prog.graph, "cuda")]
+
+    default = kinds()
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "64")
+    every = kinds()
+    monkeypatch.setenv("OSTINATO_DOT_PICK", "prologue")
+    picked = kinds()
+    for got, per_layer in ((default, 8), (every, 5), (picked, 6)):
+        at = [i for i, k in enumerate(got) if k == "ost.decode_attention_"]
+        assert len(at) == 3 and at[1] - at[0] == at[2] - at[1] == per_layer, got
+    at = picked.index("ost.decode_attention_", picked.index("ost.decode_attention_") + 1)
+    assert picked[at - 1:at + 6] == [("ost.add_rms_norm", "ost.multi_linear"), "ost.decode_attention_", "aten.linear",
+                                     "ost.add_rms_norm", "ost.multi_linear", ("ost.swiglu", "aten.linear"),
+                                     ("ost.add_rms_norm", "ost.multi_linear")], picked
+    assert picked[-2:] == default[-2:] == ["ost.add_rms_norm", "aten.linear"], picked

@@ -20,6 +20,35 @@ H100, a batch-32 decode step of the hidden-4096 Llama took 3.37 ms of GPU time w
 cuBLAS (each program walks all of K and recomputes the prologue's rows from L2; no split-K), though it
 makes the layer 5 launches instead of 8.
 
+OSTINATO_DOT_PICK=prologue (with OSTINATO_DOT_ROWS) moves only some of those projections to the tl.dot
+kernel: those that remove a launch at the least cost (``_prologue_picks``). The kernel's cost over
+cuBLAS's grows with the weight it streams, and so does its prologue's: every program (one per column
+block) makes A's rows again from the prologue's inputs over all of K (a norm's twice: its statistics,
+then the K loop). A launch is saved only by taking a group that would otherwise launch on its own. Over
+one graph, a projection of more than MAX_ROWS rows (up to ``dot_rows()``) is a tl.dot
+matmul group when
+
+- it takes a prologue that would otherwise be a launch of its own (a lone projection stays cuBLAS's, and
+  so does one with only an epilogue: a decoder's residual add goes to the next norm's group, a gating
+  between two projections is the next one's prologue);
+- its result is not the step's: a head (an LM head) runs once a step, not once a layer, and its
+  vocabulary-wide weight is often the largest;
+- its weights are lighter (bytes) than those of the heaviest projection meeting the two conditions
+  above, which stays cuBLAS's, with any as heavy: the projection dominating the step's weight traffic
+  keeps cuBLAS's speed (so a graph with one such projection moves none);
+
+and it takes its epilogue too, if it has one. Where a picked projection takes as its epilogue the group
+that a later one would take as its prologue, the later one has nothing left to remove and stays
+cuBLAS's. In a Llama-shaped decoder layer the candidates are q/k/v (after an add + RMSNorm), gate/up
+(after the second) and down (after the SwiGLU over gate/up's results); gate/up is the heaviest, so q/k/v
+take their norm and down its SwiGLU: add + RMSNorm + q/k/v, attention, o (cuBLAS), add + RMSNorm, gate/up
+(cuBLAS), SwiGLU + down, 6 launches a layer instead of 8 (5 with every projection moved). The add's sum
+is still the residual the next add reads: the q/k/v kernel's first column block stores it, so taking the
+norm saves the normalized rows' round trip and a launch, not the sum's write. GPT-2's layer (LayerNorm
+before c_attn and c_fc, GELU in c_fc's op) moves c_attn: 6 launches instead of 7. Phi-3's packed gate_up
+keeps its gating (a packed one is only ever an epilogue, and gate_up is the heaviest): 7. Not measured on a
+GPU yet (scripts/gpu_dot_pick.sh).
+
 Past MAX_DOT_ROWS rows (a prefill, an image's pixels), with OSTINATO_TILED_LINEAR=1, a projection with a
 neighbour to take is a tl.dot matmul group tiled over blocks of rows when it is memory-bound (``tiled``:
 ConvNeXt's LayerNorm -> 4x projection -> GELU at its first two stages): the norm's output and the
@@ -40,6 +69,7 @@ import math
 import os
 
 from ..ir import Graph, Node, Value, get_op
+from ..ir.ops import does_device_work
 from ..ir.types import TensorMeta
 from .expand import Builder, NotFusible, code_of
 from .schedule import FusionGroup, Space, node_space
@@ -85,6 +115,26 @@ def dot_rows() -> int:
         raise ValueError(f"OSTINATO_DOT_ROWS={raw!r}: a row count up to {MAX_DOT_ROWS} ({MAX_ROWS} switches the tl.dot "
                          "kernel off)")
     return max(rows, MAX_ROWS)
+
+
+DOT_PICKS = ("all", "prologue")
+
+
+def dot_pick() -> str:
+    """Which projections of more than MAX_ROWS rows (up to dot_rows()) are tl.dot matmul groups:
+    OSTINATO_DOT_PICK=all (unset: the default) every one with a neighbour, and lone ones (OSTINATO_LONE_GEMV);
+    ``prologue`` only those _prologue_picks chooses (the module's note; part of the plan key)."""
+    raw = os.environ.get("OSTINATO_DOT_PICK", "all")
+    if raw not in DOT_PICKS:
+        raise ValueError(f"OSTINATO_DOT_PICK={raw!r}: one of {', '.join(DOT_PICKS)}")
+    return raw
+
+
+def dot_key() -> str:
+    """The tl.dot kernel's switches as a part of the CUDA plan key: empty while it is off (the default)."""
+    if dot_rows() == MAX_ROWS:
+        return ""
+    return f"-dotrows{dot_rows()}" + ("" if dot_pick() == "all" else f"-pick{dot_pick()}")
 
 
 def tiled_linear_enabled() -> bool:
@@ -260,10 +310,13 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
     # the module's note).
     lone = lone_gemv_enabled()
     keys = [run_at(it) for it in items]
-    for node in [it for it in items if isinstance(it, Node) and it.op in LINEAR_OPS]:
+
+    def neighbours(node: Node):
+        """(linear_parts, the prologue, the epilogue, ost.linear's activation node, a packed gating's
+        halves) of a projection the generated kernel takes, over the items as they stand; else None."""
         parts = linear_parts(node)
         if parts is None:
-            continue
+            return None
         x, weights, biases, activation, weight_t = parts
         outs = list(node.outputs)
         pro = owner.get(x.id)
@@ -288,10 +341,22 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
         if epi is None and act is None:
             halves = _packed_gating(node, weights, weight_t, users, graph_reads, holder)
             epi = halves[0] if halves is not None else None
+        return parts, pro, epi, act, halves
+
+    projections = [it for it in items if isinstance(it, Node) and it.op in LINEAR_OPS]
+    picked = _prologue_picks(projections, neighbours, graph_reads) if dot_pick() == "prologue" else None
+    for node in projections:
+        found = neighbours(node)
+        if found is None:
+            continue
+        (x, weights, biases, activation, weight_t), pro, epi, act, halves = found
         rows = math.prod(x.meta.shape[:-1])
         if rows > MAX_DOT_ROWS:
             if pro is None and epi is None and act is None:
                 continue    # a tiled projection is worth it only for the pass a neighbour saves
+        elif rows > MAX_ROWS and picked is not None:
+            if id(node) not in picked or pro is None:
+                continue    # (pro None: an earlier pick took it as its epilogue)
         elif pro is None and epi is None and not (lone and (rows == 1 or rows > MAX_ROWS)):
             continue        # 2..MAX_ROWS rows and no neighbour (an activation alone included): cuBLAS
         group = _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, position, impure,
@@ -308,6 +373,33 @@ def absorb_linears(graph: Graph, items: list, users: dict, graph_reads: set[int]
                 if v is not None:
                     owner[v.id] = group
     return items
+
+
+def _weight_bytes(weights: list[Value]) -> int:
+    return sum(math.prod(w.meta.shape) * w.meta.dtype.itemsize for w in weights)
+
+
+def _prologue_picks(projections: list[Node], neighbours, graph_reads: set[int]) -> set[int]:
+    """The ids of the projections of more than MAX_ROWS rows (up to dot_rows()) that OSTINATO_DOT_PICK=prologue
+    makes tl.dot matmul groups (the module's note): each takes a prologue that would otherwise be a launch
+    of its own, leaves the step's result to other nodes (not a head), and is lighter (weight bytes) than
+    the heaviest such projection, which stays cuBLAS's with all as heavy as it. ``neighbours``:
+    absorb_linears' (linear_parts, prologue, ...) of a projection, over the scheduler's items."""
+    takers = {}
+    for node in projections:
+        found = neighbours(node)
+        if found is None:
+            continue
+        (x, weights, *_), pro = found[0], found[1]
+        if not MAX_ROWS < math.prod(x.meta.shape[:-1]) <= dot_rows():
+            continue
+        if pro is None or not (isinstance(pro, FusionGroup) or does_device_work(pro.op)):
+            continue    # no launch of its own to remove
+        if any(v is not None and v.id in graph_reads for v in node.outputs):
+            continue    # a head: once a step, not once a layer
+        takers[id(node)] = _weight_bytes(weights)
+    heaviest = max(takers.values(), default=0)
+    return {k for k, size in takers.items() if size < heaviest}
 
 
 def _merge(node, x, weights, biases, weight_t, pro, epi, act, members, run_at, position, impure, users, graph_reads,

@@ -8,7 +8,7 @@ import torch
 from ... import codegen
 from ...codegen.attention import attention_fusion_enabled
 from ...codegen.conv import conv_bias_fusion_enabled
-from ...codegen.linear import MAX_ROWS, dot_rows, linear_fusion_enabled, lone_gemv_enabled, tiled_linear_enabled
+from ...codegen.linear import dot_key, linear_fusion_enabled, lone_gemv_enabled, tiled_linear_enabled
 from ...codegen.schedule import strided_copies_enabled
 from ...errors import BackendError
 from ..base import Launch, fused_launches
@@ -44,7 +44,7 @@ class CUDABackend(ConvLayouts, CPUBackend):
             return {"fusion": "off", **conv}
         return {"fusion": codegen.codegen_digest()[:16] + ("" if linear_fusion_enabled() else "-nolinear")
                 + ("" if lone_gemv_enabled() else "-nolonegemv")
-                + ("" if dot_rows() == MAX_ROWS else f"-dotrows{dot_rows()}")
+                + dot_key()
                 + ("-tiled" if tiled_linear_enabled() else "")
                 + ("" if attention_fusion_enabled() else "-noattention")
                 + ("" if conv_bias_fusion_enabled() else "-noconvbias")
