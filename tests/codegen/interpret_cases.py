@@ -269,6 +269,10 @@ def main(what: str, dtype_name: str) -> None:
             results[name] = _check(case)
         print(json.dumps(results))
         return
+    if what == "linear_pick":      # OSTINATO_DOT_PICK=prologue: q/k/v with their norm, down with its SwiGLU
+        os.environ.update(OSTINATO_DOT_ROWS="64", OSTINATO_DOT_PICK="prologue")    # (off by default)
+        print(json.dumps(_pick_cases(dtype)))
+        return
     if what == "linear_tiled":     # matmul groups past 128 rows (fp16: the tl.dot kernel tiled over rows)
         os.environ["OSTINATO_TILED_LINEAR"] = "1"   # (off by default)
         from fusion_models import Conv1DBlock, ConvNeXtBlock, DecoderLayer, LoneProjections, PackedGatedMLP
@@ -370,6 +374,88 @@ def main(what: str, dtype_name: str) -> None:
         results["split_rows"] = _split_rows_seen()
         results["column_rows"] = _column_rows_seen()
     print(json.dumps(results))
+
+
+def _pick_groups(groups, half: bool) -> None:
+    """The matmul groups OSTINATO_DOT_PICK=prologue leaves a decoder layer, each the tl.dot kernel: q/k/v
+    (three slices) with an RMSNorm prologue (a sum of squares), down (one slice) with a SwiGLU one (a
+    sigmoid over gate, times up); none in fp32 (max_rows: 16)."""
+    if not half:
+        if groups:
+            raise AssertionError(f"{len(groups)} matmul groups in fp32")
+        return
+    specs = [json.loads(l.args[0]) for l in groups]
+    qkv = [s for s in specs if len(s["w"]) == 3 and any(op[0] == "rsqrt" for op in s["pro"]["ops"])]
+    down = [s for s in specs if len(s["w"]) == 1 and any(op[0] == "sigmoid" for op in s["pro"]["ops"])]
+    if len(qkv) + len(down) != len(specs) or len(qkv) != len(down):
+        raise AssertionError(f"matmul groups: {len(qkv)} q/k/v with a norm, {len(down)} down with SwiGLU, "
+                             f"{len(specs)} in all")
+
+
+def _ran_dot(groups) -> None:
+    """Each matmul group ran the tl.dot kernel (its launch plans are made on its first run)."""
+    for l in groups:
+        kinds = {p.kernel.library.module.split("_")[3][:2] for p in _plans(l)}
+        if kinds != {"md"}:
+            raise AssertionError(f"{l.name} ran {kinds} kernels, not the tl.dot one")
+
+
+def _pick_cases(dtype) -> dict:
+    """A decoder layer with Llama's proportions (gate/up the heaviest) at 17, 32 and 48 rows: RMSNorm + q/k/v
+    + their gating, and SwiGLU + down + bias + residual, against eager; o and gate/up left to cuBLAS. A
+    transformers Llama (two layers, batch 32, two decode steps): add + RMSNorm + q/k/v (the add's sum
+    stored for the next add) and SwiGLU + down each layer, the logits as close to eager's as those of the
+    same program with every projection a cuBLAS call (OSTINATO_DOT_ROWS=16), within twice that plus an
+    fp16 ulp of their scale (2**-10). In fp32 nothing moves (the same programs, every projection cuBLAS's)."""
+    import copy
+    from fusion_backend import batched_llama
+    from fusion_models import DecoderLayer
+    half = dtype in (torch.float16, torch.bfloat16)
+    results = {}
+
+    def rand(gen, *shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    for m in (17, 32, 48):
+        def layer(m=m):
+            model, args, exe, groups, left = _linear_case(lambda: DecoderLayer(i=128), lambda g: (rand(g, m, 1, 64),),
+                                                          f"pick{m}", dtype)
+            _pick_groups(groups, half)
+            if sorted(left) != sorted(["aten.linear", "ost.multi_linear"] if half else
+                                      ["ost.multi_linear", "aten.linear", "ost.multi_linear", "aten.linear"]):
+                raise AssertionError(f"projections left to cuBLAS: {left}")
+            with torch.no_grad():
+                assert_same(exe(*args), model(*args), tol=TOL[dtype] * 4)
+            _ran_dot(groups)
+        results[f"decoder_rows{m}"] = _check(layer)
+
+    def llama():
+        wrapper, steps = batched_llama(32, dtype, layers=2, steps=2)
+        prog = ostinato.export(copy.deepcopy(wrapper), (), steps[0], trace_strict=True)
+        errors = {}
+        for rows in ("64", "16"):
+            os.environ["OSTINATO_DOT_ROWS"] = rows
+            exe = fused_executable(prog, InterpretedFusionBackend())
+            groups = [l for l in exe.launches if l.op == "ost.fused" and '"kind":"linear"' in l.args[0]]
+            if rows == "64":
+                _pick_groups(groups, half)
+                if len(groups) != (4 if half else 0):
+                    raise AssertionError(f"{len(groups)} matmul groups for two layers")
+            ref, worst, scale = copy.deepcopy(wrapper), 0.0, 0.0
+            for kwargs in steps:
+                with torch.no_grad():
+                    want = ref(**kwargs).float()
+                got = exe(**kwargs).float()
+                worst, scale = max(worst, (got - want).abs().max().item()), max(scale, want.abs().max().item())
+            errors[rows] = worst, scale
+            _ran_dot(groups)
+        os.environ["OSTINATO_DOT_ROWS"] = "64"
+        (pick, scale), (cublas, _) = errors["64"], errors["16"]
+        if not pick <= 2 * cublas + scale * 2 ** -10:
+            raise AssertionError(f"max |logits - eager's|: {pick:.3g} picked, {cublas:.3g} with cuBLAS "
+                                 f"(scale {scale:.3g})")
+    results["llama_b32"] = _check(llama)
+    return results
 
 
 class PooledChannelsLast(torch.nn.Module):

@@ -165,21 +165,25 @@ def test_dot_matmul_groups_on_cuda(rows, dtype, monkeypatch):
             assert any("_md11" in p.kernel.library.module for p in f._plans.values()), cls.__name__
 
 
-def test_batched_llama_decode_on_cuda(monkeypatch):
+@pytest.mark.parametrize("pick", ["all", "prologue"])
+def test_batched_llama_decode_on_cuda(pick, monkeypatch):
     """A batch-32 bf16 decode of a tiny transformers Llama (every projection a tl.dot matmul group, 5
-    launches per layer), replayed over three steps: its logits stay as close to eager's as those of the
-    same program with OSTINATO_DOT_ROWS=16 (cuBLAS projections, separate norms and SwiGLU), within twice
-    that distance plus one bf16 ulp of the logits' scale."""
+    launches per layer; with OSTINATO_DOT_PICK=prologue q/k/v and down, 6), replayed over three steps: its
+    logits stay as close to eager's as those of the same program with OSTINATO_DOT_ROWS=16 (cuBLAS
+    projections, separate norms and SwiGLU), within twice that distance plus one bf16 ulp of the logits'
+    scale."""
     import copy
     from fusion_backend import batched_llama
     wrapper, steps = batched_llama(32, torch.bfloat16, device="cuda", steps=3)
     prog = ostinato.export(copy.deepcopy(wrapper), (), steps[0], trace_strict=True)
+    monkeypatch.setenv("OSTINATO_DOT_PICK", pick)
     errors = {}
     for rows in ("64", "16"):
         monkeypatch.setenv("OSTINATO_DOT_ROWS", rows)
         exe = ostinato.compile(prog, device="cuda", replay=True)
         groups = sum(l.op == "ost.fused" and '"kind":"linear"' in l.args[0] for l in exe.launches)
-        assert groups == (3 * 4 + 1 if rows == "64" else 0), groups     # 4 per layer, and norm + head
+        # 4 per layer and norm + head; picked: q/k/v and down
+        assert groups == (0 if rows == "16" else 3 * 4 + 1 if pick == "all" else 3 * 2), groups
         ref = copy.deepcopy(wrapper)
         worst, scale = 0.0, 0.0
         for kwargs in steps:

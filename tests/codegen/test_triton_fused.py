@@ -97,6 +97,17 @@ def test_interpreted_dot_matmul_groups(knobs):
     assert results == {k: "ok" for k in expected + ["packed_silu_rows48", "lone_rows32"]}, results
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_interpreted_dot_pick_matmul_groups(dtype):
+    """OSTINATO_DOT_PICK=prologue at 17, 32 and 48 rows: a decoder layer with Llama's proportions keeps two
+    matmul groups, RMSNorm + q/k/v + their gating and SwiGLU + down + bias + residual (o and gate/up
+    cuBLAS's), and a batch-32 transformers Llama over two decode steps add + RMSNorm + q/k/v (the sum
+    stored for the next add) and SwiGLU + down each layer; both on the tl.dot kernel, against eager. In
+    fp32 no projection moves (the same cases, everything cuBLAS's)."""
+    results = _interpret("linear_pick", dtype)
+    assert results == {k: "ok" for k in ("decoder_rows17", "decoder_rows32", "decoder_rows48", "llama_b32")}, results
+
+
 def test_interpreted_tiled_matmul_groups():
     """With OSTINATO_TILED_LINEAR=1, matmul groups past 128 rows (129, 130, 200, 300, 392) in fp16, the
     tl.dot kernel tiled over blocks of rows: a decoder layer's projections with their norms and
@@ -316,6 +327,28 @@ def test_dot_linear_variants_compile_for_sm90(monkeypatch):
                     assert "async_copy_global_to_local" in ir
                     dots += 1
     assert dots == len(compiled) >= 30, (dots, len(compiled))
+
+
+def test_dot_pick_variants_compile_for_sm90(monkeypatch):
+    """The matmul groups OSTINATO_DOT_PICK=prologue leaves two decoder layers with Llama's proportions (at 32
+    rows in bf16 and fp16, at 64 in bf16): RMSNorm + q/k/v + gating, then add + RMSNorm + q/k/v storing the
+    sum; SwiGLU + down, then SwiGLU + down + bias + residual. Each compiles for sm_90 with the arguments
+    its launcher passes, a tl.dot kernel on tensor cores."""
+    from fusion_models import DecoderLayer
+
+    ttgir = _keep_ttgir(monkeypatch)
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "64")     # (off by default)
+    monkeypatch.setenv("OSTINATO_DOT_PICK", "prologue")
+    compiled = set()
+    for m, dtype in ((32, torch.bfloat16), (32, torch.float16), (64, torch.bfloat16)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(DecoderLayer(i=128), DecoderLayer(i=128)).to(dtype)
+        ttgir.clear()
+        plans = _compile_linear_groups(model, DecoderLayer.inputs(m, dtype), compiled)
+        assert len(plans) == 4 and all("_md11" in p.kernel.library.module for p in plans), (m, dtype)
+        for ir in ttgir:
+            assert "nvidia_mma" in ir and ("tt.dot" if m <= 32 else "warp_group_dot") in ir, (m, dtype)
+    assert len(compiled) == 12, len(compiled)     # four kernels each: every group differs from the others
 
 
 def test_dot_pipeline_knobs_reach_triton(monkeypatch):
