@@ -262,6 +262,17 @@ CASES = [
     KernelCase("ost.sdpa", "decode-window", lambda g, dt, dev: ((_r(g, (1, 4, 1, 32), dt, dev), _r(g, (1, 2, 40, 32), dt, dev),
                                                                  _r(g, (1, 2, 40, 32), dt, dev), _window(40, 30, 8, dt, dev),
                                                                  torch.tensor([[30]], device=dev), None, 2), {})),
+    # sequence-major [B, S, H, D] caches written on dim 1, q, k and v [B, 1, H, D], cos and sin over them
+    KernelCase("ost.decode_attention_", "seq-major-rope-gqa-pos", lambda g, dt, dev: (
+        (_r(g, (2, 40, 2, 24), dt, dev), _r(g, (2, 40, 2, 24), dt, dev), _r(g, (2, 1, 4, 24), dt, dev),
+         _r(g, (2, 1, 2, 24), dt, dev), _r(g, (2, 1, 2, 24), dt, dev), torch.tensor([29], device=dev), 1, None,
+         _r(g, (2, 1, 1, 24), dt, dev), _r(g, (2, 1, 1, 24), dt, dev), False,
+         torch.tensor([20, 35], device=dev).view(2, 1, 1, 1), None, 2), {}), tol=_ROPE_TOL),
+    KernelCase("ost.decode_attention_", "seq-major-ring-window", lambda g, dt, dev: (
+        (_r(g, (1, 16, 3, 16), dt, dev), _r(g, (1, 16, 3, 16), dt, dev), _r(g, (1, 1, 3, 16), dt, dev),
+         _r(g, (1, 1, 3, 16), dt, dev), _r(g, (1, 1, 3, 16), dt, dev), torch.tensor([21], device=dev), -3, 16,
+         _r(g, (1, 16), dt, dev), _r(g, (1, 16), dt, dev), True, None, 0.3, 1, _window(16, 5, 8, dt, dev)), {}),
+        tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "two-rows-fallback", lambda g, dt, dev: (
         (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev),
          _r(g, (1, 2, 2, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev), torch.tensor([3, 4], device=dev), 2), {})),

@@ -390,3 +390,30 @@ def test_rope_with_attention_scaling_uses_mx_fast_rope(fast_rope_calls):
             expected = model(q, k, torch.tensor(offset))
         assert_same(exe(q, k, torch.tensor(offset)), expected)
     assert fast_rope_calls[0] == 4
+
+
+@pytest.mark.parametrize("layout", ["head_major", "sequence_major"])
+def test_decode_attention_handler_matches_the_reference(layout):
+    """ost.decode_attention_ (made by the CUDA code generator; an .ost lowered for CUDA may reach MLX) on
+    [B, H, S, D] caches written on dim 2 and on [B, S, H, D] caches written on dim 1, with rope and GQA:
+    the attention and both written caches equal the torch reference's."""
+    import mlx.core as mx
+
+    from ostinato.backends.mlx.convert import to_mx, to_torch
+    from ostinato.backends.mlx.ops import HANDLERS
+    from ostinato.ir.fused_ops import decode_attention_
+    g = torch.Generator().manual_seed(3)
+    major = layout == "sequence_major"
+    cache, row = ((2, 12, 2, 8), (2, 1, 2, 8)) if major else ((2, 2, 12, 8), (2, 2, 1, 8))
+    q = torch.randn(*((2, 1, 4, 8) if major else (2, 4, 1, 8)), generator=g)
+    caches = [torch.randn(*cache, generator=g) for _ in range(2)]
+    k, v = torch.randn(*row, generator=g), torch.randn(*row, generator=g)
+    cos, sin = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
+    index, pos = torch.tensor([5]), torch.tensor([[5]])
+    args = (q, k, v, index, 1 if major else 2, None, cos, sin, False, pos, None, 2)
+    expected = decode_attention_(*[c.clone() for c in caches], *args)
+    got = HANDLERS["ost.decode_attention_"](*[to_mx(c) for c in caches],
+                                             *[to_mx(a) if isinstance(a, torch.Tensor) else a for a in args])
+    mx.eval(*got)
+    for name, e, r in zip(("attention", "k_cache", "v_cache"), expected, got):
+        assert_same(to_torch(r), e, tol=1e-5, msg=f"{layout} {name}:")

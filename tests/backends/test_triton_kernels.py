@@ -69,7 +69,7 @@ def _compile_specs():
               "pos_ptr": "*i64", "cos_ptr": ptr(dt), "sin_ptr": ptr(dt), "mask_ptr": ptr(dt), "out_ptr": ptr(dt),
               "head_dim": "i32", "n_rep": "i32", "hq": "i32", "scale": "fp32", "cap": "fp32", "ring": "i32",
               **{k: "i32" for k in ("q_sb", "q_sh", "k_sb", "k_sh", "v_sb", "v_sh", "cq_b", "cq_h", "sq_b", "sq_h",
-                                     "ck_b", "ck_h", "sk_b", "sk_h", "c_sb", "c_sh", "o_sb", "o_sh", "pos_sb",
+                                     "ck_b", "ck_h", "sk_b", "sk_h", "c_sb", "c_sh", "c_ss", "o_sb", "o_sh", "pos_sb",
                                      "m_sb", "m_sh", "m_sn")},
               **{k: "constexpr" for k in ("n_keys", "HAS_POS", "MASK", "SOFTCAP", "ROPE", "INTERLEAVED", "RING",
                                           "BLOCK_N", "BLOCK_D")}},
@@ -132,3 +132,17 @@ def test_guard_bands_catch_a_write_and_a_read_outside_the_tensor():
     assert torch.isnan(span[35]), "a read past the tensor does not see the sentinel"
     span[35] = 0.0
     assert "argument 0" in guards_intact(bands)
+
+
+def test_decode_attention_plan_takes_sequence_major_caches():
+    """The fused decode kernel's plan takes contiguous [B, S, H, D] caches written on dim 1 (the kernel's
+    row stride is then H * D), not such caches transposed from head-major ones, nor a layout whose
+    q does not match the caches'."""
+    from ostinato.backends.cuda.kernels.attention import _fused_decode_plan
+    cache, q, k = torch.zeros(2, 40, 2, 24), torch.zeros(2, 1, 4, 24), torch.zeros(2, 1, 2, 24)
+    index = torch.tensor([3])
+    assert _fused_decode_plan(cache, cache.clone(), q, k, k.clone(), index, 1, None, None, None, 2, None) is not None
+    strided = torch.zeros(2, 2, 40, 24).transpose(1, 2)
+    assert _fused_decode_plan(strided, strided, q, k, k, index, 1, None, None, None, 2, None) is None
+    assert _fused_decode_plan(cache, cache, q.transpose(1, 2), k, k, index, 1, None, None, None, 2, None) is None
+    assert _fused_decode_plan(cache, cache, q, k, k, index, 2, None, None, None, 2, None) is None

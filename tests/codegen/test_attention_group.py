@@ -39,7 +39,12 @@ class Attention(nn.Module):
       write the merge does not move across);
     - ``window``: a sliding-window mask of the last W positions, as Mistral's (boolean: the sdpa pass
       makes it additive, and the merged kernel reads it);
-    - ``padding``: an additive float mask given as an input (hidden keys at -inf, the rest biased).
+    - ``padding``: an additive float mask given as an input (hidden keys at -inf, the rest biased);
+    - ``bshd``: sequence-major [B, S, H, D] caches written by ``index_copy_`` on dim 1, rope in that
+      layout (as Meta's Llama reference), the attention reading the caches through a transpose;
+    - ``bshd_slice``: sequence-major caches written by ``cache[:, pos] = k``, no rope, no mask;
+    - ``bshd_read``: as ``bshd``, and the transposed key cache is also returned (the transpose is read
+      by more than the attention: nothing merges).
     """
 
     def __init__(self, style: str):
@@ -47,12 +52,15 @@ class Attention(nn.Module):
         self.style = style
         self.q = nn.Linear(HQ * D, HQ * D, bias=False)
         self.kv = nn.Linear(HQ * D, 2 * HKV * D, bias=False)
-        self.register_buffer("k_cache", torch.zeros(1, HKV, S, D))
-        self.register_buffer("v_cache", torch.zeros(1, HKV, S, D))
+        shape = (1, S, HKV, D) if style.startswith("bshd") else (1, HKV, S, D)
+        self.register_buffer("k_cache", torch.zeros(shape))
+        self.register_buffer("v_cache", torch.zeros(shape))
         self.register_buffer("seen", torch.zeros(S))
         self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D)))
 
     def forward(self, x, pos, pad=None):
+        if self.style.startswith("bshd"):
+            return self.sequence_major(x, pos)
         q = self.q(x).view(1, 1, HQ, D).transpose(1, 2)
         k, v = self.kv(x).view(1, 1, 2 * HKV, D).transpose(1, 2).chunk(2, dim=1)
         extra = None
@@ -83,6 +91,27 @@ class Attention(nn.Module):
         return out if extra is None else (out, extra)
 
 
+    def sequence_major(self, x, pos):
+        q = self.q(x).view(1, 1, HQ, D)
+        k, v = self.kv(x).view(1, 1, 2 * HKV, D).chunk(2, dim=2)
+        if self.style != "bshd_slice":
+            freqs = pos[:, None].float() * self.inv_freq
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos()[None, :, None], emb.sin()[None, :, None]     # [1, 1, 1, D]
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            self.k_cache.index_copy_(1, pos, k)
+            self.v_cache.index_copy_(1, pos, v)
+        else:
+            self.k_cache[:, pos] = k
+            self.v_cache[:, pos] = v
+        keys = self.k_cache.transpose(1, 2)
+        mask = None if self.style == "bshd_slice" else (torch.arange(S) <= pos.view(-1, 1)).view(1, 1, 1, S)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), keys, self.v_cache.transpose(1, 2), attn_mask=mask,
+                                           enable_gqa=True)
+        out = a.transpose(1, 2).reshape(1, 1, HQ * D)
+        return (out, keys.sum()) if self.style == "bshd_read" else out
+
+
 def decode(model, steps: int):
     """The model exported, then ``steps`` decode steps through fusion's lowering against eager (outputs
     and the caches); returns the program and the executable."""
@@ -103,13 +132,16 @@ def decode(model, steps: int):
         assert_same(exe(*args), expected, msg=f"step {step}:")
     for name in ("k_cache", "v_cache"):
         assert_same(exe.session.state[name], getattr(ref, name), msg=f"{name}:")
-        assert getattr(ref, name)[:, :, :steps].abs().sum() > 0
+        written = getattr(ref, name)[:, :steps] if model.style.startswith("bshd") else getattr(ref, name)[:, :, :steps]
+        assert written.abs().sum() > 0
     return prog, exe
 
 
 @pytest.mark.parametrize("style, merged, ropes_left", [("rope", True, 0), ("slice", True, 0), ("k_read", True, 2),
                                                        ("q_only", True, 1), ("between", False, 2),
-                                                       ("window", True, 0), ("padding", True, 0)])
+                                                       ("window", True, 0), ("padding", True, 0),
+                                                       ("bshd", True, 0), ("bshd_slice", True, 0),
+                                                       ("bshd_read", False, 2)])
 def test_decode_attention_merges_what_it_may(style, merged, ropes_left):
     prog, exe = decode(Attention(style), 5)
     kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
@@ -119,7 +151,27 @@ def test_decode_attention_merges_what_it_may(style, merged, ropes_left):
     if merged:
         assert "ost.kv_update_" not in kinds and "ost.sdpa" not in kinds, kinds
     else:
-        assert kinds.count("ost.kv_update_") == 3 and kinds.count("ost.sdpa") == 1, kinds
+        writes = 2 if style.startswith("bshd") else 3
+        assert kinds.count("ost.kv_update_") == writes and kinds.count("ost.sdpa") == 1, kinds
+
+
+def test_sequence_major_caches_merge_in_their_layout(monkeypatch):
+    """The merged node takes the [B, S, H, D] caches written on dim 1 and q, k, v in that layout (the
+    ropes' inputs), not the transposes the attention read."""
+    seen, kernel = [], ReferenceFusionBackend.kernel
+
+    def spy(self, op):
+        fn = kernel(self, op)
+        if op != "ost.decode_attention_":
+            return fn
+
+        def run(*args, **kwargs):
+            seen.append((args[0].shape, args[2].shape, args[3].shape, args[6], args[8] is not None, args[13]))
+            return fn(*args, **kwargs)
+        return run
+    monkeypatch.setattr(ReferenceFusionBackend, "kernel", spy)
+    decode(Attention("bshd"), 3)
+    assert seen and set(seen) == {((1, S, HKV, D), (1, 1, HQ, D), (1, 1, HKV, D), 1, True, HQ // HKV)}, seen
 
 
 def test_merged_node_takes_the_ropes_inputs():

@@ -7,7 +7,10 @@ five launches for a few kilobytes of work. This pass, run on the scheduler's res
 
 - the attention reads exactly the two caches' kv_update_ results and is not causal-by-flag, with one
   query token and one row written per step (static shapes), on 4-D [B, H, S, D] caches written on
-  dim 2, all of one dtype; a position mask is ``q_pos``, and an explicit mask (Mistral's sliding
+  dim 2, all of one dtype; or on sequence-major [B, S, H, D] caches written on dim 1, which the attention
+  reads through a transpose to [B, H, S, D] as its q is one of a [B, 1, H, D] tensor (the transposes,
+  read by the attention alone, join the node, which then takes q, k and v in that layout); a position
+  mask is ``q_pos``, and an explicit mask (Mistral's sliding
   window, a padding mask: boolean, or additive as the sdpa pass makes them) is read by the kernel
   when it broadcasts over the [B, Hq, 1, S] scores, and a soft cap on the scores (Gemma 2) is applied
   before it;
@@ -77,6 +80,19 @@ def _ropes(q: Value, k_new: Value, sdpa: Node, k_write: Node, users, graph_reads
     return qa[0], ka[0], qa[1], qa[2], bool(qa[3]), [rq, rk]
 
 
+def _transposed(v: Value, sdpa: Node, users, graph_reads, lone: set[int]) -> Node | None:
+    """The lone node swapping dims 1 and 2 of a 4-D tensor that makes ``v``, read by ``sdpa`` alone."""
+    node = v.producer
+    if node is None or id(node) not in lone or node.kwargs or not _only_reader(v, sdpa, users, graph_reads) \
+            or not _tensor(node.args[0]) or len(node.args[0].meta.shape) != 4:
+        return None
+    if node.op == "aten.permute" and list(node.args[1]) in ([0, 2, 1, 3], [0, -2, -3, -1], [0, 2, 1, -1]):
+        return node
+    if node.op == "aten.transpose.int" and sorted(d % 4 for d in node.args[1:3]) == [1, 2]:
+        return node
+    return None
+
+
 def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[Node]] | None:
     """The ost.decode_attention_ node for ``sdpa`` and the nodes it replaces, or None."""
     if len(sdpa.args) not in (8, 9) or sdpa.kwargs:
@@ -84,16 +100,22 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
     q, k, v, mask, q_pos, scale, n_rep, causal, softcap = (*sdpa.args, None)[:9]
     if causal or not (_tensor(q) and _tensor(k) and _tensor(v)):
         return None
+    views = [_transposed(x, sdpa, users, graph_reads, lone) for x in (q, k, v)]
+    major = all(views)      # sequence-major caches, read through transposes
+    if major:
+        q, k, v = (n.args[0] for n in views)
     kw, vw = k.producer, v.producer
     if kw is None or vw is None or kw is vw or kw.op != "ost.kv_update_" or vw.op != "ost.kv_update_" \
             or id(kw) not in lone or id(vw) not in lone or kw.kwargs or vw.kwargs:
         return None
     (kc, kn, index, dim, ring), (vc, vn, index2, dim2, ring2) = (*kw.args, None)[:5], (*vw.args, None)[:5]
-    if index2 is not index or dim2 != dim or ring2 != ring or dim != 2 or not _tensor(index):
+    if index2 is not index or dim2 != dim or ring2 != ring or dim != (1 if major else 2) or not _tensor(index):
         return None
     shapes = [_static(x) for x in (q, kc, vc, kn, vn)]
     if any(s is None or len(s) != 4 for s in shapes) or index.meta.shape != (1,):
         return None
+    if major:       # as [B, H, S, D]
+        shapes = [(s[0], s[2], s[1], s[3]) for s in shapes]
     (b, hq, t, d), (b2, hkv, _, d2) = shapes[0], shapes[1]
     if t != 1 or shapes[2] != shapes[1] or shapes[3] != (b, hkv, 1, d) or shapes[4] != shapes[3] \
             or (b2, d2) != (b, d) or hq != hkv * n_rep or d > 256:
@@ -104,9 +126,9 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
         return None
     if mask is not None and not _broadcasts(mask, (b, hq, 1, shapes[1][2])):
         return None
-    members = [kw, vw, sdpa]
+    members = [kw, vw, *(views if major else ()), sdpa]
     q_in, k_in, cos, sin, interleaved = q, kn, None, None, False
-    ropes = _ropes(q, kn, sdpa, kw, users, graph_reads, lone)
+    ropes = _ropes(q, kn, views[0] if major else sdpa, kw, users, graph_reads, lone)
     if ropes is not None:
         q_in, k_in, cos, sin, interleaved, nodes = ropes
         members = nodes + members

@@ -311,12 +311,25 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     ``sin`` are given, ``kv_update_`` of k and v into the caches (in place), then ``sdpa`` of q over the
     caches with the explicit ``mask``, if any, and the scores' ``softcap``. Returns (attention, k_cache,
     v_cache). Not made by any pass: the CUDA code generator (codegen/attention.py) puts it in place of
-    those nodes, one kernel instead of five."""
+    those nodes, one kernel instead of five.
+
+    The caches are [B, Hkv, S, D] written on dim 2, with q [B, Hq, 1, D] and k, v [B, Hkv, 1, D]; or
+    [B, S, Hkv, D] written on dim 1 (a sequence-major cache, read through a transpose), with q, k and v
+    in the same sequence-major layout ([B, 1, H, D]) and the rope's cos and sin broadcasting over it. The
+    attention is [B, Hq, 1, D] either way, as ``sdpa`` gives it."""
     if cos is not None:
         q, k = rope(q, cos, sin, interleaved), rope(k, cos, sin, interleaved)
     kv_update_(k_cache, k, index, dim, ring)
     kv_update_(v_cache, v, index, dim, ring)
-    return sdpa(q, k_cache, v_cache, mask, q_pos, scale, n_rep, False, softcap), k_cache, v_cache
+    keys, values = k_cache, v_cache
+    if sequence_major(dim, k_cache):
+        q, keys, values = q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+    return sdpa(q, keys, values, mask, q_pos, scale, n_rep, False, softcap), k_cache, v_cache
+
+
+def sequence_major(dim: int, cache) -> bool:
+    """ost.decode_attention_'s caches are [B, S, H, D] written on dim 1 (else [B, H, S, D] on dim 2)."""
+    return len(cache.shape) == 4 and dim % 4 == 1
 
 
 decode_attention_.multi_output = True

@@ -11,6 +11,7 @@ import math
 
 import mlx.core as mx
 
+from ...ir.fused_ops import sequence_major
 from .ops import handles, mxd
 from .ops_elementwise import gelu_of, silu_of
 from .ops_nn import attention, linear_of
@@ -209,4 +210,7 @@ def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None,
         q, k = rope_of(q, cos, sin, interleaved), rope_of(k, cos, sin, interleaved)
     k_cache = kv_update_of(k_cache, k, index, dim, ring)
     v_cache = kv_update_of(v_cache, v, index, dim, ring)
-    return sdpa_of(q, k_cache, v_cache, mask, q_pos, scale, n_rep, False, softcap), k_cache, v_cache
+    keys, values = k_cache, v_cache
+    if sequence_major(dim, k_cache):     # [B, S, H, D] caches; q, k and v in that layout too
+        q, keys, values = mx.swapaxes(q, 1, 2), mx.swapaxes(keys, 1, 2), mx.swapaxes(values, 1, 2)
+    return sdpa_of(q, keys, values, mask, q_pos, scale, n_rep, False, softcap), k_cache, v_cache

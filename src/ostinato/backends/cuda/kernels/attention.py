@@ -8,6 +8,7 @@ import torch
 
 from ....cache.op_cache import op_graph_cache, op_key
 from ..runtime import KernelLibrary
+from ....ir.fused_ops import sequence_major
 from .common import SHORT_QUERIES, block_for, cdiv
 
 
@@ -144,17 +145,30 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
     return out
 
 
+def _head_major(k_cache, v_cache, q, k, v, cos, sin, dim) -> tuple:
+    """The decode attention's tensors as [B, H, S, D] views: sequence-major caches ([B, S, H, D] written on
+    dim 1, ir/fused_ops.decode_attention_) and their q, k, v, cos and sin transposed; else as they are."""
+    if not sequence_major(dim, k_cache):
+        return k_cache, v_cache, q, k, v, cos, sin
+    swap = [t if t is None else t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).transpose(1, 2) if t.dim() <= 4
+            else t for t in (cos, sin)]
+    return (k_cache.transpose(1, 2), v_cache.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2),
+            v.transpose(1, 2), *swap)
+
+
 def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n_rep, mask) -> tuple | None:
     """(BLOCK_N, BLOCK_D, the mask's plan) when the fused decode kernel handles this call: one query token and one
-    new row, contiguous [B, Hkv, S, D] caches written on dim 2, rows with a dense head dim, cos and
-    sin broadcasting over q and k, a mask broadcasting over [B, Hq, 1, S] if any; else None (the
-    reference)."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k_cache.dim() != 4 or dim % 4 != 2 or index.numel() != 1:
+    new row, contiguous caches ([B, Hkv, S, D] written on dim 2, or [B, S, Hkv, D] on dim 1), rows with a
+    dense head dim, cos and sin broadcasting over q and k, a mask broadcasting over [B, Hq, 1, S] if any;
+    else None (the reference)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k_cache.dim() != 4 or dim % 4 not in (1, 2) \
+            or index.numel() != 1 or v_cache.shape != k_cache.shape:
         return None
+    dense = k_cache.is_contiguous() and v_cache.is_contiguous()
+    k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim)
     B, Hkv, S, D = k_cache.shape
     positions = _position_strides(q_pos, B, 1)
-    if not (positions is not None and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and v_cache.shape == k_cache.shape
+    if not (positions is not None and dense
             and q.shape == (B, Hkv * n_rep, 1, D) and k.shape == (B, Hkv, 1, D) and v.shape == k.shape
             and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and D <= 256
             and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype):
@@ -191,6 +205,8 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
                          mask, softcap)
     block_n, block_d, pos_sb, (mask_kind, m_sb, m_sh, _, m_sn) = plan
+    caches = k_cache, v_cache
+    k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim)
     B, Hkv, S, D = k_cache.shape
     Hq = q.shape[1]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -209,8 +225,9 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *strides,
-        k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1), pos_sb, m_sb, m_sh, m_sn, grid=(B * Hq,))
-    return out, k_cache, v_cache
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1), pos_sb, m_sb, m_sh,
+        m_sn, grid=(B * Hq,))
+    return (out, *caches)
 
 
 decode_attention_.multi_output = True

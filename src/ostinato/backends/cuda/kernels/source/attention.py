@@ -153,13 +153,14 @@ def _rope_row(ptr, d, dmask, half, c_ptr, s_ptr, dt, ROPE: tl.constexpr, INTERLE
 def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr,
                                out_ptr, head_dim, n_rep, hq, scale, cap, ring,
                                q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, cq_b, cq_h, sq_b, sq_h, ck_b, ck_h, sk_b, sk_h,
-                               c_sb, c_sh, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
+                               c_sb, c_sh, c_ss, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
                                n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr,
                                SOFTCAP: tl.constexpr, ROPE: tl.constexpr,
                                INTERLEAVED: tl.constexpr, RING: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_D: tl.constexpr):
     """One (batch, query head) of ost.decode_attention_: q and the step's key rotated in registers, the
-    key and value rows written into the (contiguous [B, Hkv, n_keys, D]) caches by the first query
+    key and value rows written into the caches (batch, head and row strides c_sb, c_sh, c_ss; the head
+    dim dense) by the first query
     head of each KV head, and softmax(softcap(q k^T * scale) + mask, keys j <= pos) v online over the cache. No
     program reads the slot being written: the step's key and value come from registers instead, so
     the write and the reads of other programs never race."""
@@ -186,13 +187,13 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     slot = _slot(index_ptr, ring, n_keys, RING)
     if h % n_rep == 0:     # a slot outside the cache (eager's index_put raises) writes nothing
         inside = m2 & (slot >= 0) & (slot < n_keys)
-        row = b * c_sb + kvh * c_sh + slot * head_dim + d2
+        row = b * c_sb + kvh * c_sh + slot * c_ss + d2
         tl.store(kc_ptr + row, kn, mask=inside)
         tl.store(vc_ptr + row, vn, mask=inside)
     base = b * c_sb + kvh * c_sh
     mask_base = mask_ptr + b * m_sb + h * m_sh
     limit = _last_key(pos_ptr, b * pos_sb, 0, n_keys, HAS_POS, False)
-    m, l, acc = _attend(q, kc_ptr + base, vc_ptr + base, head_dim, head_dim, d, dmask, limit, slot, scale, cap,
+    m, l, acc = _attend(q, kc_ptr + base, vc_ptr + base, c_ss, c_ss, d, dmask, limit, slot, scale, cap,
                         mask_base, m_sn, n_keys, MASK, SOFTCAP, BLOCK_N, BLOCK_D)
     # the step's own key, when the query sees its slot (its mask entry is the slot's)
     seen = first & (slot <= limit) & (slot >= 0) & (slot < n_keys)
