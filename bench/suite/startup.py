@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,13 +29,16 @@ from .configs import Config
 from .measure import Reference
 
 CHILD_TIMEOUT_S = 900
+STDERR_LINES = 40       # of a failed child's stderr, kept in the result (the JSON)
+_FRAME = re.compile(r'\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
 _BYTECODE: dict = {}
 
 
 def _env(**dirs: str) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # a crash prints the crashing thread's Python stack (faulthandler), which crash_site reads
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     env.pop("OSTINATO_REDIS_URL", None)
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), ROOT, env.get("PYTHONPATH", "")])
     # Python's bytecode cache primed once per run (bench/bytecode.py): children time the work, not the
@@ -65,14 +69,34 @@ def run_child(mode: str, config: Config, workdir: str, env: dict, timeout: float
                 sig = signal.Signals(-p.returncode).name
             except ValueError:
                 sig = str(-p.returncode)
-            error = f"the process died of {sig}" + (f"; its last words: {last}" if last else "")
+            site = crash_site(p.stderr)
+            error = f"the process died of {sig}" + (f" in {site}" if site else f"; its last words: {last}" if last else "")
         else:
             error = last or f"exit status {p.returncode}"
-        return {"status": "error", "error": error, "process_s": process_s, "returncode": p.returncode}
+        return {"status": "error", "error": error, "process_s": process_s, "returncode": p.returncode,
+                "stderr_tail": tail[-STDERR_LINES:]}
     res = json.loads(p.stdout.strip().splitlines()[-1])
     res["process_s"] = process_s
     res["status"] = "error" if "error" in res else "ok"
     return res
+
+
+def crash_site(stderr: str, frames: int = 3) -> str | None:
+    """Where a process that died of a signal was, from faulthandler's report of the crashing thread
+    (``Current thread ... (most recent call first):`` and its ``File "...", line N in f`` lines): the
+    innermost ``frames`` frames as ``f (file.py:N) < g (other.py:M)``; None without such a report."""
+    lines = stderr.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Current thread ")
+                  and "most recent call first" in line), None)
+    if start is None:
+        return None
+    sites = []
+    for line in lines[start + 1:]:
+        m = _FRAME.match(line)
+        if m is None:
+            break
+        sites.append(f"{m['func']} ({os.path.basename(m['file'])}:{m['line']})")
+    return " < ".join(sites[:frames]) or None
 
 
 def peer_modes(runner_names: list[str]) -> tuple[str, ...]:

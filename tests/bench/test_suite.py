@@ -286,3 +286,25 @@ def test_float64_outputs_of_a_copy_leave_the_model_alone(monkeypatch):
     assert len(outs) == 2 and outs[0].dtype == torch.float64
     assert next(model.parameters()).dtype == torch.float32
     torch.testing.assert_close(outs[0].float(), model(x).detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_crashed_child_is_reported_where_it_died(monkeypatch, tmp_path):
+    """A fresh process that dies of a signal (as AOTInductor's cold process does on the lent GPU) is
+    reported with faulthandler's innermost frames, which the suite's environment turns on, and the tail
+    of its stderr is kept for the JSON."""
+    from bench.suite import startup
+    crash = "import ctypes\nimport sys\ndef deepest():\n    ctypes.string_at(0)\ndef outer():\n    deepest()\n" \
+            "print('about to crash', file=sys.stderr)\nouter()\n"
+    real = subprocess.run
+    monkeypatch.setattr(startup.subprocess, "run", lambda cmd, **kw: real([sys.executable, "-c", crash], **kw))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")    # as startup._env makes it
+    res = startup.run_child("aoti_cold", TINY, str(tmp_path), env)
+    assert res["status"] == "error" and res["returncode"] < 0, res
+    assert res["error"] == "the process died of SIGSEGV in string_at (__init__.py:{0}) < deepest (<string>:4) " \
+                           "< outer (<string>:6)".format(res["error"].split("__init__.py:")[1].split(")")[0]), res
+    assert "about to crash" in res["stderr_tail"] and len(res["stderr_tail"]) <= startup.STDERR_LINES
+    # without faulthandler's report: the last line of stderr, as before
+    res = startup.run_child("aoti_cold", TINY, str(tmp_path), dict(env, PYTHONFAULTHANDLER=""))
+    assert res["error"] == "the process died of SIGSEGV; its last words: about to crash", res
+    assert startup.crash_site("Current thread 0x1 (most recent call first):\n  <no Python frame>\n") is None
+    assert startup._env()["PYTHONFAULTHANDLER"] == "1"
