@@ -20,8 +20,10 @@ for group in "$@"; do
   cmd="rc=0; end=\$((SECONDS + ${SUITE_TIMEOUT:-545}))"
   for k in "${parts[@]}"; do
     [[ "$k" =~ ^[0-9]+$ ]] || { echo "gpu_suite_parts: '$group' is not K or K1+K2" >&2; exit 2; }
-    cmd+='; SUITE_TIMEOUT=$((end - SECONDS)) bash scripts/gpu_suite.sh '"$k/$n"' --startup-configs representative'
-    cmd+=' || { r=$?; [ "$rc" -eq 0 ] && rc=$r; }'
+    # a part with no time left is not started (timeout 0 would mean no limit), and counts as timed out
+    cmd+='; left=$((end - SECONDS)); if [ "$left" -gt 0 ]; then SUITE_TIMEOUT=$left bash scripts/gpu_suite.sh '"$k/$n"
+    cmd+=' --startup-configs representative; else echo "part '"$k"' not started: the deadline passed"; false; fi'
+    cmd+=' || { r=$?; [ "$r" -eq 1 ] && [ "$left" -le 0 ] && r=124; [ "$rc" -eq 0 ] && rc=$r; }'
   done
   jobs+=("part$group" "$cmd; exit \$rc")
 done

@@ -81,3 +81,17 @@ def test_a_cpuset_not_starting_at_zero_and_out_left_unset(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "(GPU 0, CPUs 1)" in p.stdout, p.stdout
     assert (default / "part7.log").read_text().startswith("args=7/36")
+
+
+def test_a_part_past_the_deadline_is_not_started(tmp_path):
+    """When the first part of ``16+17`` uses up the group's time, the second is not started (``timeout 0``
+    would run it without a limit, a negative one fails), and the job reports 124, a timeout."""
+    script, env = _tree(tmp_path, gpus=1)
+    stand_in = script.parent / "gpu_suite.sh"
+    stand_in.write_text(stand_in.read_text() + '[ "$1" = 16/36 ] && sleep 3\nexit 0\n')
+    p = subprocess.run(["bash", str(script), "36", "16+17"], env=dict(env, SUITE_TIMEOUT="2"), capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 124, (p.stdout, p.stderr)
+    log = (tmp_path / "out" / "part16+17.log").read_text().splitlines()
+    assert log[0].startswith("args=16/36 ") and log[0].endswith(("timeout=2", "timeout=1")), log
+    assert log[1:] == ["part 17 not started: the deadline passed"], log
