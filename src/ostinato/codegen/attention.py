@@ -86,7 +86,7 @@ def _transposed(v: Value, sdpa: Node, users, graph_reads, lone: set[int]) -> Nod
     if node is None or id(node) not in lone or node.kwargs or not _only_reader(v, sdpa, users, graph_reads) \
             or not _tensor(node.args[0]) or len(node.args[0].meta.shape) != 4:
         return None
-    if node.op == "aten.permute" and list(node.args[1]) in ([0, 2, 1, 3], [0, -2, -3, -1], [0, 2, 1, -1]):
+    if node.op == "aten.permute" and [d % 4 for d in node.args[1]] == [0, 2, 1, 3]:
         return node
     if node.op == "aten.transpose.int" and sorted(d % 4 for d in node.args[1:3]) == [1, 2]:
         return node

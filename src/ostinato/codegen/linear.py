@@ -10,8 +10,9 @@ The pass runs on the scheduler's result (schedule.py): a projection absorbs the 
 lone fusible node producing its input, and the one reading its result, when that moves no read across a
 write (an impure node) and no value is read before the merged kernel has made it. A projection of one
 row with neither neighbour is a matmul group of its own (the generated GEMV; OSTINATO_LONE_GEMV=0 keeps
-cuBLAS), and so is one of more than MAX_ROWS rows where the tensor-core kernel is on; of 2 to MAX_ROWS
-rows, it stays a cuBLAS call.
+cuBLAS), and so is one of more than MAX_ROWS rows where the tensor-core kernel is on (unless
+OSTINATO_DOT_PICK=prologue, which moves only projections with a prologue); of 2 to MAX_ROWS rows, it stays
+a cuBLAS call.
 
 Past MAX_ROWS rows (a batched decode step) the kernel can multiply with ``tl.dot`` (tensor cores) instead
 of a broadcast product and a sum: fp16/bf16 only (an fp32 ``tl.dot`` is TF32, not what eager computes), up
@@ -98,7 +99,8 @@ def linear_fusion_enabled() -> bool:
 
 def lone_gemv_enabled() -> bool:
     """OSTINATO_LONE_GEMV=0 keeps a projection with no neighbour to take a cuBLAS call: one of one row, and
-    one of more than MAX_ROWS rows (the tl.dot kernel's) (the A/B switch; part of the plan key)."""
+    one of more than MAX_ROWS rows (the tl.dot kernel's; under OSTINATO_DOT_PICK=prologue such a one stays
+    cuBLAS's anyway) (the A/B switch; part of the plan key)."""
     return os.environ.get("OSTINATO_LONE_GEMV", "1") != "0"
 
 

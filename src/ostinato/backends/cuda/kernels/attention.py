@@ -7,8 +7,8 @@ import math
 import torch
 
 from ....cache.op_cache import op_graph_cache, op_key
-from ..runtime import KernelLibrary
 from ....ir.fused_ops import sequence_major
+from ..runtime import KernelLibrary
 from .common import SHORT_QUERIES, block_for, cdiv
 
 
