@@ -58,7 +58,7 @@ import torch
 
 from ...ir import Graph, Node, TensorMeta, Value
 from ..rewrite import drop_nodes, pinned_values
-from .sdpa import _int, _same
+from .sdpa import _additive, _int, _same
 
 _RESHAPES = ("aten.view", "aten.reshape", "aten._unsafe_view")
 _CAST_KWARGS = {"dtype", "layout", "device", "memory_format"}     # a cast or copy that keeps the values
@@ -189,18 +189,10 @@ class _Masks:
         if key not in self.made:
             if fill == -math.inf:
                 made = [Node("aten.bitwise_not", (m,), {}, f"{at.name}_shown", at.source)]
-                meta = TensorMeta(torch.bool, tuple(m.meta.shape))
+                made[0].outputs = [self.g.new_value(made[0].name, TensorMeta(torch.bool, tuple(m.meta.shape)), "temp",
+                                                    made[0])]
             else:
-                made = [Node("aten.scalar_tensor", (x,), {"dtype": dtype, "layout": torch.strided,
-                                                          "device": torch.device("cpu")},
-                             f"{at.name}_fill_{name}", at.source) for x, name in ((fill, "hidden"), (0.0, "zero"))]
-                for n in made:
-                    n.outputs = [self.g.new_value(n.name, TensorMeta(dtype, ()), "temp", n)]
-                values = [n.outputs[0] for n in made]
-                made.append(Node("aten.where.self", (m, *(values if hides else values[::-1])), {},
-                                 f"{at.name}_fill_mask", at.source))
-                meta = TensorMeta(dtype, tuple(m.meta.shape))
-            made[-1].outputs = [self.g.new_value(made[-1].name, meta, "temp", made[-1])]
+                made = _additive(self.g, m, dtype, at, fill, hides)[1]
             self.after.setdefault(None if m.producer is None else id(m.producer), []).extend(made)
             self.made[key] = made[-1].outputs[0]
         return self.made[key]

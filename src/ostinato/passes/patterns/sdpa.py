@@ -435,17 +435,20 @@ def _position_mask(g: Graph, q_pos: Value, s: int, dtype: torch.dtype, at: Node)
     return out, [keys, le, *made]
 
 
-def _additive(g: Graph, mask: Value, dtype: torch.dtype, at: Node) -> tuple[Value, list[Node]]:
-    """(``where(mask, 0, -inf)`` in ``dtype``, the nodes computing it): what torch's attention computes
-    from a boolean mask. The backend puts its own device in for the export's."""
+def _additive(g: Graph, mask: Value, dtype: torch.dtype, at: Node, hidden: float = float("-inf"),
+              hides: bool = False) -> tuple[Value, list[Node]]:
+    """(``where(mask, 0, hidden)`` in ``dtype``, or ``where(mask, hidden, 0)`` when ``hides``; the nodes
+    computing it): with -inf, what torch's attention computes from a boolean mask. The backend puts its
+    own device in for the export's."""
     made, values = [], []
-    for k, x in enumerate((0.0, float("-inf"))):
+    for k, x in enumerate((0.0, hidden)):
         n = Node("aten.scalar_tensor", (x,), {"dtype": dtype, "layout": torch.strided, "device": torch.device("cpu")},
                  f"{at.name}_mask_{'zero' if k == 0 else 'hidden'}", at.source)
         values.append(g.new_value(n.name, TensorMeta(dtype, ()), "temp", n))
         n.outputs = [values[-1]]
         made.append(n)
-    where = Node("aten.where.self", (mask, *values), {}, f"{at.name}_mask_additive", at.source)
+    where = Node("aten.where.self", (mask, *(values[::-1] if hides else values)), {}, f"{at.name}_mask_additive",
+                 at.source)
     out = g.new_value(where.name, TensorMeta(dtype, tuple(mask.meta.shape)), "temp", where)
     where.outputs = [out]
     return out, made + [where]
