@@ -273,6 +273,25 @@ CASES = [
          _r(g, (1, 1, 3, 16), dt, dev), _r(g, (1, 1, 3, 16), dt, dev), torch.tensor([21], device=dev), -3, 16,
          _r(g, (1, 16), dt, dev), _r(g, (1, 16), dt, dev), True, None, 0.3, 1, _window(16, 5, 8, dt, dev)), {}),
         tol=_ROPE_TOL),
+    # the heads' RMSNorm before the rope (Qwen 3: [B, 1, H, D] rows over head-major caches; Gemma 3: 1 + w,
+    # weight first, over [B, H, 1, D] rows; over sequence-major caches)
+    KernelCase("ost.decode_attention_", "qk-norm-rows-rope-gqa", lambda g, dt, dev: (
+        (_r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 1, 4, 24), dt, dev, 3.0),
+         _r(g, (2, 1, 2, 24), dt, dev, 3.0), _r(g, (2, 1, 2, 24), dt, dev), torch.tensor([29], device=dev), 2, None,
+         _r(g, (2, 1, 1, 24), dt, dev), _r(g, (2, 1, 1, 24), dt, dev), False,
+         torch.tensor([20, 35], device=dev).view(2, 1, 1, 1), None, 2, None, None, _r(g, (24,), dt, dev),
+         _r(g, (24,), dt, dev), 1e-6, torch.float32), {}), tol=_ROPE_TOL),
+    KernelCase("ost.decode_attention_", "qk-norm-gemma-heads", lambda g, dt, dev: (
+        (_r(g, (1, 2, 20, 32), dt, dev), _r(g, (1, 2, 20, 32), dt, dev), _r(g, (1, 4, 1, 32), dt, dev),
+         _r(g, (1, 2, 1, 32), dt, dev), _r(g, (1, 2, 1, 32), dt, dev), torch.tensor([7], device=dev), 2, None,
+         _r(g, (1, 1, 1, 32), dt, dev), _r(g, (1, 1, 1, 32), dt, dev), False, None, 0.25, 2,
+         _window(20, 7, 4, dt, dev), None, _r(g, (32,), dt, dev, 0.5), _r(g, (32,), dt, dev, 0.5), 1e-6,
+         torch.float32, 1.0, True), {}), tol=_ROPE_TOL),
+    KernelCase("ost.decode_attention_", "qk-norm-seq-major", lambda g, dt, dev: (
+        (_r(g, (1, 16, 2, 16), dt, dev), _r(g, (1, 16, 2, 16), dt, dev), _r(g, (1, 1, 4, 16), dt, dev),
+         _r(g, (1, 1, 2, 16), dt, dev), _r(g, (1, 1, 2, 16), dt, dev), torch.tensor([5], device=dev), 1, None,
+         _r(g, (1, 16), dt, dev), _r(g, (1, 16), dt, dev), True, None, None, 2, None, None, _r(g, (16,), dt, dev),
+         _r(g, (16,), dt, dev), 1e-5, torch.float32), {}), tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "two-rows-fallback", lambda g, dt, dev: (
         (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev),
          _r(g, (1, 2, 2, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev), torch.tensor([3, 4], device=dev), 2), {})),

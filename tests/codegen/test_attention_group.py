@@ -237,7 +237,7 @@ def test_user_decoders_take_five_launches_per_layer(style):
     assert _per_layer(rows, 3) == 5, kinds
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "mistral", "phi3", "gemma2", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "mistral", "phi3", "gemma2", "gpt2", "qwen3", "gemma3"])
 def test_hf_decoders_take_five_launches_per_layer(family):
     from models.test_hf_decoders import decode_inputs, make_wrapper
     wrapper = make_wrapper(family)

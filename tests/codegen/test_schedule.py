@@ -210,7 +210,7 @@ def test_fusion_off_switch(monkeypatch):
     assert CUDABackend.plan_key_parts(object.__new__(CUDABackend))["conv"] == "nchw"
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gemma", "gpt2", "qwen3", "gemma3"])
 def test_hf_decoders_decode_with_fusion(family):
     """transformers' models as their authors wrote them: several decode steps with fusion equal eager, and
     the static cache's scalar bookkeeping (cumulative_length's copy and adds) is one kernel per layer."""

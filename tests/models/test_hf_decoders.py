@@ -45,10 +45,15 @@ CONFIGS = {
     "phi3": lambda: transformers.Phi3Config(**DECODER),
     # Gemma 2: soft-capped attention scores and logits, a sliding window on every other layer.
     "gemma2": lambda: transformers.Gemma2Config(head_dim=16, sliding_window=4, **DECODER),
+    # Qwen 3 and Gemma 3: an RMSNorm over each head of q and k before the rope (Gemma 3's after the
+    # transpose, with 1 + w; Qwen 3's before it); Gemma 3 alternates sliding and full layers.
+    "qwen3": lambda: transformers.Qwen3Config(head_dim=16, **DECODER),
+    "gemma3": lambda: transformers.Gemma3TextConfig(head_dim=16, sliding_window=4,
+                                                    layer_types=["sliding_attention", "full_attention"], **DECODER),
 }
 EXPECTED_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma": "GemmaForCausalLM",
                   "gpt2": "GPT2LMHeadModel", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
-                  "gemma2": "Gemma2ForCausalLM"}
+                  "gemma2": "Gemma2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 
 def make_wrapper(family: str, config=None, device: str = "cpu",

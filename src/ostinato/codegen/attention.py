@@ -80,6 +80,56 @@ def _ropes(q: Value, k_new: Value, sdpa: Node, k_write: Node, users, graph_reads
     return qa[0], ka[0], qa[1], qa[2], bool(qa[3]), [rq, rk]
 
 
+def _head_norm(x: Value, reader: Node, users, graph_reads, lone: set[int]):
+    """(the norm's input, its settings, the node) when ``x`` is a lone ost.rms_norm over the head dim with a
+    weight, read by ``reader`` alone; else None."""
+    node = x.producer
+    if node is None or node.op != "ost.rms_norm" or id(node) not in lone or node.kwargs \
+            or not _only_reader(x, reader, users, graph_reads):
+        return None
+    if not 3 <= len(node.args) <= 6:
+        return None
+    rows, weight, eps, cdt, offset, first = (*node.args, *(None, 0.0, False)[len(node.args) - 3:])
+    if not (_tensor(rows) and _tensor(weight)) or _static(weight) != (rows.meta.shape[-1],) \
+            or weight.meta.dtype != rows.meta.dtype or not isinstance(eps, (int, float)):
+        return None
+    return rows, (float(eps), cdt, float(offset), bool(first)), node
+
+
+def _norms(q_in: Value, k_in: Value, v: Value, ropes: list[Node], k_write: Node, major: bool, users, graph_reads,
+           lone: set[int]):
+    """Qwen 3's and Gemma 3's RMSNorm of each head before the rope: (q, k and v rows, the norms' arguments,
+    the nodes taken) when q's and k's rope inputs are such norms alike: of the rope's rows themselves
+    (Gemma 3), or, over head-major caches, of [B, 1, H, D] rows the model then transposes to [B, H, 1, D]
+    (Qwen 3), whose transposes go too, v's included (the reference transposes the rows after the norms);
+    else None."""
+    rows, nodes, before = [], [], []
+    for x, rope in zip((q_in, k_in), ropes):
+        t = None if major or (x.producer is not None and x.producer.op == "ost.rms_norm") \
+            else _transposed(x, rope, users, graph_reads, lone)
+        if t is not None:       # the transpose between the norm and the rope
+            x, rope = t.args[0], t
+            nodes.append(t)
+        before.append(t is not None)
+        found = _head_norm(x, rope, users, graph_reads, lone)
+        if found is None:
+            return None
+        rows.append(found)
+        nodes.append(found[2])
+    (q_rows, q_set, _), (k_rows, k_set, _) = rows
+    if q_set != k_set or before[0] != before[1]:
+        return None
+    if before[0]:           # v too, as the rows before its transpose
+        t = _transposed(v, k_write, users, graph_reads, lone)
+        if t is None:
+            return None
+        v = t.args[0]
+        nodes.append(t)
+        if any(len(x.meta.shape) != 4 or x.meta.shape[1] != 1 for x in (q_rows, k_rows, v)):
+            return None
+    return q_rows, k_rows, v, (rows[0][2].args[1], rows[1][2].args[1], *q_set), nodes
+
+
 def _transposed(v: Value, sdpa: Node, users, graph_reads, lone: set[int]) -> Node | None:
     """The lone node swapping dims 1 and 2 of a 4-D tensor that makes ``v``, read by ``sdpa`` alone."""
     node = v.producer
@@ -127,13 +177,17 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
     if mask is not None and not _broadcasts(mask, (b, hq, 1, shapes[1][2])):
         return None
     members = [kw, vw, *(views if major else ()), sdpa]
-    q_in, k_in, cos, sin, interleaved = q, kn, None, None, False
+    q_in, k_in, v_in, cos, sin, interleaved, norms = q, kn, vn, None, None, False, ()
     ropes = _ropes(q, kn, views[0] if major else sdpa, kw, users, graph_reads, lone)
     if ropes is not None:
         q_in, k_in, cos, sin, interleaved, nodes = ropes
         members = nodes + members
-    node = Node(OP, (kc, vc, q_in, k_in, vn, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
-                     mask, softcap), {}, sdpa.name, sdpa.source)
+        normed = _norms(q_in, k_in, vn, nodes, vw, major, users, graph_reads, lone)
+        if normed is not None:
+            q_in, k_in, v_in, norms, taken = normed
+            members = taken + members
+    node = Node(OP, (kc, vc, q_in, k_in, v_in, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
+                     mask, softcap, *norms), {}, sdpa.name, sdpa.source)
     node.outputs = [sdpa.outputs[0], kw.outputs[0], vw.outputs[0]]
     return node, members
 

@@ -145,10 +145,13 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
     return out
 
 
-def _head_major(k_cache, v_cache, q, k, v, cos, sin, dim) -> tuple:
+def _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed: bool = False) -> tuple:
     """The decode attention's tensors as [B, H, S, D] views: sequence-major caches ([B, S, H, D] written on
-    dim 1, ir/fused_ops.decode_attention_) and their q, k, v, cos and sin transposed; else as they are."""
+    dim 1, ir/fused_ops.decode_attention_) and their q, k, v, cos and sin transposed; with the heads'
+    norms, [B, 1, H, D] rows over head-major caches transposed (one token: a view); else as they are."""
     if not sequence_major(dim, k_cache):
+        if normed:
+            q, k, v = (t.transpose(1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
         return k_cache, v_cache, q, k, v, cos, sin
     swap = [t if t is None else t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).transpose(1, 2) if t.dim() <= 4
             else t for t in (cos, sin)]
@@ -156,7 +159,20 @@ def _head_major(k_cache, v_cache, q, k, v, cos, sin, dim) -> tuple:
             v.transpose(1, 2), *swap)
 
 
-def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n_rep, mask) -> tuple | None:
+def _norm_plan(q, q_norm, k_norm, norm_dtype, norm_first) -> int | None:
+    """The kernel's NORM for the heads' norms: 0 without them; 1 (the upcast form) or 2 (Gemma's, weight
+    first) with weights of q's dtype over the head dim, computed in fp32; None (the reference) else."""
+    if q_norm is None:
+        return 0
+    D = q.shape[-1]
+    if not all(w.shape == (D,) and w.is_contiguous() and w.dtype == q.dtype for w in (q_norm, k_norm)) \
+            or (norm_dtype or q.dtype) != torch.float32:
+        return None
+    return 2 if norm_first else 1
+
+
+def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n_rep, mask,
+                       normed: bool = False) -> tuple | None:
     """(BLOCK_N, BLOCK_D, the mask's plan) when the fused decode kernel handles this call: one query token and one
     new row, contiguous caches ([B, Hkv, S, D] written on dim 2, or [B, S, Hkv, D] on dim 1), rows with a
     dense head dim, cos and sin broadcasting over q and k, a mask broadcasting over [B, Hq, 1, S] if any;
@@ -165,7 +181,7 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
             or index.numel() != 1 or v_cache.shape != k_cache.shape:
         return None
     dense = k_cache.is_contiguous() and v_cache.is_contiguous()
-    k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim)
+    k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed)
     B, Hkv, S, D = k_cache.shape
     positions = _position_strides(q_pos, B, 1)
     if not (positions is not None and dense
@@ -192,21 +208,29 @@ def _rope_strides(t, shape) -> tuple[int, int]:
 
 
 def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
-                      q_pos=None, scale=None, n_rep=1, mask=None, softcap=None):
-    """ost.decode_attention_ on CUDA: rope, the cache writes and the attention in one kernel
-    (source/attention.py) where its plan allows, else the reference."""
+                      q_pos=None, scale=None, n_rep=1, mask=None, softcap=None, q_norm=None, k_norm=None,
+                      norm_eps=0.0, norm_dtype=None, norm_offset=0.0, norm_first=False):
+    """ost.decode_attention_ on CUDA: the heads' norms, rope, the cache writes and the attention in one
+    kernel (source/attention.py) where its plan allows, else the reference."""
+    normed = q_norm is not None
     key = op_key("ost.decode_attention_", k_cache, v_cache, q, k, v, index,
                  *(() if cos is None else (cos, sin)), *(() if q_pos is None else (q_pos,)),
-                 *(() if mask is None else (mask,)), dim=dim, n_rep=n_rep, masked=mask is not None)
-    plan = op_graph_cache.get(key, lambda: _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin,
-                                                              q_pos, n_rep, mask))
+                 *(() if mask is None else (mask,)), *((q_norm, k_norm) if normed else ()), dim=dim, n_rep=n_rep,
+                 masked=mask is not None, normed=normed, norm_dtype=str(norm_dtype), norm_first=bool(norm_first))
+
+    def plan_of():
+        norm = _norm_plan(q, q_norm, k_norm, norm_dtype, norm_first)
+        plan = None if norm is None else _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos,
+                                                            n_rep, mask, normed)
+        return None if plan is None else (*plan, norm)
+    plan = op_graph_cache.get(key, plan_of)
     if plan is None:
         from ....ir.fused_ops import decode_attention_ as reference
         return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
-                         mask, softcap)
-    block_n, block_d, pos_sb, (mask_kind, m_sb, m_sh, _, m_sn) = plan
+                         mask, softcap, q_norm, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
+    block_n, block_d, pos_sb, (mask_kind, m_sb, m_sh, _, m_sn), norm = plan
     caches = k_cache, v_cache
-    k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim)
+    k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed)
     B, Hkv, S, D = k_cache.shape
     Hq = q.shape[1]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -220,10 +244,11 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         strides = (0,) * 8
     LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
                    SOFTCAP=softcap is not None, ROPE=rope, INTERLEAVED=bool(interleaved), RING=ring is not None,
-                   BLOCK_N=block_n, BLOCK_D=block_d)(
+                   NORM=norm, BLOCK_N=block_n, BLOCK_D=block_d)(
         q, k, v, k_cache, v_cache, index, index if q_pos is None else q_pos, cos, sin, q if mask is None else mask,
-        out, D, n_rep, Hq,
+        q_norm if normed else q, k_norm if normed else q, out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),
+        float(norm_eps), float(norm_offset),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *strides,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1), pos_sb, m_sb, m_sh,
         m_sn, grid=(B * Hq,))

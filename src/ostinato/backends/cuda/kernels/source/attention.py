@@ -129,10 +129,27 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mask_ptr, out_ptr, hea
 
 
 @triton.jit
-def _rope_row(ptr, d, dmask, half, c_ptr, s_ptr, dt, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """A head's row [BLOCK_D] in fp32, rotated as ost.rope's kernel does (each product rounded to
-    ``dt``, then their sum) when ROPE."""
-    x = tl.load(ptr + d, mask=dmask, other=0.0).to(tl.float32)
+def _normed(x, w_ptr, d, dmask, rstd, offset, dt, NORM: tl.constexpr):
+    """Elements ``d`` of a head's row ``x`` (fp32 values of ``dt``) through ost.rms_norm with statistics
+    ``rstd``: NORM 1 rounds x * rstd to ``dt`` and multiplies by ``weight + offset`` (rounded to ``dt``),
+    HF's upcast form; NORM 2 multiplies by ``weight + offset`` in fp32 and rounds once (Gemma's)."""
+    w = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+    if NORM == 1:
+        h = (x * rstd).to(dt).to(tl.float32)
+        return (h * (w + offset).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    return (x * rstd * (w + offset)).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _rope_row(ptr, d, dmask, half, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim, ROPE: tl.constexpr,
+              INTERLEAVED: tl.constexpr, NORM: tl.constexpr):
+    """A head's row [BLOCK_D] (or [BLOCK_N, BLOCK_D], its rows reduced one by one) in fp32, through the
+    head's RMSNorm (weight ``w_ptr``) when NORM, then rotated as ost.rope's kernel does (each product
+    rounded to ``dt``, then their sum) when ROPE."""
+    xn = tl.load(ptr + d, mask=dmask, other=0.0).to(tl.float32)
+    if NORM != 0:
+        rstd = 1.0 / tl.sqrt(tl.sum(xn * xn, axis=-1, keep_dims=True) / head_dim + eps)
+        xn = _normed(xn, w_ptr, d, dmask, rstd, offset, dt, NORM)
     if ROPE:
         if INTERLEAVED:
             partner = d ^ 1
@@ -141,24 +158,27 @@ def _rope_row(ptr, d, dmask, half, c_ptr, s_ptr, dt, ROPE: tl.constexpr, INTERLE
             partner = tl.where(d < half, d + half, d - half)
             sign = tl.where(d < half, -1.0, 1.0)
         xr = tl.load(ptr + partner, mask=dmask, other=0.0).to(tl.float32)
+        if NORM != 0:
+            xr = _normed(xr, w_ptr, partner, dmask, rstd, offset, dt, NORM)
         c = tl.load(c_ptr + d, mask=dmask, other=0.0).to(tl.float32)
         s = tl.load(s_ptr + d, mask=dmask, other=0.0).to(tl.float32)
-        a = (x * c).to(dt).to(tl.float32)
+        a = (xn * c).to(dt).to(tl.float32)
         b = (sign * xr * s).to(dt).to(tl.float32)
-        x = (a + b).to(dt).to(tl.float32)
-    return x
+        xn = (a + b).to(dt).to(tl.float32)
+    return xn
 
 
 @triton.jit
 def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr,
-                               out_ptr, head_dim, n_rep, hq, scale, cap, ring,
+                               qw_ptr, kw_ptr, out_ptr, head_dim, n_rep, hq, scale, cap, ring, eps, w_offset,
                                q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, cq_b, cq_h, sq_b, sq_h, ck_b, ck_h, sk_b, sk_h,
                                c_sb, c_sh, c_ss, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
                                n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr,
                                SOFTCAP: tl.constexpr, ROPE: tl.constexpr,
-                               INTERLEAVED: tl.constexpr, RING: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_D: tl.constexpr):
-    """One (batch, query head) of ost.decode_attention_: q and the step's key rotated in registers, the
+                               INTERLEAVED: tl.constexpr, RING: tl.constexpr, NORM: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One (batch, query head) of ost.decode_attention_: q and the step's key normalized (NORM: each head's
+    RMSNorm, weights qw_ptr and kw_ptr) and rotated in registers, the
     key and value rows written into the caches (batch, head and row strides c_sb, c_sh, c_ss; the head
     dim dense) by the first query
     head of each KV head, and softmax(softcap(q k^T * scale) + mask, keys j <= pos) v online over the cache. No
@@ -173,7 +193,8 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     half = head_dim // 2
     dt = kc_ptr.dtype.element_ty
     q = _rope_row(q_ptr + b * q_sb + h * q_sh, d, dmask, half, cos_ptr + b * cq_b + h * cq_h,
-                  sin_ptr + b * sq_b + h * sq_h, q_ptr.dtype.element_ty, ROPE, INTERLEAVED)
+                  sin_ptr + b * sq_b + h * sq_h, q_ptr.dtype.element_ty, qw_ptr, eps, w_offset, head_dim, ROPE,
+                  INTERLEAVED, NORM)
     # The step's key and value as row 0 of a [BLOCK_N, BLOCK_D] block (the other rows masked off), in
     # the cache blocks' layout from the load on: reduced as those blocks are. (Kept as 1-D rows, they
     # are replicated across warps, and converting them to the blocks' layout makes identical writes to
@@ -182,7 +203,8 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     d2 = d[None, :] + 0 * first[:, None].to(tl.int32)
     m2 = first[:, None] & dmask[None, :]
     kn = _rope_row(k_ptr + b * k_sb + kvh * k_sh, d2, m2, half, cos_ptr + b * ck_b + kvh * ck_h,
-                   sin_ptr + b * sk_b + kvh * sk_h, dt, ROPE, INTERLEAVED).to(dt)
+                   sin_ptr + b * sk_b + kvh * sk_h, dt, kw_ptr, eps, w_offset, head_dim, ROPE, INTERLEAVED,
+                   NORM).to(dt)
     vn = tl.load(v_ptr + b * v_sb + kvh * v_sh + d2, mask=m2, other=0.0).to(dt)
     slot = _slot(index_ptr, ring, n_keys, RING)
     if h % n_rep == 0:     # a slot outside the cache (eager's index_put raises) writes nothing
