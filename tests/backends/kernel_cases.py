@@ -292,6 +292,18 @@ CASES = [
          _r(g, (1, 1, 2, 16), dt, dev), _r(g, (1, 1, 2, 16), dt, dev), torch.tensor([5], device=dev), 1, None,
          _r(g, (1, 16), dt, dev), _r(g, (1, 16), dt, dev), True, None, None, 2, None, None, _r(g, (16,), dt, dev),
          _r(g, (16,), dt, dev), 1e-5, torch.float32), {}), tol=_ROPE_TOL),
+    # partial rotary embeddings (GPT-NeoX, Phi-2): the first 8 dims of each head turned, the rest passed
+    KernelCase("ost.decode_attention_", "partial-rotary-gqa", lambda g, dt, dev: (
+        (_r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 4, 1, 24), dt, dev),
+         _r(g, (2, 2, 1, 24), dt, dev), _r(g, (2, 2, 1, 24), dt, dev), torch.tensor([29], device=dev), 2, None,
+         _r(g, (2, 1, 1, 8), dt, dev), _r(g, (2, 1, 1, 8), dt, dev), False,
+         torch.tensor([20, 35], device=dev).view(2, 1, 1, 1), None, 2, None, None, None, None, 0.0, None, 0.0, False,
+         8), {}), tol=_ROPE_TOL),
+    KernelCase("ost.decode_attention_", "partial-rotary-interleaved-seq-major", lambda g, dt, dev: (
+        (_r(g, (1, 16, 2, 16), dt, dev), _r(g, (1, 16, 2, 16), dt, dev), _r(g, (1, 1, 2, 16), dt, dev),
+         _r(g, (1, 1, 2, 16), dt, dev), _r(g, (1, 1, 2, 16), dt, dev), torch.tensor([9], device=dev), 1, None,
+         _r(g, (1, 1, 1, 8), dt, dev), _r(g, (1, 1, 1, 8), dt, dev), True, None, None, 1, None, None, None, None, 0.0,
+         None, 0.0, False, 8), {}), tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "two-rows-fallback", lambda g, dt, dev: (
         (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev),
          _r(g, (1, 2, 2, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev), torch.tensor([3, 4], device=dev), 2), {})),

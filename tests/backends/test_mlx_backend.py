@@ -392,11 +392,12 @@ def test_rope_with_attention_scaling_uses_mx_fast_rope(fast_rope_calls):
     assert fast_rope_calls[0] == 4
 
 
-@pytest.mark.parametrize("layout", ["head_major", "sequence_major"])
+@pytest.mark.parametrize("layout", ["head_major", "sequence_major", "partial_rotary", "head_norms"])
 def test_decode_attention_handler_matches_the_reference(layout):
     """ost.decode_attention_ (made by the CUDA code generator; an .ost lowered for CUDA may reach MLX) on
-    [B, H, S, D] caches written on dim 2 and on [B, S, H, D] caches written on dim 1, with rope and GQA:
-    the attention and both written caches equal the torch reference's."""
+    [B, H, S, D] caches written on dim 2 and on [B, S, H, D] caches written on dim 1, with rope and GQA,
+    with a partial rotary embedding, and with the heads' norms over [B, 1, H, D] rows: the attention and
+    both written caches equal the torch reference's."""
     import mlx.core as mx
 
     from ostinato.backends.mlx.convert import to_mx, to_torch
@@ -408,9 +409,16 @@ def test_decode_attention_handler_matches_the_reference(layout):
     q = torch.randn(*((2, 1, 4, 8) if major else (2, 4, 1, 8)), generator=g)
     caches = [torch.randn(*cache, generator=g) for _ in range(2)]
     k, v = torch.randn(*row, generator=g), torch.randn(*row, generator=g)
-    cos, sin = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
+    width = 4 if layout == "partial_rotary" else 8
+    cos, sin = torch.randn(1, 1, 1, width, generator=g), torch.randn(1, 1, 1, width, generator=g)
     index, pos = torch.tensor([5]), torch.tensor([[5]])
+    if layout == "head_norms":      # Qwen 3's rows, before the transpose
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     args = (q, k, v, index, 1 if major else 2, None, cos, sin, False, pos, None, 2)
+    if layout == "partial_rotary":
+        args += (None, None, None, None, 0.0, None, 0.0, False, 4)
+    elif layout == "head_norms":
+        args += (None, None, torch.rand(8, generator=g) + 0.5, torch.rand(8, generator=g) + 0.5, 1e-6, torch.float32)
     expected = decode_attention_(*[c.clone() for c in caches], *args)
     got = HANDLERS["ost.decode_attention_"](*[to_mx(c) for c in caches],
                                              *[to_mx(a) if isinstance(a, torch.Tensor) else a for a in args])

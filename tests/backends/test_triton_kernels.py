@@ -68,7 +68,7 @@ def _compile_specs():
              {**{k: ptr(dt) for k in ("q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr")}, "index_ptr": "*i64",
               "pos_ptr": "*i64", "cos_ptr": ptr(dt), "sin_ptr": ptr(dt), "mask_ptr": ptr(dt), "qw_ptr": ptr(dt),
               "kw_ptr": ptr(dt), "out_ptr": ptr(dt), "head_dim": "i32", "n_rep": "i32", "hq": "i32", "scale": "fp32",
-              "cap": "fp32", "ring": "i32", "eps": "fp32", "w_offset": "fp32",
+              "cap": "fp32", "ring": "i32", "eps": "fp32", "w_offset": "fp32", "rot": "i32",
               **{k: "i32" for k in ("q_sb", "q_sh", "k_sb", "k_sh", "v_sb", "v_sh", "cq_b", "cq_h", "sq_b", "sq_h",
                                      "ck_b", "ck_h", "sk_b", "sk_h", "c_sb", "c_sh", "c_ss", "o_sb", "o_sh", "pos_sb",
                                      "m_sb", "m_sh", "m_sn")},

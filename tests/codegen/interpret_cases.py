@@ -138,7 +138,8 @@ def main(what: str, dtype_name: str) -> None:
     if what == "hf":     # transformers' decoders, several decode steps (int64 scalar groups included)
         from fusion_backend import hf_decode_matches
         # Mistral and Gemma 2 (a window of 4 keys): 6 steps, so the window slides past the first keys
-        for family, steps in (("llama", 3), ("gemma", 3), ("mistral", 6), ("gemma2", 6), ("qwen3", 3), ("gemma3", 6)):
+        for family, steps in (("llama", 3), ("gemma", 3), ("mistral", 6), ("gemma2", 6), ("qwen3", 3), ("gemma3", 6),
+                              ("gpt_neox", 3), ("phi", 3)):
             try:
                 prog = hf_decode_matches(family, InterpretedFusionBackend(), steps, tol=1e-4)
                 merged = fused_ops(fused_executable(prog, InterpretedFusionBackend())).get("ost.decode_attention_", 0)

@@ -50,10 +50,14 @@ CONFIGS = {
     "qwen3": lambda: transformers.Qwen3Config(head_dim=16, **DECODER),
     "gemma3": lambda: transformers.Gemma3TextConfig(head_dim=16, sliding_window=4,
                                                     layer_types=["sliding_attention", "full_attention"], **DECODER),
+    # GPT-NeoX (a quarter of each head rotated) and Phi-2 (half): partial rotary embeddings.
+    "gpt_neox": lambda: transformers.GPTNeoXConfig(**{k: v for k, v in DECODER.items() if k != "num_key_value_heads"}),
+    "phi": lambda: transformers.PhiConfig(**DECODER),
 }
 EXPECTED_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma": "GemmaForCausalLM",
                   "gpt2": "GPT2LMHeadModel", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
-                  "gemma2": "Gemma2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+                  "gemma2": "Gemma2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+                  "gpt_neox": "GPTNeoXForCausalLM", "phi": "PhiForCausalLM"}
 
 
 def make_wrapper(family: str, config=None, device: str = "cpu",

@@ -62,8 +62,52 @@ def _only_reader(v: Value, reader: Node, users: dict, graph_reads: set[int]) -> 
     return v.id not in graph_reads and [id(u) for u in users.get(v.id, ())] == [id(reader)]
 
 
+def _slice(v: Value, reader: Node, users, graph_reads, lone: set[int]) -> Node | None:
+    """The lone aten.slice.Tensor of the last dim, step 1, making ``v``, read by ``reader`` alone."""
+    node = v.producer
+    if node is None or node.op != "aten.slice.Tensor" or id(node) not in lone or node.kwargs \
+            or not _only_reader(v, reader, users, graph_reads) or not _tensor(node.args[0]):
+        return None
+    src, dim, start, end, step = (*node.args, *(0, None, None, 1)[len(node.args) - 1:])[:5]
+    rank = len(src.meta.shape)
+    return node if isinstance(dim, int) and dim % rank == rank - 1 and step == 1 else None
+
+
+def _partial(v: Value, reader: Node, users, graph_reads, lone: set[int]):
+    """(the rope, the whole rows, the rotary dim, [the cat and slices]) when ``v`` is the partial rotary
+    embedding of GPT-NeoX, Phi-2, StableLM and GPT-J: ``cat([rope(x[..., :R]), x[..., R:]], -1)``, each
+    piece lone and read by the next alone; else None."""
+    cat = v.producer
+    if cat is None or cat.op != "aten.cat" or id(cat) not in lone or cat.kwargs \
+            or not _only_reader(v, reader, users, graph_reads):
+        return None
+    parts, dim = (*cat.args, 0)[:2]
+    if len(parts) != 2 or not all(_tensor(x) for x in parts) or dim % len(v.meta.shape) != len(v.meta.shape) - 1:
+        return None
+    rope, rest = parts[0].producer, _slice(parts[1], cat, users, graph_reads, lone)
+    if rope is None or rope.op != "ost.rope" or id(rope) not in lone or rest is None \
+            or not _only_reader(parts[0], cat, users, graph_reads):
+        return None
+    rot = _slice(rope.args[0], rope, users, graph_reads, lone) if _tensor(rope.args[0]) else None
+    if rot is None or rot.args[0] is not rest.args[0]:
+        return None
+    width = _static(rest.args[0])
+    r = rot.args[3] if len(rot.args) > 3 else None
+    if width is None or not isinstance(r, int) or (*rot.args, 0)[2] not in (0, None) or rest.args[2] != r \
+            or not 0 < r < width[-1] or r % 2:
+        return None
+    return rope, rest.args[0], r, [cat, rot, rest]
+
+
 def _ropes(q: Value, k_new: Value, sdpa: Node, k_write: Node, users, graph_reads, lone: set[int]):
-    """(q before rope, k before rope, cos, sin, interleaved, [rope nodes]) when both are roped alike."""
+    """(q before rope, k before rope, cos, sin, interleaved, [rope nodes], the rotary dim: None for the
+    whole head) when both are roped alike, over the whole head or both over its first R dims."""
+    partial = [_partial(x, r, users, graph_reads, lone) for x, r in ((q, sdpa), (k_new, k_write))]
+    rotary, extra = None, []
+    if all(partial) and partial[0][2] == partial[1][2]:
+        (rq, q_rows, rotary, q_nodes), (rk, k_rows, _, k_nodes) = partial
+        extra = q_nodes + k_nodes
+        q, k_new = rq.outputs[0], rk.outputs[0]     # the checks below as for whole-head ropes
     rq, rk = q.producer, k_new.producer
     if rq is None or rk is None or rq.op != "ost.rope" or rk.op != "ost.rope" or id(rq) not in lone \
             or id(rk) not in lone or rq.kwargs or rk.kwargs:
@@ -75,9 +119,14 @@ def _ropes(q: Value, k_new: Value, sdpa: Node, k_write: Node, users, graph_reads
         return None
     if qa[0].meta.dtype != q.meta.dtype or ka[0].meta.dtype != k_new.meta.dtype:
         return None     # the rope promoted (an fp32 cos over bf16 rows): not the kernel's rounding
+    if rotary is not None:
+        return q_rows, k_rows, qa[1], qa[2], bool(qa[3]), [rq, rk, *extra], rotary
     if not _only_reader(q, sdpa, users, graph_reads) or not _only_reader(k_new, k_write, users, graph_reads):
         return None
-    return qa[0], ka[0], qa[1], qa[2], bool(qa[3]), [rq, rk]
+    return qa[0], ka[0], qa[1], qa[2], bool(qa[3]), [rq, rk], None
+
+
+_NO_NORMS = (None, None, 0.0, None, 0.0, False)     # ost.decode_attention_'s norm arguments, unused
 
 
 def _head_norm(x: Value, reader: Node, users, graph_reads, lone: set[int]):
@@ -177,17 +226,18 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
     if mask is not None and not _broadcasts(mask, (b, hq, 1, shapes[1][2])):
         return None
     members = [kw, vw, *(views if major else ()), sdpa]
-    q_in, k_in, v_in, cos, sin, interleaved, norms = q, kn, vn, None, None, False, ()
+    q_in, k_in, v_in, cos, sin, interleaved, norms, rotary = q, kn, vn, None, None, False, _NO_NORMS, None
     ropes = _ropes(q, kn, views[0] if major else sdpa, kw, users, graph_reads, lone)
     if ropes is not None:
-        q_in, k_in, cos, sin, interleaved, nodes = ropes
+        q_in, k_in, cos, sin, interleaved, nodes, rotary = ropes
         members = nodes + members
-        normed = _norms(q_in, k_in, vn, nodes, vw, major, users, graph_reads, lone)
+        normed = None if rotary else _norms(q_in, k_in, vn, nodes[:2], vw, major, users, graph_reads, lone)
         if normed is not None:
             q_in, k_in, v_in, norms, taken = normed
             members = taken + members
+    extra = (*norms, rotary) if rotary else norms if norms is not _NO_NORMS else ()
     node = Node(OP, (kc, vc, q_in, k_in, v_in, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
-                     mask, softcap, *norms), {}, sdpa.name, sdpa.source)
+                     mask, softcap, *extra), {}, sdpa.name, sdpa.source)
     node.outputs = [sdpa.outputs[0], kw.outputs[0], vw.outputs[0]]
     return node, members
 

@@ -309,7 +309,8 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
                       softcap: float | None = None, q_norm: torch.Tensor | None = None,
                       k_norm: torch.Tensor | None = None, norm_eps: float = 0.0,
                       norm_dtype: torch.dtype | None = None, norm_offset: float = 0.0,
-                      norm_first: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      norm_first: bool = False,
+                      rotary: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step's attention with the step's cache writes: ``rope`` on q and k when ``cos`` and
     ``sin`` are given, ``kv_update_`` of k and v into the caches (in place), then ``sdpa`` of q over the
     caches with the explicit ``mask``, if any, and the scores' ``softcap``. Returns (attention, k_cache,
@@ -324,13 +325,18 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     With ``q_norm`` and ``k_norm`` (Qwen 3's and Gemma 3's RMSNorm of each head), q and k first go through
     ``rms_norm(x, weight, norm_eps, norm_dtype, norm_offset, norm_first)``; q, k and v may then come as
     [B, 1, H, D] rows over [B, H, S, D] caches (the norm's input, before the model's transpose), which
-    become [B, H, 1, D] after the norms (one token: the same order)."""
+    become [B, H, 1, D] after the norms (one token: the same order).
+
+    ``rotary``: the rope turns only the first ``rotary`` dims of each head (GPT-NeoX's, Phi-2's partial
+    rotary embedding; cos and sin that wide), the rest pass through."""
     if q_norm is not None:
         q = rms_norm(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         k = rms_norm(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         if not sequence_major(dim, k_cache):
             q, k, v = (t.transpose(1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
-    if cos is not None:
+    if cos is not None and rotary:
+        q, k = (torch.cat((rope(t[..., :rotary], cos, sin, interleaved), t[..., rotary:]), -1) for t in (q, k))
+    elif cos is not None:
         q, k = rope(q, cos, sin, interleaved), rope(k, cos, sin, interleaved)
     kv_update_(k_cache, k, index, dim, ring)
     kv_update_(v_cache, v, index, dim, ring)

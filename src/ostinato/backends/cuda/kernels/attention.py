@@ -172,7 +172,7 @@ def _norm_plan(q, q_norm, k_norm, norm_dtype, norm_first) -> int | None:
 
 
 def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n_rep, mask,
-                       normed: bool = False) -> tuple | None:
+                       normed: bool = False, rotary: int | None = None) -> tuple | None:
     """(BLOCK_N, BLOCK_D, the mask's plan) when the fused decode kernel handles this call: one query token and one
     new row, contiguous caches ([B, Hkv, S, D] written on dim 2, or [B, S, Hkv, D] on dim 1), rows with a
     dense head dim, cos and sin broadcasting over q and k, a mask broadcasting over [B, Hq, 1, S] if any;
@@ -190,11 +190,12 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
             and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype):
         return None
     if cos is not None:
-        if D % 2 or any(t.dim() > 4 or t.shape[-1] != D for t in (cos, sin)):
+        width = rotary or D     # the rotated dims: the whole head, or its first ``rotary``
+        if width % 2 or width > D or any(t.dim() > 4 or t.shape[-1] != width for t in (cos, sin)):
             return None     # the kernel reads a full row of cos and sin per head
         try:
             for t in (cos, sin):
-                t.expand(q.shape), t.expand(k.shape)
+                t.expand(*q.shape[:-1], width), t.expand(*k.shape[:-1], width)
         except RuntimeError:
             return None
     masking = _mask_plan(mask, q, S)
@@ -202,32 +203,34 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
 
 
 def _rope_strides(t, shape) -> tuple[int, int]:
-    """(batch, head) strides of ``t`` broadcast over ``shape`` ([B, H, 1, D]); 0 on broadcast dims."""
-    e = t.expand(shape)
+    """(batch, head) strides of ``t`` broadcast over ``shape`` ([B, H, 1, D]; its rotated dims, t's last);
+    0 on broadcast dims."""
+    e = t.expand(*shape[:-1], t.shape[-1])
     return e.stride(0), e.stride(1)
 
 
 def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
                       q_pos=None, scale=None, n_rep=1, mask=None, softcap=None, q_norm=None, k_norm=None,
-                      norm_eps=0.0, norm_dtype=None, norm_offset=0.0, norm_first=False):
+                      norm_eps=0.0, norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None):
     """ost.decode_attention_ on CUDA: the heads' norms, rope, the cache writes and the attention in one
     kernel (source/attention.py) where its plan allows, else the reference."""
     normed = q_norm is not None
     key = op_key("ost.decode_attention_", k_cache, v_cache, q, k, v, index,
                  *(() if cos is None else (cos, sin)), *(() if q_pos is None else (q_pos,)),
                  *(() if mask is None else (mask,)), *((q_norm, k_norm) if normed else ()), dim=dim, n_rep=n_rep,
-                 masked=mask is not None, normed=normed, norm_dtype=str(norm_dtype), norm_first=bool(norm_first))
+                 masked=mask is not None, normed=normed, norm_dtype=str(norm_dtype), norm_first=bool(norm_first),
+                 rotary=rotary)
 
     def plan_of():
         norm = _norm_plan(q, q_norm, k_norm, norm_dtype, norm_first)
         plan = None if norm is None else _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos,
-                                                            n_rep, mask, normed)
+                                                            n_rep, mask, normed, rotary)
         return None if plan is None else (*plan, norm)
     plan = op_graph_cache.get(key, plan_of)
     if plan is None:
         from ....ir.fused_ops import decode_attention_ as reference
         return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
-                         mask, softcap, q_norm, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
+                         mask, softcap, q_norm, k_norm, norm_eps, norm_dtype, norm_offset, norm_first, rotary)
     block_n, block_d, pos_sb, (mask_kind, m_sb, m_sh, _, m_sn), norm = plan
     caches = k_cache, v_cache
     k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed)
@@ -248,7 +251,7 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         q, k, v, k_cache, v_cache, index, index if q_pos is None else q_pos, cos, sin, q if mask is None else mask,
         q_norm if normed else q, k_norm if normed else q, out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),
-        float(norm_eps), float(norm_offset),
+        float(norm_eps), float(norm_offset), int(rotary or D),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *strides,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1), pos_sb, m_sb, m_sh,
         m_sn, grid=(B * Hq,))

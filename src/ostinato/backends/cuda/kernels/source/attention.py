@@ -141,27 +141,31 @@ def _normed(x, w_ptr, d, dmask, rstd, offset, dt, NORM: tl.constexpr):
 
 
 @triton.jit
-def _rope_row(ptr, d, dmask, half, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim, ROPE: tl.constexpr,
+def _rope_row(ptr, d, dmask, rot, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim, ROPE: tl.constexpr,
               INTERLEAVED: tl.constexpr, NORM: tl.constexpr):
     """A head's row [BLOCK_D] (or [BLOCK_N, BLOCK_D], its rows reduced one by one) in fp32, through the
-    head's RMSNorm (weight ``w_ptr``) when NORM, then rotated as ost.rope's kernel does (each product
-    rounded to ``dt``, then their sum) when ROPE."""
+    head's RMSNorm (weight ``w_ptr``) when NORM, then its first ``rot`` dims (cos and sin that wide; the
+    rest pass through) rotated as ost.rope's kernel does (each product rounded to ``dt``, then their
+    sum) when ROPE."""
     xn = tl.load(ptr + d, mask=dmask, other=0.0).to(tl.float32)
     if NORM != 0:
         rstd = 1.0 / tl.sqrt(tl.sum(xn * xn, axis=-1, keep_dims=True) / head_dim + eps)
         xn = _normed(xn, w_ptr, d, dmask, rstd, offset, dt, NORM)
     if ROPE:
+        rotated = dmask & (d < rot)
+        half = rot // 2
         if INTERLEAVED:
-            partner = d ^ 1
+            partner = tl.where(d < rot, d ^ 1, d)
             sign = tl.where(d % 2 == 0, -1.0, 1.0)
         else:
-            partner = tl.where(d < half, d + half, d - half)
+            partner = tl.where(d < half, d + half, tl.where(d < rot, d - half, d))
             sign = tl.where(d < half, -1.0, 1.0)
         xr = tl.load(ptr + partner, mask=dmask, other=0.0).to(tl.float32)
         if NORM != 0:
             xr = _normed(xr, w_ptr, partner, dmask, rstd, offset, dt, NORM)
-        c = tl.load(c_ptr + d, mask=dmask, other=0.0).to(tl.float32)
-        s = tl.load(s_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+        # past ``rot``: cos 1 and sin 0, so the row passes through unchanged
+        c = tl.load(c_ptr + d, mask=rotated, other=1.0).to(tl.float32)
+        s = tl.load(s_ptr + d, mask=rotated, other=0.0).to(tl.float32)
         a = (xn * c).to(dt).to(tl.float32)
         b = (sign * xr * s).to(dt).to(tl.float32)
         xn = (a + b).to(dt).to(tl.float32)
@@ -170,7 +174,7 @@ def _rope_row(ptr, d, dmask, half, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_di
 
 @triton.jit
 def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr,
-                               qw_ptr, kw_ptr, out_ptr, head_dim, n_rep, hq, scale, cap, ring, eps, w_offset,
+                               qw_ptr, kw_ptr, out_ptr, head_dim, n_rep, hq, scale, cap, ring, eps, w_offset, rot,
                                q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, cq_b, cq_h, sq_b, sq_h, ck_b, ck_h, sk_b, sk_h,
                                c_sb, c_sh, c_ss, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
                                n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr,
@@ -190,9 +194,8 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     kvh = h // n_rep
     d = tl.arange(0, BLOCK_D)
     dmask = d < head_dim
-    half = head_dim // 2
     dt = kc_ptr.dtype.element_ty
-    q = _rope_row(q_ptr + b * q_sb + h * q_sh, d, dmask, half, cos_ptr + b * cq_b + h * cq_h,
+    q = _rope_row(q_ptr + b * q_sb + h * q_sh, d, dmask, rot, cos_ptr + b * cq_b + h * cq_h,
                   sin_ptr + b * sq_b + h * sq_h, q_ptr.dtype.element_ty, qw_ptr, eps, w_offset, head_dim, ROPE,
                   INTERLEAVED, NORM)
     # The step's key and value as row 0 of a [BLOCK_N, BLOCK_D] block (the other rows masked off), in
@@ -202,7 +205,7 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     first = tl.arange(0, BLOCK_N) == 0
     d2 = d[None, :] + 0 * first[:, None].to(tl.int32)
     m2 = first[:, None] & dmask[None, :]
-    kn = _rope_row(k_ptr + b * k_sb + kvh * k_sh, d2, m2, half, cos_ptr + b * ck_b + kvh * ck_h,
+    kn = _rope_row(k_ptr + b * k_sb + kvh * k_sh, d2, m2, rot, cos_ptr + b * ck_b + kvh * ck_h,
                    sin_ptr + b * sk_b + kvh * sk_h, dt, kw_ptr, eps, w_offset, head_dim, ROPE, INTERLEAVED,
                    NORM).to(dt)
     vn = tl.load(v_ptr + b * v_sb + kvh * v_sh + d2, mask=m2, other=0.0).to(dt)
