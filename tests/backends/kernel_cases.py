@@ -304,6 +304,18 @@ CASES = [
          _r(g, (1, 1, 2, 16), dt, dev), _r(g, (1, 1, 2, 16), dt, dev), torch.tensor([9], device=dev), 1, None,
          _r(g, (1, 1, 1, 8), dt, dev), _r(g, (1, 1, 1, 8), dt, dev), True, None, None, 1, None, None, None, None, 0.0,
          None, 0.0, False, 8), {}), tol=_ROPE_TOL),
+    # a rope in fp32 cast back (OLMo: fp32 cos over half rows; Cohere: rows already cast up, half cos)
+    KernelCase("ost.decode_attention_", "wide-rope-fp32-cos", lambda g, dt, dev: (
+        (_r(g, (2, 2, 40, 32), dt, dev), _r(g, (2, 2, 40, 32), dt, dev), _r(g, (2, 4, 1, 32), dt, dev),
+         _r(g, (2, 2, 1, 32), dt, dev), _r(g, (2, 2, 1, 32), dt, dev), torch.tensor([29], device=dev), 2, None,
+         _r(g, (2, 1, 1, 32), torch.float32, dev), _r(g, (2, 1, 1, 32), torch.float32, dev), False,
+         torch.tensor([20, 35], device=dev).view(2, 1, 1, 1), None, 2, None, None, None, None, 0.0, None, 0.0, False,
+         None, True), {}), tol=_ROPE_TOL),
+    KernelCase("ost.decode_attention_", "wide-rope-fp32-rows", lambda g, dt, dev: (
+        (_r(g, (1, 2, 20, 16), dt, dev), _r(g, (1, 2, 20, 16), dt, dev), _r(g, (1, 4, 1, 16), torch.float32, dev),
+         _r(g, (1, 2, 1, 16), torch.float32, dev), _r(g, (1, 2, 1, 16), dt, dev), torch.tensor([11], device=dev), 2,
+         None, _r(g, (1, 1, 1, 16), dt, dev), _r(g, (1, 1, 1, 16), dt, dev), True, torch.tensor([[11]], device=dev),
+         None, 2, None, None, None, None, 0.0, None, 0.0, False, None, True), {}), tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "two-rows-fallback", lambda g, dt, dev: (
         (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev),
          _r(g, (1, 2, 2, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev), torch.tensor([3, 4], device=dev), 2), {})),

@@ -159,6 +159,15 @@ def test_interpreted_hf_decoders():
     assert results == dict.fromkeys(families, "ok"), results
 
 
+def test_interpreted_decoders_with_other_ropes_in_fp16():
+    """Decode attention merged with the heads' norms (Qwen 3), a partial rotary embedding (GPT-NeoX), a rope
+    in fp32 cast back (OLMo: fp32 cos over half rows; Cohere: rows cast up first, interleaved): transformers'
+    models in fp16 (the wide rope's own case: its rows are half), three decode steps through the fused
+    kernel in Triton's interpreter against eager, every layer's attention merged."""
+    results = _interpret("census", "float16")
+    assert results == dict.fromkeys(("qwen3", "gpt_neox", "olmo", "cohere"), "ok"), results
+
+
 def _variants():
     """(case, pipeline, dtype): bf16 and fp32 groups, persistent and looped rows; the zoo through the generic
     pipeline, a Mamba-style scan through the default one (its matvecs rewritten, passes/matvec.py)."""

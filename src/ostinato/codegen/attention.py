@@ -99,15 +99,29 @@ def _partial(v: Value, reader: Node, users, graph_reads, lone: set[int]):
     return rope, rest.args[0], r, [cat, rot, rest]
 
 
+def _cast(v: Value, reader: Node, users, graph_reads, lone: set[int]) -> Node | None:
+    """The lone dtype cast (aten._to_copy with only a dtype) making ``v``, read by ``reader`` alone."""
+    node = v.producer
+    if node is None or node.op != "aten._to_copy" or id(node) not in lone or set(node.kwargs) != {"dtype"} \
+            or len(node.args) != 1 or not _tensor(node.args[0]) or not _only_reader(v, reader, users, graph_reads):
+        return None
+    return node
+
+
 def _ropes(q: Value, k_new: Value, sdpa: Node, k_write: Node, users, graph_reads, lone: set[int]):
-    """(q before rope, k before rope, cos, sin, interleaved, [rope nodes], the rotary dim: None for the
-    whole head) when both are roped alike, over the whole head or both over its first R dims."""
+    """(q before rope, k before rope, cos, sin, interleaved, [the nodes taken], the rotary dim: None for the
+    whole head, wide) when both are roped alike: over the whole head, or both over its first R dims, or
+    (``wide``) in fp32 over half rows and cast back to them (OLMo's fp32 cos; Cohere's rows cast up first)."""
     partial = [_partial(x, r, users, graph_reads, lone) for x, r in ((q, sdpa), (k_new, k_write))]
-    rotary, extra = None, []
+    rotary, extra, readers, wide = None, [], [sdpa, k_write], False
     if all(partial) and partial[0][2] == partial[1][2]:
         (rq, q_rows, rotary, q_nodes), (rk, k_rows, _, k_nodes) = partial
         extra = q_nodes + k_nodes
         q, k_new = rq.outputs[0], rk.outputs[0]     # the checks below as for whole-head ropes
+    casts = [_cast(x, r, users, graph_reads, lone) for x, r in ((q, sdpa), (k_new, k_write))]
+    if rotary is None and all(casts) and all(c.args[0].meta.dtype == torch.float32 for c in casts):
+        readers, extra, wide = casts, list(casts), True
+        q, k_new = (c.args[0] for c in casts)
     rq, rk = q.producer, k_new.producer
     if rq is None or rk is None or rq.op != "ost.rope" or rk.op != "ost.rope" or id(rq) not in lone \
             or id(rk) not in lone or rq.kwargs or rk.kwargs:
@@ -117,13 +131,24 @@ def _ropes(q: Value, k_new: Value, sdpa: Node, k_write: Node, users, graph_reads
         return None
     if not (_tensor(qa[0]) and _tensor(ka[0]) and _tensor(qa[1]) and _tensor(qa[2])):
         return None
-    if qa[0].meta.dtype != q.meta.dtype or ka[0].meta.dtype != k_new.meta.dtype:
-        return None     # the rope promoted (an fp32 cos over bf16 rows): not the kernel's rounding
+    rows = [qa[0], ka[0]]
+    if wide:    # rows of the casts' dtype (Cohere casts them up first: that cast goes too), cos and sin fp32
+        for n, (x, rope) in enumerate(zip(rows, (rq, rk))):
+            up = _cast(x, rope, users, graph_reads, lone) if x.meta.dtype == torch.float32 else None
+            if up is not None:
+                rows[n] = up.args[0]
+                extra.append(up)
+        half = casts[0].outputs[0].meta.dtype
+        if any(c.outputs[0].meta.dtype != half or x.meta.dtype not in (half, torch.float32)
+               for x, c in zip(rows, casts)) or {qa[1].meta.dtype, qa[2].meta.dtype} - {torch.float32, half}:
+            return None     # (rows cast up inside a group stay fp32: the kernel reads them so)
+    elif qa[0].meta.dtype != q.meta.dtype or ka[0].meta.dtype != k_new.meta.dtype:
+        return None     # the rope promoted, and is not cast back: not the kernel's rounding
     if rotary is not None:
-        return q_rows, k_rows, qa[1], qa[2], bool(qa[3]), [rq, rk, *extra], rotary
-    if not _only_reader(q, sdpa, users, graph_reads) or not _only_reader(k_new, k_write, users, graph_reads):
+        return q_rows, k_rows, qa[1], qa[2], bool(qa[3]), [rq, rk, *extra], rotary, False
+    if not _only_reader(q, readers[0], users, graph_reads) or not _only_reader(k_new, readers[1], users, graph_reads):
         return None
-    return qa[0], ka[0], qa[1], qa[2], bool(qa[3]), [rq, rk], None
+    return rows[0], rows[1], qa[1], qa[2], bool(qa[3]), [rq, rk, *extra], None, wide
 
 
 _NO_NORMS = (None, None, 0.0, None, 0.0, False)     # ost.decode_attention_'s norm arguments, unused
@@ -226,16 +251,16 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
     if mask is not None and not _broadcasts(mask, (b, hq, 1, shapes[1][2])):
         return None
     members = [kw, vw, *(views if major else ()), sdpa]
-    q_in, k_in, v_in, cos, sin, interleaved, norms, rotary = q, kn, vn, None, None, False, _NO_NORMS, None
+    q_in, k_in, v_in, cos, sin, interleaved, norms, rotary, wide = q, kn, vn, None, None, False, _NO_NORMS, None, False
     ropes = _ropes(q, kn, views[0] if major else sdpa, kw, users, graph_reads, lone)
     if ropes is not None:
-        q_in, k_in, cos, sin, interleaved, nodes, rotary = ropes
+        q_in, k_in, cos, sin, interleaved, nodes, rotary, wide = ropes
         members = nodes + members
-        normed = None if rotary else _norms(q_in, k_in, vn, nodes[:2], vw, major, users, graph_reads, lone)
+        normed = None if rotary or wide else _norms(q_in, k_in, vn, nodes[:2], vw, major, users, graph_reads, lone)
         if normed is not None:
             q_in, k_in, v_in, norms, taken = normed
             members = taken + members
-    extra = (*norms, rotary) if rotary else norms if norms is not _NO_NORMS else ()
+    extra = (*norms, rotary, True) if wide else (*norms, rotary) if rotary else norms if norms is not _NO_NORMS else ()
     node = Node(OP, (kc, vc, q_in, k_in, v_in, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
                      mask, softcap, *extra), {}, sdpa.name, sdpa.source)
     node.outputs = [sdpa.outputs[0], kw.outputs[0], vw.outputs[0]]

@@ -310,7 +310,8 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
                       k_norm: torch.Tensor | None = None, norm_eps: float = 0.0,
                       norm_dtype: torch.dtype | None = None, norm_offset: float = 0.0,
                       norm_first: bool = False,
-                      rotary: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      rotary: int | None = None,
+                      wide: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step's attention with the step's cache writes: ``rope`` on q and k when ``cos`` and
     ``sin`` are given, ``kv_update_`` of k and v into the caches (in place), then ``sdpa`` of q over the
     caches with the explicit ``mask``, if any, and the scores' ``softcap``. Returns (attention, k_cache,
@@ -328,7 +329,9 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     become [B, H, 1, D] after the norms (one token: the same order).
 
     ``rotary``: the rope turns only the first ``rotary`` dims of each head (GPT-NeoX's, Phi-2's partial
-    rotary embedding; cos and sin that wide), the rest pass through."""
+    rotary embedding; cos and sin that wide), the rest pass through. ``wide``: the rope runs in fp32 over
+    the rows cast up (OLMo's fp32 cos and sin over half rows; Cohere's rows cast up, which may come in
+    fp32) and its result is cast to the caches' dtype."""
     if q_norm is not None:
         q = rms_norm(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         k = rms_norm(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
@@ -337,7 +340,7 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     if cos is not None and rotary:
         q, k = (torch.cat((rope(t[..., :rotary], cos, sin, interleaved), t[..., rotary:]), -1) for t in (q, k))
     elif cos is not None:
-        q, k = rope(q, cos, sin, interleaved), rope(k, cos, sin, interleaved)
+        q, k = (rope(t.float() if wide else t, cos, sin, interleaved).to(k_cache.dtype) for t in (q, k))
     kv_update_(k_cache, k, index, dim, ring)
     kv_update_(v_cache, v, index, dim, ring)
     keys, values = k_cache, v_cache

@@ -206,7 +206,7 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
 @handles("ost.decode_attention_", multi=True)
 def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
                      q_pos=None, scale=None, n_rep=1, mask=None, softcap=None, q_norm=None, k_norm=None, norm_eps=0.0,
-                     norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None):
+                     norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None, wide=False):
     if q_norm is not None:     # ir/fused_ops.decode_attention_: the heads' norms, then [B, H, 1, D] rows
         q = rms_norm_of(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         k = rms_norm_of(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
@@ -215,8 +215,9 @@ def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None,
     if cos is not None and rotary:      # the first ``rotary`` dims turned, the rest passed through
         q, k = (mx.concatenate([rope_of(t[..., :rotary], cos, sin, interleaved), t[..., rotary:]], axis=-1)
                 for t in (q, k))
-    elif cos is not None:
-        q, k = rope_of(q, cos, sin, interleaved), rope_of(k, cos, sin, interleaved)
+    elif cos is not None:     # a promoted (wide) rope cast back to the rows' dtype
+        q, k = (rope_of(t.astype(mx.float32) if wide else t, cos, sin, interleaved).astype(k_cache.dtype)
+                for t in (q, k))
     k_cache = kv_update_of(k_cache, k, index, dim, ring)
     v_cache = kv_update_of(v_cache, v, index, dim, ring)
     keys, values = k_cache, v_cache

@@ -172,7 +172,7 @@ def _norm_plan(q, q_norm, k_norm, norm_dtype, norm_first) -> int | None:
 
 
 def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n_rep, mask,
-                       normed: bool = False, rotary: int | None = None) -> tuple | None:
+                       normed: bool = False, rotary: int | None = None, wide: bool = False) -> tuple | None:
     """(BLOCK_N, BLOCK_D, the mask's plan) when the fused decode kernel handles this call: one query token and one
     new row, contiguous caches ([B, Hkv, S, D] written on dim 2, or [B, S, Hkv, D] on dim 1), rows with a
     dense head dim, cos and sin broadcasting over q and k, a mask broadcasting over [B, Hq, 1, S] if any;
@@ -187,8 +187,9 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
     if not (positions is not None and dense
             and q.shape == (B, Hkv * n_rep, 1, D) and k.shape == (B, Hkv, 1, D) and v.shape == k.shape
             and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and D <= 256
-            and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype):
-        return None
+            and v.dtype == k_cache.dtype == v_cache.dtype
+            and {q.dtype, k.dtype} <= ({k_cache.dtype, torch.float32} if wide and cos is not None else {k_cache.dtype})):
+        return None     # (a wide rope's rows may come in fp32, already cast up)
     if cos is not None:
         width = rotary or D     # the rotated dims: the whole head, or its first ``rotary``
         if width % 2 or width > D or any(t.dim() > 4 or t.shape[-1] != width for t in (cos, sin)):
@@ -211,7 +212,7 @@ def _rope_strides(t, shape) -> tuple[int, int]:
 
 def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
                       q_pos=None, scale=None, n_rep=1, mask=None, softcap=None, q_norm=None, k_norm=None,
-                      norm_eps=0.0, norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None):
+                      norm_eps=0.0, norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None, wide=False):
     """ost.decode_attention_ on CUDA: the heads' norms, rope, the cache writes and the attention in one
     kernel (source/attention.py) where its plan allows, else the reference."""
     normed = q_norm is not None
@@ -219,24 +220,24 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
                  *(() if cos is None else (cos, sin)), *(() if q_pos is None else (q_pos,)),
                  *(() if mask is None else (mask,)), *((q_norm, k_norm) if normed else ()), dim=dim, n_rep=n_rep,
                  masked=mask is not None, normed=normed, norm_dtype=str(norm_dtype), norm_first=bool(norm_first),
-                 rotary=rotary)
+                 rotary=rotary, wide=bool(wide))
 
     def plan_of():
         norm = _norm_plan(q, q_norm, k_norm, norm_dtype, norm_first)
         plan = None if norm is None else _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos,
-                                                            n_rep, mask, normed, rotary)
+                                                            n_rep, mask, normed, rotary, wide)
         return None if plan is None else (*plan, norm)
     plan = op_graph_cache.get(key, plan_of)
     if plan is None:
         from ....ir.fused_ops import decode_attention_ as reference
         return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
-                         mask, softcap, q_norm, k_norm, norm_eps, norm_dtype, norm_offset, norm_first, rotary)
+                         mask, softcap, q_norm, k_norm, norm_eps, norm_dtype, norm_offset, norm_first, rotary, wide)
     block_n, block_d, pos_sb, (mask_kind, m_sb, m_sh, _, m_sn), norm = plan
     caches = k_cache, v_cache
     k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed)
     B, Hkv, S, D = k_cache.shape
     Hq = q.shape[1]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)     # (a wide rope's q may be fp32)
     rope = cos is not None
     if rope:
         cos, sin = cos.contiguous(), sin.contiguous()   # the head dim dense; broadcast dims stride 0
@@ -247,7 +248,7 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         strides = (0,) * 8
     LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
                    SOFTCAP=softcap is not None, ROPE=rope, INTERLEAVED=bool(interleaved), RING=ring is not None,
-                   NORM=norm, BLOCK_N=block_n, BLOCK_D=block_d)(
+                   NORM=norm, WIDE=bool(wide) and rope, BLOCK_N=block_n, BLOCK_D=block_d)(
         q, k, v, k_cache, v_cache, index, index if q_pos is None else q_pos, cos, sin, q if mask is None else mask,
         q_norm if normed else q, k_norm if normed else q, out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),

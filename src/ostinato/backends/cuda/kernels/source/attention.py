@@ -142,11 +142,12 @@ def _normed(x, w_ptr, d, dmask, rstd, offset, dt, NORM: tl.constexpr):
 
 @triton.jit
 def _rope_row(ptr, d, dmask, rot, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim, ROPE: tl.constexpr,
-              INTERLEAVED: tl.constexpr, NORM: tl.constexpr):
+              INTERLEAVED: tl.constexpr, NORM: tl.constexpr, WIDE: tl.constexpr):
     """A head's row [BLOCK_D] (or [BLOCK_N, BLOCK_D], its rows reduced one by one) in fp32, through the
     head's RMSNorm (weight ``w_ptr``) when NORM, then its first ``rot`` dims (cos and sin that wide; the
     rest pass through) rotated as ost.rope's kernel does (each product rounded to ``dt``, then their
-    sum) when ROPE."""
+    sum) when ROPE; WIDE: the rope in fp32 (an fp32 cos over half rows, OLMo's and Cohere's) and its
+    result rounded to ``dt`` once."""
     xn = tl.load(ptr + d, mask=dmask, other=0.0).to(tl.float32)
     if NORM != 0:
         rstd = 1.0 / tl.sqrt(tl.sum(xn * xn, axis=-1, keep_dims=True) / head_dim + eps)
@@ -166,9 +167,12 @@ def _rope_row(ptr, d, dmask, rot, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim
         # past ``rot``: cos 1 and sin 0, so the row passes through unchanged
         c = tl.load(c_ptr + d, mask=rotated, other=1.0).to(tl.float32)
         s = tl.load(s_ptr + d, mask=rotated, other=0.0).to(tl.float32)
-        a = (xn * c).to(dt).to(tl.float32)
-        b = (sign * xr * s).to(dt).to(tl.float32)
-        xn = (a + b).to(dt).to(tl.float32)
+        if WIDE:
+            xn = (xn * c + sign * xr * s).to(dt).to(tl.float32)
+        else:
+            a = (xn * c).to(dt).to(tl.float32)
+            b = (sign * xr * s).to(dt).to(tl.float32)
+            xn = (a + b).to(dt).to(tl.float32)
     return xn
 
 
@@ -179,7 +183,7 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
                                c_sb, c_sh, c_ss, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
                                n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr,
                                SOFTCAP: tl.constexpr, ROPE: tl.constexpr,
-                               INTERLEAVED: tl.constexpr, RING: tl.constexpr, NORM: tl.constexpr,
+                               INTERLEAVED: tl.constexpr, RING: tl.constexpr, NORM: tl.constexpr, WIDE: tl.constexpr,
                                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """One (batch, query head) of ost.decode_attention_: q and the step's key normalized (NORM: each head's
     RMSNorm, weights qw_ptr and kw_ptr) and rotated in registers, the
@@ -196,8 +200,8 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     dmask = d < head_dim
     dt = kc_ptr.dtype.element_ty
     q = _rope_row(q_ptr + b * q_sb + h * q_sh, d, dmask, rot, cos_ptr + b * cq_b + h * cq_h,
-                  sin_ptr + b * sq_b + h * sq_h, q_ptr.dtype.element_ty, qw_ptr, eps, w_offset, head_dim, ROPE,
-                  INTERLEAVED, NORM)
+                  sin_ptr + b * sq_b + h * sq_h, dt, qw_ptr, eps, w_offset, head_dim, ROPE,
+                  INTERLEAVED, NORM, WIDE)
     # The step's key and value as row 0 of a [BLOCK_N, BLOCK_D] block (the other rows masked off), in
     # the cache blocks' layout from the load on: reduced as those blocks are. (Kept as 1-D rows, they
     # are replicated across warps, and converting them to the blocks' layout makes identical writes to
@@ -207,7 +211,7 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     m2 = first[:, None] & dmask[None, :]
     kn = _rope_row(k_ptr + b * k_sb + kvh * k_sh, d2, m2, rot, cos_ptr + b * ck_b + kvh * ck_h,
                    sin_ptr + b * sk_b + kvh * sk_h, dt, kw_ptr, eps, w_offset, head_dim, ROPE, INTERLEAVED,
-                   NORM).to(dt)
+                   NORM, WIDE).to(dt)
     vn = tl.load(v_ptr + b * v_sb + kvh * v_sh + d2, mask=m2, other=0.0).to(dt)
     slot = _slot(index_ptr, ring, n_keys, RING)
     if h % n_rep == 0:     # a slot outside the cache (eager's index_put raises) writes nothing
