@@ -276,3 +276,50 @@ def test_batched_decode_takes_five_launches_per_layer(batch, monkeypatch):
     kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
     attention = [i for i, k in enumerate(kinds) if k == "ost.decode_attention_"]
     assert attention[1] - attention[0] == (5 if batch == 1 else 8), kinds
+
+
+class _PartialRope(nn.Module):
+    """One decode step whose q and k are roped over their first 4 dims: ``cat([rope(x[..., :4]), x[..., 4:end]])``
+    (``end`` None: the whole rest of the row, GPT-NeoX's form; 6: a narrower head, not a partial rope)."""
+
+    def __init__(self, end):
+        super().__init__()
+        self.end = end
+        self.q = nn.Linear(HQ * D, HQ * D, bias=False)
+        self.kv = nn.Linear(HQ * D, 2 * HKV * D, bias=False)
+        width = D if end is None else end
+        self.register_buffer("k_cache", torch.zeros(1, HKV, S, width))
+        self.register_buffer("v_cache", torch.zeros(1, HKV, S, width))
+
+    def forward(self, x, pos):
+        q = self.q(x).view(1, 1, HQ, D).transpose(1, 2)
+        k, v = self.kv(x).view(1, 1, 2 * HKV, D).transpose(1, 2).chunk(2, dim=1)
+        freqs = pos[:, None].float() * torch.tensor([1.0, 0.1])
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        q, k = (torch.cat((t[..., :4] * cos + rotate_half(t[..., :4]) * sin, t[..., 4:self.end]), -1) for t in (q, k))
+        v = v[..., :self.end]
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache.index_copy_(2, pos, v)
+        mask = (torch.arange(S) <= pos.view(-1, 1)).view(1, 1, 1, S)
+        return F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask, enable_gqa=True)
+
+
+@pytest.mark.parametrize("end, merged_ropes", [(None, True), (6, False)])
+def test_partial_rotary_merges_only_over_the_whole_row(end, merged_ropes):
+    """GPT-NeoX's partial rope joins the attention; a cat whose second piece stops short of the row's end is
+    a narrower head, not a partial rope: its ropes stay launches (the attention still merges), and both
+    equal eager over several steps."""
+    torch.manual_seed(0)
+    model = _PartialRope(end).eval()
+    ref = copy.deepcopy(model)
+    prog = ostinato.export(model, (torch.randn(1, 1, HQ * D), torch.tensor([0])))
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    for step in range(4):
+        args = (torch.randn(1, 1, HQ * D), torch.tensor([step]))
+        with torch.no_grad():
+            expected = ref(*args)
+        assert_same(exe(*args), expected, msg=f"step {step}:")
+    kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
+    assert kinds.count("ost.decode_attention_") == 1, kinds
+    assert ("ost.rope" not in kinds) == merged_ropes, kinds
