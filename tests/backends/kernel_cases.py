@@ -316,6 +316,12 @@ CASES = [
          _r(g, (1, 2, 1, 16), torch.float32, dev), _r(g, (1, 2, 1, 16), dt, dev), torch.tensor([11], device=dev), 2,
          None, _r(g, (1, 1, 1, 16), dt, dev), _r(g, (1, 1, 1, 16), dt, dev), True, torch.tensor([[11]], device=dev),
          None, 2, None, None, None, None, 0.0, None, 0.0, False, None, True), {}), tol=_ROPE_TOL),
+    # both: fp32 rows roped over their first 8 dims in fp32, the rest passed through, all cast to the caches'
+    KernelCase("ost.decode_attention_", "wide-partial-rotary", lambda g, dt, dev: (
+        (_r(g, (1, 2, 20, 16), dt, dev), _r(g, (1, 2, 20, 16), dt, dev), _r(g, (1, 2, 1, 16), torch.float32, dev),
+         _r(g, (1, 2, 1, 16), torch.float32, dev), _r(g, (1, 2, 1, 16), dt, dev), torch.tensor([6], device=dev), 2,
+         None, _r(g, (1, 1, 1, 8), torch.float32, dev), _r(g, (1, 1, 1, 8), torch.float32, dev), False, None, None, 1,
+         None, None, None, None, 0.0, None, 0.0, False, 8, True), {}), tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "two-rows-fallback", lambda g, dt, dev: (
         (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev),
          _r(g, (1, 2, 2, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev), torch.tensor([3, 4], device=dev), 2), {})),

@@ -94,7 +94,7 @@ def _partial(v: Value, reader: Node, users, graph_reads, lone: set[int]):
     width = _static(rest.args[0])
     r = rot.args[3] if len(rot.args) > 3 else None
     end = rest.args[3] if len(rest.args) > 3 else None
-    if width is None or not isinstance(r, int) or (*rot.args, 0)[2] not in (0, None) or rest.args[2] != r \
+    if width is None or not isinstance(r, int) or (*rot.args, 0)[2] not in (0, None) or (*rest.args, 0)[2] != r \
             or not 0 < r < width[-1] or r % 2 or not (end is None or end >= width[-1]):
         return None     # (the rest must run to the row's end: the merged node takes the whole row)
     return rope, rest.args[0], r, [cat, rot, rest]

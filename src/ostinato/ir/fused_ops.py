@@ -338,7 +338,9 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
         if not sequence_major(dim, k_cache):
             q, k, v = (t.transpose(1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
     if cos is not None and rotary:
-        q, k = (torch.cat((rope(t[..., :rotary], cos, sin, interleaved), t[..., rotary:]), -1) for t in (q, k))
+        dt = k_cache.dtype
+        q, k = (torch.cat((rope(t[..., :rotary].float() if wide else t[..., :rotary], cos, sin, interleaved).to(dt),
+                           t[..., rotary:].to(dt)), -1) for t in (q, k))
     elif cos is not None:
         q, k = (rope(t.float() if wide else t, cos, sin, interleaved).to(k_cache.dtype) for t in (q, k))
     kv_update_(k_cache, k, index, dim, ring)

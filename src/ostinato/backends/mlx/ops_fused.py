@@ -213,8 +213,9 @@ def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None,
         if not sequence_major(dim, k_cache):
             q, k, v = (mx.swapaxes(t, 1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
     if cos is not None and rotary:      # the first ``rotary`` dims turned, the rest passed through
-        q, k = (mx.concatenate([rope_of(t[..., :rotary], cos, sin, interleaved), t[..., rotary:]], axis=-1)
-                for t in (q, k))
+        q, k = (mx.concatenate([rope_of(t[..., :rotary].astype(mx.float32) if wide else t[..., :rotary], cos, sin,
+                                        interleaved).astype(k_cache.dtype), t[..., rotary:].astype(k_cache.dtype)],
+                               axis=-1) for t in (q, k))
     elif cos is not None:     # a promoted (wide) rope cast back to the rows' dtype
         q, k = (rope_of(t.astype(mx.float32) if wide else t, cos, sin, interleaved).astype(k_cache.dtype)
                 for t in (q, k))

@@ -160,8 +160,9 @@ def _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed: bool = False) 
 
 
 def _norm_plan(q, q_norm, k_norm, norm_dtype, norm_first) -> int | None:
-    """The kernel's NORM for the heads' norms: 0 without them; 1 (the upcast form) or 2 (Gemma's, weight
-    first) with weights of q's dtype over the head dim, computed in fp32; None (the reference) else."""
+    """The kernel's NORM for the heads' norms: 0 without them; 1 (the weight after the cast back, Qwen 3's)
+    or 2 (weight first, Gemma 3's) with weights of q's dtype over the head dim, computed in fp32; None (the
+    reference) else."""
     if q_norm is None:
         return 0
     D = q.shape[-1]
@@ -193,7 +194,7 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
     if cos is not None:
         width = rotary or D     # the rotated dims: the whole head, or its first ``rotary``
         if width % 2 or width > D or any(t.dim() > 4 or t.shape[-1] != width for t in (cos, sin)):
-            return None     # the kernel reads a full row of cos and sin per head
+            return None     # the kernel reads a row of cos and sin per head, as wide as the rotated dims
         try:
             for t in (cos, sin):
                 t.expand(*q.shape[:-1], width), t.expand(*k.shape[:-1], width)
