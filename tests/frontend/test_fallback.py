@@ -15,6 +15,8 @@ import ostinato
 from ostinato.errors import MissingOpError, UnsupportedOpError
 from ostinato.ir import get_op
 from ostinato.ir.fallback import fallback_nodes, register_fallback, require_op
+from ostinato.cache import set_cache
+from ostinato.runtime import plan_cache
 from frontend.fallback_ops import FALLBACK_OPS, model_and_input
 from helpers import assert_same
 
@@ -166,7 +168,12 @@ def test_load_in_a_fresh_process_needs_the_op_registered(tmp_path):
     prog.save(tmp_path / "fb.ost")
     x = torch.randn(3, 16)
     torch.save(x, tmp_path / "x.pt")
-    ostinato.compile(prog)(x)       # fills the disk plan cache the child shares (OSTINATO_CACHE_DIR)
+    # fills the disk plan cache the child shares (OSTINATO_CACHE_DIR): through the cache the environment
+    # names and past this process's memo of plans (an earlier test may have set another cache, or left
+    # the plan in the memo only: the child then compiled instead, seen once in a full parallel run)
+    set_cache(None)
+    plan_cache.memo.clear()
+    ostinato.compile(prog)(x)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     out = subprocess.run([sys.executable, "-c", FRESH, str(tmp_path), HERE], capture_output=True, text=True,
                          env=env, timeout=300)
