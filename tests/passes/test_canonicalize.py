@@ -192,3 +192,49 @@ def test_cat_with_an_empty_part_stays_as_an_output():
     g.outputs = [op(g, "aten.cat", ([x, e], 1), f32(2, 3))]
     _run_both(g, {"x": torch.randn(2, 3), "e": torch.randn(2, 0)})
     assert g.op_counts() == {"aten.cat": 1}
+
+
+class Phi3Attention(torch.nn.Module):
+    """Phi-3's eager attention over its rotary form, the rotary dim the whole head: the query's cat
+    (rotated part, empty pass-through part) is read by matmul's ``expand`` and ``view``."""
+
+    def __init__(self, head: int):
+        super().__init__()
+        self.head = head
+
+    def rope(self, x, cos, sin):
+        rot, keep = x[..., :self.head], x[..., self.head:]
+        half = self.head // 2
+        rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+        return torch.cat([rot * cos + rotated * sin, keep], dim=-1)
+
+    def forward(self, q, k, v, cos, sin, mask):
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+        b, h, s, d = k.shape
+        k = k[:, :, None].expand(b, h, 2, s, d).reshape(b, h * 2, s, d)   # transformers' repeat_kv
+        v = v[:, :, None].expand(b, h, 2, s, d).reshape(b, h * 2, s, d)
+        w = torch.matmul(q, k.transpose(2, 3)) * d ** -0.5 + mask
+        p = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(p, v)
+
+
+def test_cat_with_an_empty_part_read_by_eager_attention_goes_after_fusion():
+    """Before the patterns the query's cat stays (a ``view`` reads it: the rope's result may not be
+    laid out as the cat's); once eager attention became one node, the second canonicalize folds it
+    and the attention reads the rope itself (what the decode-attention merge looks for)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def inputs():
+        return (torch.randn(2, 4, 1, 8, generator=gen), torch.randn(2, 2, 6, 8, generator=gen),
+                torch.randn(2, 2, 6, 8, generator=gen), torch.randn(1, 1, 1, 8, generator=gen),
+                torch.randn(1, 1, 1, 8, generator=gen), torch.randn(2, 1, 1, 6, generator=gen))
+
+    model, args = Phi3Attention(8), inputs()
+    prog = ostinato.export(model, args)
+    counts = prog.op_counts()
+    assert "aten.cat" not in counts and counts.get("ost.sdpa") == 1, counts
+    sdpa = next(n for n in prog.graph.nodes if n.op == "ost.sdpa")
+    assert sdpa.args[0].producer.op == "ost.rope"
+    exe = ostinato.compile(prog)
+    for a in (args, inputs()):
+        assert_same(exe(*a), model(*a))

@@ -17,7 +17,8 @@ def test_reinplace_is_the_last_default_pass():
     assert DEFAULT_PIPELINE[-1] == ("reinplace", reinplace_state_writes)
     assert [n for n, _ in DEFAULT_PIPELINE] == ["canonicalize", "cse", "dce", "rms_norm", "layer_norm",
                                                  "add_rms_norm", "rope",
-                                                 "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "linear", "small_matvec", "sink_permutes",
+                                                 "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "linear", "small_matvec",
+                                                 "canonicalize_after_fusion", "sink_permutes",
                                                  "dce_after_fusion",
                                                  "reinplace"]
 
@@ -75,8 +76,9 @@ def test_tiny_decoder_through_the_default_pipeline():
     # written-out attention (the decoder calls SDPA); sdpa absorbs the two
     # repeat_interleaves of each layer; multi_linear makes q, k, v one op and gate, up another (3 nodes
     # fewer per layer); gated_mlp silu and mul → 1 per layer; the second DCE drops the mask (arange,
-    # unsqueeze, le), now computed inside ost.sdpa; small_matvec finds no matvec; reinplace changes no count.
-    assert counts == [206, 206, 206, 206, 161, 161, 153, 113, 113, 113, 105, 93, 89, 89, 89, 89, 86, 86], counts
+    # unsqueeze, le), now computed inside ost.sdpa; small_matvec finds no matvec, the second canonicalize
+    # no no-op; reinplace changes no count.
+    assert counts == [206, 206, 206, 206, 161, 161, 153, 113, 113, 113, 105, 93, 89, 89, 89, 89, 89, 86, 86], counts
     ops = prog.op_counts()
     assert ops["ost.kv_update_"] == 8 and not {"ost.kv_update", "aten.index_put", "aten.index_put_"} & set(ops)
     exe = ostinato.compile(prog)

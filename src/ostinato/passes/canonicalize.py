@@ -137,7 +137,9 @@ def _removable_copy(node: Node, ctx: _Context) -> Value | None:
 def _cat(node: Node, ctx: _Context) -> Any:
     """cat of one tensor and empty ones (size 0 along the dim, static): that tensor, when it could stand
     for a copy of itself (as a removable clone). Phi-3's rotary embedding cats the rotated part with the
-    pass-through part, empty when the rotary dim is the whole head (every Phi-3-mini layer)."""
+    pass-through part, empty when the rotary dim is the whole head (every Phi-3-mini layer). Where a
+    layout-sensitive op reads the cat (eager attention's matmul: expand, view) it stays until the
+    pipeline's second canonicalize, after the patterns took that reader."""
     parts = node.args[0] if node.args else None
     dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
     if not isinstance(parts, (list, tuple)) or not isinstance(dim, int):

@@ -33,11 +33,13 @@ Pass = Callable[[Graph], Graph]
 # gated_mlp and linear (sibling projections become one matmul; their activations stay), gated_mlp before
 # linear (the gate's activation belongs to the gated MLP, not to a linear epilogue); small matrix-vector
 # products become a multiply and a sum (matvec.py) once the patterns have taken theirs; the second DCE
-# clears what patterns left unread (a mask no attention reads any more). Permutes sink through pointwise
-# ops after the patterns (which match the forms torch.export gives), for the code generator's groups.
-# Reinplace stays last: it
-# turns functional state writes into in-place ones, after which reads of a buffer are no longer
-# interchangeable.
+# clears what patterns left unread (a mask no attention reads any more). Canonicalize runs again after the
+# patterns: a no-op it had to keep because a layout-sensitive op read it may be free once a pattern took
+# that reader (Phi-3's eager attention: the query's cat with an empty pass-through part, read by matmul's
+# expand and view, folds once the attention is one node, which then reads the rope itself, as with sdpa).
+# Permutes sink through pointwise ops after the patterns (which match the forms torch.export gives), for
+# the code generator's groups. Reinplace stays last: it turns functional state writes into in-place ones,
+# after which reads of a buffer are no longer interchangeable.
 DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("canonicalize", canonicalize),
     ("cse", eliminate_common_subexpressions),
@@ -53,6 +55,7 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("gated_mlp", fuse_gated_mlp),
     ("linear", fuse_linear),
     ("small_matvec", rewrite_small_matvecs),
+    ("canonicalize_after_fusion", canonicalize),
     ("sink_permutes", sink_permutes),
     ("dce_after_fusion", eliminate_dead_code),
     ("reinplace", reinplace_state_writes),
@@ -78,7 +81,7 @@ def default_pipeline(example) -> list[tuple[str, Pass]]:
 # The pipeline without the fused patterns: every ATen op the exporter kept stays an ATen op (op
 # tests use it to exercise the op a row claims, not the fused op that replaces it).
 _PATTERNS = {"rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "linear",
-             "small_matvec", "dce_after_fusion"}
+             "small_matvec", "canonicalize_after_fusion", "dce_after_fusion"}
 GENERIC_PIPELINE: list[tuple[str, Pass]] = [p for p in DEFAULT_PIPELINE if p[0] not in _PATTERNS]
 
 
