@@ -169,8 +169,44 @@ class _Converter:
         metas = [self.meta_of(v) for v in val] if multi else [self.meta_of(val)]
         args = tuple(self.arg(a) for a in n.args)
         kwargs = {k: self.arg(a) for k, a in n.kwargs.items()}
+        if name == "aten.index.Tensor":
+            as_slice = self._index_as_slice(n)
+            if as_slice is not None:
+                name, args, kwargs = "aten.slice.Tensor", (args[0], *as_slice), {}
         node = self.g.add_node(name, args, kwargs, metas, n.name, source_line(n))
         self.env[n] = list(node.outputs) if multi else node.outputs[0]
+
+    def _constant_tensor(self, a: Any) -> torch.Tensor | None:
+        """The tensor of a constant (a lifted tensor constant or weight), seen through copies of it."""
+        copies = (torch.ops.aten.clone.default, torch.ops.aten.lift_fresh_copy.default)
+        while isinstance(a, torch.fx.Node):
+            if a.op == "placeholder":
+                v = self.env.get(a)
+                return self.weights.get(v.name) if isinstance(v, Value) and v.role == "constant" else None
+            if a.op != "call_function" or a.target not in copies or len(a.args) != 1:
+                return None
+            a = a.args[0]
+        return None
+
+    def _index_as_slice(self, n: torch.fx.Node) -> tuple | None:
+        """``(dim, start, end, step)`` when ``x[..., idx, ...]`` with one constant 1-d integer index of
+        consecutive positions (Falcon's ``fused_qkv[..., [-2], :]``) is a slice of x: a gather kernel and
+        its index read become a view."""
+        x, indices = n.args[0], n.args[1]
+        where = [d for d, ix in enumerate(indices) if ix is not None]
+        if len(where) != 1 or not isinstance(x, torch.fx.Node):
+            return None
+        d = where[0]
+        idx = self._constant_tensor(indices[d])
+        shape = getattr(x.meta.get("val"), "shape", None)
+        if idx is None or idx.dim() != 1 or not 0 < idx.numel() <= 4096 \
+                or idx.dtype not in (torch.int64, torch.int32) or shape is None or not isinstance(shape[d], int):
+            return None
+        size = shape[d]
+        pos = [v + size if v < 0 else v for v in idx.tolist()]
+        if not all(0 <= p < size for p in pos) or pos != list(range(pos[0], pos[0] + len(pos))):
+            return None
+        return d, pos[0], pos[0] + len(pos), 1
 
     def run(self):
         ep, g = self.ep, self.g

@@ -17,7 +17,7 @@ from .canonicalize import canonicalize
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .patterns import (fuse_add_rms_norm, fuse_eager_attention, fuse_gated_mlp, fuse_kv_update, fuse_layer_norm, fuse_linear,
-                       fuse_multi_linear, fuse_rms_norm, fuse_rope, fuse_sdpa)
+                       fuse_multi_linear, fuse_rms_norm, fuse_rope, fuse_sdpa, rewrite_matmul_linears)
 from .matvec import rewrite_small_matvecs
 from .reinplace import reinplace_state_writes
 from .sink_permutes import sink_permutes
@@ -27,7 +27,8 @@ log = logging.getLogger("ostinato")
 Pass = Callable[[Graph], Graph]
 
 # Canonicalize first: removing no-op views and folding sizes makes more duplicates look alike.
-# DCE after CSE clears what merging left unread. Patterns follow, in an order where none can
+# DCE after CSE clears what merging left unread. A projection written as a matmul with a transposed
+# weight becomes aten.linear first (matmul_linear.py), so the patterns see one form. Patterns follow, in an order where none can
 # take another's nodes: kv_update before sdpa (sdpa reads the updated cache), eager_attention just before
 # sdpa (it leaves attention nodes for sdpa to take), multi_linear before
 # gated_mlp and linear (sibling projections become one matmul; their activations stay), gated_mlp before
@@ -44,6 +45,7 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("canonicalize", canonicalize),
     ("cse", eliminate_common_subexpressions),
     ("dce", eliminate_dead_code),
+    ("matmul_linear", rewrite_matmul_linears),
     ("rms_norm", fuse_rms_norm),
     ("layer_norm", fuse_layer_norm),
     ("add_rms_norm", fuse_add_rms_norm),
@@ -80,7 +82,7 @@ def default_pipeline(example) -> list[tuple[str, Pass]]:
 
 # The pipeline without the fused patterns: every ATen op the exporter kept stays an ATen op (op
 # tests use it to exercise the op a row claims, not the fused op that replaces it).
-_PATTERNS = {"rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "linear",
+_PATTERNS = {"matmul_linear", "rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "linear",
              "small_matvec", "canonicalize_after_fusion", "dce_after_fusion"}
 GENERIC_PIPELINE: list[tuple[str, Pass]] = [p for p in DEFAULT_PIPELINE if p[0] not in _PATTERNS]
 

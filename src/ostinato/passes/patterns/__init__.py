@@ -5,10 +5,11 @@ from .gated_mlp import fuse_gated_mlp
 from .kv_update import fuse_kv_update
 from .layer_norm import fuse_layer_norm
 from .linear import fuse_linear
+from .matmul_linear import rewrite_matmul_linears
 from .multi_linear import fuse_multi_linear
 from .rms_norm import fuse_rms_norm
 from .rope import fuse_rope
 from .sdpa import fuse_sdpa
 
 __all__ = ["fuse_add_rms_norm", "fuse_eager_attention", "fuse_gated_mlp", "fuse_kv_update", "fuse_layer_norm", "fuse_linear", "fuse_multi_linear", "fuse_rms_norm",
-           "fuse_rope", "fuse_sdpa"]
+           "fuse_rope", "fuse_sdpa", "rewrite_matmul_linears"]
