@@ -190,6 +190,27 @@ def test_switching_the_same_models_attention_implementation_misses(cache_dir):
     assert_same(ostinato.compile(prog)(ids, attention_mask=mask, use_cache=False).logits, ref)
 
 
+def _indexing_model(index, scale):
+    class Pick(nn.Module):      # one source line, a different graph for each captured value
+        def forward(self, x):
+            return x[:, index] * scale
+    return Pick()
+
+
+def test_a_class_made_by_a_factory_misses_on_its_captured_values(cache_dir):
+    """Two classes from one factory differ only in the values their forward captures: the second export
+    must not take the first's graph (it did: the key named the class and its file only)."""
+    x = torch.randn(3, 5, 4)
+    first = ostinato.export(_indexing_model([1], 2.0), (x,))
+    for index, scale in (([1, 2, 3], 2.0), ([1], 3.0)):
+        model = _indexing_model(index, scale)
+        prog = ostinato.export(model, (x,))
+        assert prog.export_report["cache"]["hit"] is False
+        assert_same(ostinato.compile(prog)(x), model(x))
+    again = ostinato.export(_indexing_model([1], 2.0), (x,))
+    assert again.export_report["cache"]["hit"] is True and first.export_report["cache"]["hit"] is False
+
+
 STRUCTURE_KEY = textwrap.dedent("""
     import sys, torch, transformers
     from ostinato.frontend.export_cache import structure_component

@@ -131,10 +131,12 @@ def code_component(model: nn.Module) -> tuple[str, dict[str, str]]:
             classes.setdefault(f"{cls.__module__}.{cls.__qualname__}", cls)
     files: set[str] = set()
     seen: set = set()
-    for cls in classes.values():
+    captured = []
+    for name, cls in sorted(classes.items()):
         path = _source_file(cls)
         if path:
             files.add(path)
+        captured += _captured(name, cls)
         fwd = cls.__dict__.get("forward")
         for obj in _referenced(fwd, seen) if fwd is not None else ():
             path = _source_file(obj)
@@ -157,7 +159,43 @@ def code_component(model: nn.Module) -> tuple[str, dict[str, str]]:
         except (importlib.metadata.PackageNotFoundError, ValueError):
             pass
     # Files are named by module (a path differs between machines; a module name does not).
-    return _sha([sorted(classes), sorted(digests)]), versions
+    return _sha([sorted(classes), sorted(digests), captured]), versions
+
+
+def _captured(name: str, cls: type) -> list:
+    """The values a class's methods capture from an enclosing function (a class made by a factory or in
+    a loop): one source file, different graphs. ``__class__`` (zero-argument ``super()``) is the class."""
+    out = []
+    for attr, fn in sorted(vars(cls).items()):
+        fn = getattr(fn, "__func__", fn)      # staticmethod / classmethod
+        cells = _cells(fn, 0)
+        if cells:
+            out.append([name, attr, cells])
+    return out
+
+
+def _cells(fn, depth: int) -> dict:
+    """A function's captured values, keyed: plain data as ``_plain`` has it, a captured function (a
+    decorator's wrapped one) by its code and its own captured values, anything else by its type only
+    (a decorator's registry or generator: not what a graph is traced from)."""
+    if not isinstance(fn, types.FunctionType) or not fn.__closure__ or depth > 3:
+        return {}
+    cells = {}
+    for var, cell in zip(fn.__code__.co_freevars, fn.__closure__):
+        try:
+            x = cell.cell_contents
+        except ValueError:     # a cell not yet filled
+            x = None
+        if var == "__class__" or x is fn:
+            continue
+        if isinstance(x, types.FunctionType):
+            cells[var] = ["fn", x.__qualname__, _code(x.__code__), _cells(x, depth + 1)]
+            continue
+        try:
+            cells[var] = _plain(x, var)
+        except (Uncacheable, RecursionError, TypeError, ValueError):
+            cells[var] = ["opaque", f"{type(x).__module__}.{type(x).__qualname__}"]
+    return cells
 
 
 # -- structure --------------------------------------------------------------------------------------
