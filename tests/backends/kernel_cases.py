@@ -292,6 +292,19 @@ CASES = [
          _r(g, (1, 1, 2, 16), dt, dev), _r(g, (1, 1, 2, 16), dt, dev), torch.tensor([5], device=dev), 1, None,
          _r(g, (1, 16), dt, dev), _r(g, (1, 16), dt, dev), True, None, None, 2, None, None, _r(g, (16,), dt, dev),
          _r(g, (16,), dt, dev), 1e-5, torch.float32), {}), tol=_ROPE_TOL),
+    # OLMo 2's norms of the whole projections, every head at once: [B, 1, H * D] rows with weights as wide,
+    # the weight first in fp32 (then a wide rope, GQA, positions); the upcast form over sequence-major caches
+    KernelCase("ost.decode_attention_", "qk-norm-whole-wide-rope-gqa", lambda g, dt, dev: (
+        (_r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 1, 96), dt, dev, 3.0),
+         _r(g, (2, 1, 48), dt, dev, 3.0), _r(g, (2, 1, 2, 24), dt, dev), torch.tensor([29], device=dev), 2, None,
+         _r(g, (2, 1, 1, 24), torch.float32, dev), _r(g, (2, 1, 1, 24), torch.float32, dev), False,
+         torch.tensor([20, 35], device=dev).view(2, 1, 1, 1), None, 2, None, None, _r(g, (96,), dt, dev),
+         _r(g, (48,), dt, dev), 1e-6, torch.float32, 0.0, True, None, True), {}), tol=_ROPE_TOL),
+    KernelCase("ost.decode_attention_", "qk-norm-whole-seq-major", lambda g, dt, dev: (
+        (_r(g, (1, 16, 2, 16), dt, dev), _r(g, (1, 16, 2, 16), dt, dev), _r(g, (1, 1, 96), dt, dev),
+         _r(g, (1, 1, 32), dt, dev), _r(g, (1, 1, 2, 16), dt, dev), torch.tensor([5], device=dev), 1, None,
+         _r(g, (1, 16), dt, dev), _r(g, (1, 16), dt, dev), True, None, None, 3, None, None, _r(g, (96,), dt, dev),
+         _r(g, (32,), dt, dev), 1e-5, torch.float32), {}), tol=_ROPE_TOL),
     # partial rotary embeddings (GPT-NeoX, Phi-2): the first 8 dims of each head turned, the rest passed
     KernelCase("ost.decode_attention_", "partial-rotary-gqa", lambda g, dt, dev: (
         (_r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 4, 1, 24), dt, dev),

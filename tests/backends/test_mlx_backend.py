@@ -392,12 +392,13 @@ def test_rope_with_attention_scaling_uses_mx_fast_rope(fast_rope_calls):
     assert fast_rope_calls[0] == 4
 
 
-@pytest.mark.parametrize("layout", ["head_major", "sequence_major", "partial_rotary", "head_norms", "wide_rope"])
+@pytest.mark.parametrize("layout", ["head_major", "sequence_major", "partial_rotary", "head_norms", "wide_rope",
+                                    "whole_norms"])
 def test_decode_attention_handler_matches_the_reference(layout):
     """ost.decode_attention_ (made by the CUDA code generator; an .ost lowered for CUDA may reach MLX) on
     [B, H, S, D] caches written on dim 2 and on [B, S, H, D] caches written on dim 1, with rope and GQA,
-    with a partial rotary embedding, and with the heads' norms over [B, 1, H, D] rows: the attention and
-    both written caches equal the torch reference's."""
+    with a partial rotary embedding, with the heads' norms over [B, 1, H, D] rows and with OLMo 2's norms
+    of [B, 1, H * D] rows: the attention and both written caches equal the torch reference's."""
     import mlx.core as mx
 
     from ostinato.backends.mlx.convert import to_mx, to_torch
@@ -412,13 +413,18 @@ def test_decode_attention_handler_matches_the_reference(layout):
     width = 4 if layout == "partial_rotary" else 8
     cos, sin = torch.randn(1, 1, 1, width, generator=g), torch.randn(1, 1, 1, width, generator=g)
     index, pos = torch.tensor([5]), torch.tensor([[5]])
-    if layout == "head_norms":      # Qwen 3's rows, before the transpose
+    if layout in ("head_norms", "whole_norms"):      # Qwen 3's rows, before the transpose
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if layout == "whole_norms":     # OLMo 2's: q and k as the projections' rows, normed whole
+        q, k = q.reshape(2, 1, 32), k.reshape(2, 1, 16)
     args = (q, k, v, index, 1 if major else 2, None, cos, sin, False, pos, None, 2)
     if layout == "partial_rotary":
         args += (None, None, None, None, 0.0, None, 0.0, False, 4)
     elif layout == "head_norms":
         args += (None, None, torch.rand(8, generator=g) + 0.5, torch.rand(8, generator=g) + 0.5, 1e-6, torch.float32)
+    elif layout == "whole_norms":
+        args += (None, None, torch.rand(32, generator=g) + 0.5, torch.rand(16, generator=g) + 0.5, 1e-6,
+                 torch.float32, 0.0, True)
     elif layout == "wide_rope":     # half rows and caches, an fp32 cos: the rope in fp32, cast back
         caches = [c.half() for c in caches]
         args = (q.half(), k.half(), v.half(), *args[3:], None, None, None, None, 0.0, None, 0.0, False, None, True)

@@ -73,9 +73,10 @@ def _compile_specs():
                                      "ck_b", "ck_h", "sk_b", "sk_h", "c_sb", "c_sh", "c_ss", "o_sb", "o_sh", "pos_sb",
                                      "m_sb", "m_sh", "m_sn")},
               **{k: "constexpr" for k in ("n_keys", "HAS_POS", "MASK", "SOFTCAP", "ROPE", "INTERLEAVED", "RING",
-                                          "NORM", "WIDE", "BLOCK_N", "BLOCK_D")}},
+                                          "NORM", "WHOLE", "WIDE", "BLOCK_N", "BLOCK_D")}},
              {"n_keys": 4096, "HAS_POS": True, "MASK": 1, "SOFTCAP": dt != "fp16", "ROPE": True, "INTERLEAVED": dt == "fp16",
-              "RING": dt == "fp32", "NORM": {"fp32": 0, "fp16": 1, "bf16": 2}[dt], "WIDE": dt == "fp32", "BLOCK_N": 64,
+              "RING": dt == "fp32", "NORM": {"fp32": 0, "fp16": 1, "bf16": 2}[dt], "WHOLE": dt == "bf16",
+              "WIDE": dt != "fp16", "BLOCK_N": 64,
               "BLOCK_D": 128}),
         ]
     return [pytest.param(fn, sig, const, id=f"{name}-{sig[next(iter(sig))][1:]}") for name, fn, sig, const in specs]

@@ -326,7 +326,9 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     With ``q_norm`` and ``k_norm`` (Qwen 3's and Gemma 3's RMSNorm of each head), q and k first go through
     ``rms_norm(x, weight, norm_eps, norm_dtype, norm_offset, norm_first)``; q, k and v may then come as
     [B, 1, H, D] rows over [B, H, S, D] caches (the norm's input, before the model's transpose), which
-    become [B, H, 1, D] after the norms (one token: the same order).
+    become [B, H, 1, D] after the norms (one token: the same order). q and k may also come as [B, 1, H * D]
+    rows with weights as wide (OLMo 2's norm of the whole projection, every head at once): normed whole,
+    then viewed as [B, 1, H, D] rows (D the caches' head dim).
 
     ``rotary``: the rope turns only the first ``rotary`` dims of each head (GPT-NeoX's, Phi-2's partial
     rotary embedding; cos and sin that wide), the rest pass through. ``wide``: the rope runs in fp32 over
@@ -335,6 +337,7 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     if q_norm is not None:
         q = rms_norm(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         k = rms_norm(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
+        q, k = (t.unflatten(-1, (-1, k_cache.shape[-1])) if t.dim() == 3 else t for t in (q, k))
         if not sequence_major(dim, k_cache):
             q, k, v = (t.transpose(1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
     if cos is not None and rotary:

@@ -148,7 +148,10 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
 def _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed: bool = False) -> tuple:
     """The decode attention's tensors as [B, H, S, D] views: sequence-major caches ([B, S, H, D] written on
     dim 1, ir/fused_ops.decode_attention_) and their q, k, v, cos and sin transposed; with the heads'
-    norms, [B, 1, H, D] rows over head-major caches transposed (one token: a view); else as they are."""
+    norms, [B, 1, H * D] rows (normed whole) viewed as [B, 1, H, D], and [B, 1, H, D] rows over head-major
+    caches transposed (one token: a view); else as they are."""
+    if normed:
+        q, k = (t.unflatten(-1, (-1, k_cache.shape[-1])) if t.dim() == 3 else t for t in (q, k))
     if not sequence_major(dim, k_cache):
         if normed:
             q, k, v = (t.transpose(1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
@@ -159,14 +162,14 @@ def _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed: bool = False) 
             v.transpose(1, 2), *swap)
 
 
-def _norm_plan(q, q_norm, k_norm, norm_dtype, norm_first) -> int | None:
+def _norm_plan(q, k, q_norm, k_norm, norm_dtype, norm_first) -> int | None:
     """The kernel's NORM for the heads' norms: 0 without them; 1 (the weight after the cast back, Qwen 3's)
-    or 2 (weight first, Gemma 3's) with weights of q's dtype over the head dim, computed in fp32; None (the
-    reference) else."""
+    or 2 (weight first, Gemma 3's and OLMo 2's) with weights of q's dtype as wide as the rows normed (each
+    head's, or [B, 1, H * D] rows normed whole), computed in fp32; None (the reference) else."""
     if q_norm is None:
         return 0
-    D = q.shape[-1]
-    if not all(w.shape == (D,) and w.is_contiguous() and w.dtype == q.dtype for w in (q_norm, k_norm)) \
+    if q.dim() != k.dim() or not all(w.shape == (x.shape[-1],) and w.is_contiguous() and w.dtype == q.dtype
+                                     for w, x in ((q_norm, q), (k_norm, k))) \
             or (norm_dtype or q.dtype) != torch.float32:
         return None
     return 2 if norm_first else 1
@@ -178,9 +181,10 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
     new row, contiguous caches ([B, Hkv, S, D] written on dim 2, or [B, S, Hkv, D] on dim 1), rows with a
     dense head dim, cos and sin broadcasting over q and k, a mask broadcasting over [B, Hq, 1, S] if any;
     else None (the reference)."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k_cache.dim() != 4 or dim % 4 not in (1, 2) \
-            or index.numel() != 1 or v_cache.shape != k_cache.shape:
-        return None
+    if q.dim() not in ((3, 4) if normed else (4,)) or k.dim() != q.dim() or v.dim() != 4 or k_cache.dim() != 4 \
+            or dim % 4 not in (1, 2) or index.numel() != 1 or v_cache.shape != k_cache.shape \
+            or q.dim() == 3 and (q.shape[-1] % k_cache.shape[-1] or k.shape[-1] % k_cache.shape[-1]):
+        return None     # (3-D: [B, 1, H * D] rows normed whole)
     dense = k_cache.is_contiguous() and v_cache.is_contiguous()
     k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed)
     B, Hkv, S, D = k_cache.shape
@@ -224,7 +228,7 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
                  rotary=rotary, wide=bool(wide))
 
     def plan_of():
-        norm = _norm_plan(q, q_norm, k_norm, norm_dtype, norm_first)
+        norm = _norm_plan(q, k, q_norm, k_norm, norm_dtype, norm_first)
         plan = None if norm is None else _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos,
                                                             n_rep, mask, normed, rotary, wide)
         return None if plan is None else (*plan, norm)
@@ -234,7 +238,7 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
                          mask, softcap, q_norm, k_norm, norm_eps, norm_dtype, norm_offset, norm_first, rotary, wide)
     block_n, block_d, pos_sb, (mask_kind, m_sb, m_sh, _, m_sn), norm = plan
-    caches = k_cache, v_cache
+    caches, whole = (k_cache, v_cache), normed and q.dim() == 3     # (whole: norms over every head at once)
     k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed)
     B, Hkv, S, D = k_cache.shape
     Hq = q.shape[1]
@@ -249,7 +253,7 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         strides = (0,) * 8
     LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
                    SOFTCAP=softcap is not None, ROPE=rope, INTERLEAVED=bool(interleaved), RING=ring is not None,
-                   NORM=norm, WIDE=bool(wide) and rope, BLOCK_N=block_n, BLOCK_D=block_d)(
+                   NORM=norm, WHOLE=whole, WIDE=bool(wide) and rope, BLOCK_N=block_n, BLOCK_D=block_d)(
         q, k, v, k_cache, v_cache, index, index if q_pos is None else q_pos, cos, sin, q if mask is None else mask,
         q_norm if normed else q, k_norm if normed else q, out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),

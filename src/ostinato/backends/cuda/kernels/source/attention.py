@@ -141,16 +141,29 @@ def _normed(x, w_ptr, d, dmask, rstd, offset, dt, NORM: tl.constexpr):
 
 
 @triton.jit
-def _rope_row(ptr, d, dmask, rot, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim, ROPE: tl.constexpr,
-              INTERLEAVED: tl.constexpr, NORM: tl.constexpr, WIDE: tl.constexpr):
+def _whole_rstd(ptr, h_stride, n_heads, d, dmask, eps, head_dim):
+    """The RMSNorm statistics (1 / rms, fp32) of a row of ``n_heads`` heads ``h_stride`` apart, normed whole
+    (OLMo 2's q and k): every program reads the whole row, a few kilobytes, rather than launch a norm."""
+    acc = tl.zeros(d.shape, tl.float32)
+    for g in range(0, n_heads):
+        x = tl.load(ptr + g * h_stride + d, mask=dmask, other=0.0).to(tl.float32)
+        acc += x * x
+    return 1.0 / tl.sqrt(tl.sum(acc, axis=0) / (n_heads * head_dim) + eps)
+
+
+@triton.jit
+def _rope_row(ptr, d, dmask, rot, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim, rstd, ROPE: tl.constexpr,
+              INTERLEAVED: tl.constexpr, NORM: tl.constexpr, WHOLE: tl.constexpr, WIDE: tl.constexpr):
     """A head's row [BLOCK_D] (or [BLOCK_N, BLOCK_D], its rows reduced one by one) in fp32, through the
-    head's RMSNorm (weight ``w_ptr``) when NORM, then its first ``rot`` dims (cos and sin that wide; the
-    rest pass through) rotated as ost.rope's kernel does (each product rounded to ``dt``, then their
-    sum) when ROPE; WIDE: the rope in fp32 (an fp32 cos over half rows, OLMo's and Cohere's) and its
-    result rounded to ``dt`` once."""
+    head's RMSNorm (weight ``w_ptr``) when NORM (WHOLE: with the statistics ``rstd`` of the row of every
+    head, the weight's slice for this head at ``w_ptr``), then its first ``rot`` dims (cos and sin that
+    wide; the rest pass through) rotated as ost.rope's kernel does (each product rounded to ``dt``, then
+    their sum) when ROPE; WIDE: the rope in fp32 (an fp32 cos over half rows, OLMo's and Cohere's) and
+    its result rounded to ``dt`` once."""
     xn = tl.load(ptr + d, mask=dmask, other=0.0).to(tl.float32)
     if NORM != 0:
-        rstd = 1.0 / tl.sqrt(tl.sum(xn * xn, axis=-1, keep_dims=True) / head_dim + eps)
+        if not WHOLE:
+            rstd = 1.0 / tl.sqrt(tl.sum(xn * xn, axis=-1, keep_dims=True) / head_dim + eps)
         xn = _normed(xn, w_ptr, d, dmask, rstd, offset, dt, NORM)
     if ROPE:
         rotated = dmask & (d < rot)
@@ -183,10 +196,11 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
                                c_sb, c_sh, c_ss, o_sb, o_sh, pos_sb, m_sb, m_sh, m_sn,
                                n_keys: tl.constexpr, HAS_POS: tl.constexpr, MASK: tl.constexpr,
                                SOFTCAP: tl.constexpr, ROPE: tl.constexpr,
-                               INTERLEAVED: tl.constexpr, RING: tl.constexpr, NORM: tl.constexpr, WIDE: tl.constexpr,
-                               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                               INTERLEAVED: tl.constexpr, RING: tl.constexpr, NORM: tl.constexpr,
+                               WHOLE: tl.constexpr, WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """One (batch, query head) of ost.decode_attention_: q and the step's key normalized (NORM: each head's
-    RMSNorm, weights qw_ptr and kw_ptr) and rotated in registers, the
+    RMSNorm, weights qw_ptr and kw_ptr; WHOLE: one RMSNorm over all heads of q's row, one over k's, weights
+    that wide) and rotated in registers, the
     key and value rows written into the caches (batch, head and row strides c_sb, c_sh, c_ss; the head
     dim dense) by the first query
     head of each KV head, and softmax(softcap(q k^T * scale) + mask, keys j <= pos) v online over the cache. No
@@ -199,9 +213,14 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     d = tl.arange(0, BLOCK_D)
     dmask = d < head_dim
     dt = kc_ptr.dtype.element_ty
+    q_rstd = 1.0
+    k_rstd = 1.0
+    if WHOLE:
+        q_rstd = _whole_rstd(q_ptr + b * q_sb, q_sh, hq, d, dmask, eps, head_dim)
+        k_rstd = _whole_rstd(k_ptr + b * k_sb, k_sh, hq // n_rep, d, dmask, eps, head_dim)
     q = _rope_row(q_ptr + b * q_sb + h * q_sh, d, dmask, rot, cos_ptr + b * cq_b + h * cq_h,
-                  sin_ptr + b * sq_b + h * sq_h, dt, qw_ptr, eps, w_offset, head_dim, ROPE,
-                  INTERLEAVED, NORM, WIDE)
+                  sin_ptr + b * sq_b + h * sq_h, dt, qw_ptr + h * head_dim * WHOLE, eps, w_offset, head_dim,
+                  q_rstd, ROPE, INTERLEAVED, NORM, WHOLE, WIDE)
     # The step's key and value as row 0 of a [BLOCK_N, BLOCK_D] block (the other rows masked off), in
     # the cache blocks' layout from the load on: reduced as those blocks are. (Kept as 1-D rows, they
     # are replicated across warps, and converting them to the blocks' layout makes identical writes to
@@ -210,8 +229,8 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     d2 = d[None, :] + 0 * first[:, None].to(tl.int32)
     m2 = first[:, None] & dmask[None, :]
     kn = _rope_row(k_ptr + b * k_sb + kvh * k_sh, d2, m2, rot, cos_ptr + b * ck_b + kvh * ck_h,
-                   sin_ptr + b * sk_b + kvh * sk_h, dt, kw_ptr, eps, w_offset, head_dim, ROPE, INTERLEAVED,
-                   NORM, WIDE).to(dt)
+                   sin_ptr + b * sk_b + kvh * sk_h, dt, kw_ptr + kvh * head_dim * WHOLE, eps, w_offset, head_dim,
+                   k_rstd, ROPE, INTERLEAVED, NORM, WHOLE, WIDE).to(dt)
     vn = tl.load(v_ptr + b * v_sb + kvh * v_sh + d2, mask=m2, other=0.0).to(dt)
     slot = _slot(index_ptr, ring, n_keys, RING)
     if h % n_rep == 0:     # a slot outside the cache (eager's index_put raises) writes nothing
