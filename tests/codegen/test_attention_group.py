@@ -238,7 +238,7 @@ def test_user_decoders_take_five_launches_per_layer(style):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "mistral", "phi3", "gemma2", "gpt2", "qwen3", "gemma3",
-                                    "gpt_neox", "phi"])
+                                    "gpt_neox", "phi", "olmo2"])
 def test_hf_decoders_take_five_launches_per_layer(family):
     from models.test_hf_decoders import decode_inputs, make_wrapper
     wrapper = make_wrapper(family)
@@ -248,10 +248,10 @@ def test_hf_decoders_take_five_launches_per_layer(family):
     kinds = [r["kind"] for r in rows]
     assert kinds.count("ost.decode_attention_") == layers, kinds
     assert "ost.rope" not in kinds and "ost.kv_update_" not in kinds, kinds
-    if family == "phi":     # attention and MLP side by side over one LayerNorm: 4 launches from one layer's
-        # attention to the next's
+    if family in ("phi", "olmo2"):  # launches from one layer's attention to the next's: Phi's attention and
+        # MLP side by side over one LayerNorm, 4; OLMo 2 normalizes after them (no norm before the first layer), 5
         at = [i for i, kind in enumerate(kinds) if kind == "ost.decode_attention_"]
-        assert [b - a for a, b in zip(at, at[1:])] == [4] * (layers - 1), kinds
+        assert [b - a for a, b in zip(at, at[1:])] == [4 if family == "phi" else 5] * (layers - 1), kinds
     else:
         assert _per_layer(rows, layers) == 5, kinds
 
@@ -323,3 +323,90 @@ def test_partial_rotary_merges_only_over_the_whole_row(end, merged_ropes):
     kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
     assert kinds.count("ost.decode_attention_") == 1, kinds
     assert ("ost.rope" not in kinds) == merged_ropes, kinds
+
+
+class _WholeNorm(nn.Module):
+    """One decode step whose q and k projections are RMS-normed whole, every head at once, before the view
+    into heads (OLMo 2's): in OLMo 2's form (``(w * h).to(dtype)`` over rows cast to fp32, then a rope in
+    fp32 cast back) or, ``plain``, ``x * rsqrt(mean(x^2) + eps) * w`` in the rows' dtype. ``read``: the
+    normed q is also returned (the norms must stay); ``sibling``: ``2 * q`` before its norm too (in bf16 a
+    node of the q norm's group, which the attention cannot take whole: the group stays)."""
+
+    def __init__(self, plain: bool = False, read: str = "", dtype=torch.float32):
+        super().__init__()
+        self.plain, self.read = plain, read
+        self.qkv = nn.Linear(HQ * D, (HQ + 2 * HKV) * D, bias=False)
+        self.q_norm, self.k_norm = nn.Parameter(torch.rand(HQ * D) + 0.5), nn.Parameter(torch.rand(HKV * D) + 0.5)
+        self.register_buffer("k_cache", torch.zeros(1, HKV, S, D))
+        self.register_buffer("v_cache", torch.zeros(1, HKV, S, D))
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D)))
+        self.to(dtype)
+
+    def norm(self, x, w):
+        if self.plain:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (w * h).to(x.dtype)
+
+    def forward(self, x, pos):
+        q, k, v = self.qkv(x).split([HQ * D, HKV * D, HKV * D], dim=-1)
+        extra = q * 2
+        q, k = self.norm(q, self.q_norm), self.norm(k, self.k_norm)
+        extra = q if self.read == "normed" else extra
+        q, k, v = (t.view(1, 1, -1, D).transpose(1, 2) for t in (q, k, v))
+        freqs = pos[:, None].float() * self.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        q, k = ((t * cos + rotate_half(t) * sin).to(t.dtype) for t in (q, k))
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache.index_copy_(2, pos, v)
+        mask = (torch.arange(S) <= pos.view(-1, 1)).view(1, 1, 1, S)
+        a = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask, enable_gqa=True)
+        out = a.transpose(1, 2).reshape(1, 1, HQ * D)
+        return (out, extra) if self.read else out
+
+
+@pytest.mark.parametrize("plain, read, dtype", [(False, "", torch.float32), (True, "", torch.float32),
+                                                (False, "", torch.bfloat16), (False, "normed", torch.bfloat16),
+                                                (True, "normed", torch.float32), (False, "sibling", torch.bfloat16)])
+def test_norms_of_the_whole_projections_join_the_attention(plain, read, dtype, monkeypatch):
+    """OLMo 2's RMSNorm of the whole q and k projections (before the view into heads) joins the decode
+    attention with the rope, the casts around it (a generated group of its own in bf16: taken whole) and
+    the transposes: one launch from the projection to the output projection; equal to eager over several
+    steps. A normed q read elsewhere keeps both norms, and so does a q norm's group holding another node
+    (the attention still merges)."""
+    seen, kernel = [], ReferenceFusionBackend.kernel
+
+    def spy(self, op):
+        fn = kernel(self, op)
+        if op != "ost.decode_attention_":
+            return fn
+
+        def run(*args, **kwargs):     # q, k rows and the norms' weights
+            padded = args + (None,) * 18
+            seen.append(tuple(None if a is None else tuple(a.shape) for a in (*args[2:4], *padded[16:18])))
+            return fn(*args, **kwargs)
+        return run
+    monkeypatch.setattr(ReferenceFusionBackend, "kernel", spy)
+    torch.manual_seed(0)
+    model = _WholeNorm(plain, read, dtype).eval()
+    ref = copy.deepcopy(model)
+    prog = ostinato.export(model, (torch.randn(1, 1, HQ * D, dtype=dtype), torch.tensor([0])))
+    exe = fused_executable(prog, ReferenceFusionBackend())
+    for step in range(4):
+        args = (torch.randn(1, 1, HQ * D, dtype=dtype), torch.tensor([step]))
+        with torch.no_grad():
+            expected = ref(*args)
+        assert_same(exe(*args), expected, msg=f"step {step}:")
+    assert_same(exe.session.state["k_cache"], ref.k_cache)
+    rows = launch_table(prog.graph, "cuda")
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("ost.decode_attention_") == 1, kinds
+    at = kinds.index("ost.decode_attention_")
+    norms = [r for r in rows[:at] if "ost.rms_norm" in r["ops"]]
+    assert len(norms) == (2 if read else 0), rows
+    # q and k as the projection's [1, 1, H * D] rows, the norms' weights as wide; else roped [1, H, 1, D] rows
+    want = ((1, 1, HQ * D), (1, 1, HKV * D), (HQ * D,), (HKV * D,)) if not read else \
+        ((1, HQ, 1, D), (1, HKV, 1, D), None, None)
+    assert seen and set(seen) == {want}, seen

@@ -53,11 +53,15 @@ CONFIGS = {
     # GPT-NeoX (a quarter of each head rotated) and Phi-2 (half): partial rotary embeddings.
     "gpt_neox": lambda: transformers.GPTNeoXConfig(**{k: v for k, v in DECODER.items() if k != "num_key_value_heads"}),
     "phi": lambda: transformers.PhiConfig(**DECODER),
+    # OLMo 2: an RMSNorm of the whole q and k projections (every head at once, in fp32 between casts) before
+    # the view into heads, norms after the attention and the MLP (post-norm).
+    "olmo2": lambda: transformers.Olmo2Config(**DECODER),
 }
 EXPECTED_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma": "GemmaForCausalLM",
                   "gpt2": "GPT2LMHeadModel", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
                   "gemma2": "Gemma2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                  "gpt_neox": "GPTNeoXForCausalLM", "phi": "PhiForCausalLM"}
+                  "gpt_neox": "GPTNeoXForCausalLM", "phi": "PhiForCausalLM",
+                  "olmo2": "Olmo2ForCausalLM"}
 
 
 def make_wrapper(family: str, config=None, device: str = "cpu",

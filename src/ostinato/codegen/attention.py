@@ -16,6 +16,9 @@ five launches for a few kilobytes of work. This pass, run on the scheduler's res
   before it;
 - the ropes are absorbed only as a pair, with the same cos, sin and form, each read by nothing but the
   attention (q) and the key's write (k), keeping their dtype; otherwise they stay launches of their own;
+- so are RMSNorms before the ropes, alike for q and k: each head's (Qwen 3, Gemma 3) or one of the whole
+  projection before its view into heads (OLMo 2, in fp32 between casts); a generated group whose every
+  node the attention takes goes with it (one it would take in part stays, and the norms with it);
 - moving the members to the attention's place changes nothing: no impure node stands between them
   and nothing outside them reads a member's value before the attention runs.
 
@@ -155,32 +158,63 @@ def _ropes(q: Value, k_new: Value, sdpa: Node, k_write: Node, users, graph_reads
 _NO_NORMS = (None, None, 0.0, None, 0.0, False)     # ost.decode_attention_'s norm arguments, unused
 
 
-def _head_norm(x: Value, reader: Node, users, graph_reads, lone: set[int]):
-    """(the norm's input, its settings, the node) when ``x`` is a lone ost.rms_norm over the head dim with a
-    weight, read by ``reader`` alone; else None."""
+def _rms_norm(x: Value, reader: Node, users, graph_reads, lone: set[int]):
+    """(the norm's input, its settings, the nodes) when ``x`` is made by a lone RMSNorm over its last dim with a
+    weight as wide, read by ``reader`` alone: an ost.rms_norm over rows of the weight's dtype, or (OLMo 2's
+    ``(weight * h).to(dtype)``) one over those rows cast to fp32, its result cast back (then the settings of
+    ``rms_norm(rows, weight, eps, fp32, offset, weight_first=True)``, the same arithmetic); else None."""
+    down = _cast(x, reader, users, graph_reads, lone)
+    if down is not None:    # the cast back: the norm ran in fp32
+        x, reader = down.args[0], down
+        if x.meta.dtype != torch.float32:
+            return None
     node = x.producer
     if node is None or node.op != "ost.rms_norm" or id(node) not in lone or node.kwargs \
-            or not _only_reader(x, reader, users, graph_reads):
-        return None
-    if not 3 <= len(node.args) <= 6:
+            or not _only_reader(x, reader, users, graph_reads) or not 3 <= len(node.args) <= 6:
         return None
     rows, weight, eps, cdt, offset, first = (*node.args, *(None, 0.0, False)[len(node.args) - 3:])
     if not (_tensor(rows) and _tensor(weight)) or _static(weight) != (rows.meta.shape[-1],) \
-            or weight.meta.dtype != rows.meta.dtype or not isinstance(eps, (int, float)):
+            or not isinstance(eps, (int, float)):
         return None
-    return rows, (float(eps), cdt, float(offset), bool(first)), node
+    if down is None:
+        return (rows, (float(eps), cdt, float(offset), bool(first)), [node]) \
+            if weight.meta.dtype == rows.meta.dtype else None
+    up = _cast(rows, node, users, graph_reads, lone)
+    dt = down.outputs[0].meta.dtype
+    if up is None or up.args[0].meta.dtype != dt or cdt not in (None, torch.float32) \
+            or weight.meta.dtype not in (dt, torch.float32) or not (first or offset == 0):
+        return None     # (w + offset in the weight's dtype, before the fp32 product: another rounding)
+    return up.args[0], (float(eps), torch.float32, float(offset), True), [up, node, down]
+
+
+def _head_norm(x: Value, reader: Node, users, graph_reads, lone: set[int]):
+    """(the norm's input, its settings, the nodes, whole) when ``x`` (a head's [..., D] rows) is normed
+    over the head dim (whole False), or is a lone view of [B, 1, H * D] rows normed whole, every head at
+    once, as [B, 1, H, D] (OLMo 2's q and k norms; whole True); else None."""
+    found = _rms_norm(x, reader, users, graph_reads, lone)
+    if found is not None:
+        return (*found, False)
+    view = x.producer
+    if view is None or view.op not in ("aten.view", "aten._unsafe_view", "aten.reshape") or id(view) not in lone \
+            or view.kwargs or not _only_reader(x, reader, users, graph_reads) or not _tensor(view.args[0]):
+        return None
+    rows, shape = view.args[0], _static(x)
+    if shape is None or len(shape) != 4 or shape[1] != 1 or _static(rows) != (shape[0], 1, shape[2] * shape[3]):
+        return None
+    found = _rms_norm(rows, view, users, graph_reads, lone)
+    return None if found is None else (found[0], found[1], [*found[2], view], True)
 
 
 def _norms(q_in: Value, k_in: Value, v: Value, ropes: list[Node], k_write: Node, major: bool, users, graph_reads,
            lone: set[int]):
-    """Qwen 3's and Gemma 3's RMSNorm of each head before the rope: (q, k and v rows, the norms' arguments,
-    the nodes taken) when q's and k's rope inputs are such norms alike: of the rope's rows themselves
-    (Gemma 3), or, over head-major caches, of [B, 1, H, D] rows the model then transposes to [B, H, 1, D]
-    (Qwen 3), whose transposes go too, v's included (the reference transposes the rows after the norms);
-    else None."""
+    """Qwen 3's and Gemma 3's RMSNorm of each head before the rope, or OLMo 2's of the whole projection: (q, k
+    and v rows, the norms' arguments, the nodes taken) when q's and k's rope inputs are such norms alike:
+    of the rope's rows themselves (Gemma 3), or, over head-major caches, of [B, 1, H, D] rows (or of
+    [B, 1, H * D] rows viewed so, OLMo 2) the model then transposes to [B, H, 1, D] (Qwen 3), whose
+    transposes go too, v's included (the reference transposes the rows after the norms); else None."""
     rows, nodes, before = [], [], []
     for x, rope in zip((q_in, k_in), ropes):
-        t = None if major or (x.producer is not None and x.producer.op == "ost.rms_norm") \
+        t = None if major or (x.producer is not None and x.producer.op in ("ost.rms_norm", "aten._to_copy")) \
             else _transposed(x, rope, users, graph_reads, lone)
         if t is not None:       # the transpose between the norm and the rope
             x, rope = t.args[0], t
@@ -190,9 +224,9 @@ def _norms(q_in: Value, k_in: Value, v: Value, ropes: list[Node], k_write: Node,
         if found is None:
             return None
         rows.append(found)
-        nodes.append(found[2])
-    (q_rows, q_set, _), (k_rows, k_set, _) = rows
-    if q_set != k_set or before[0] != before[1]:
+        nodes.extend(found[2])
+    (q_rows, q_set, q_nodes, whole), (k_rows, k_set, k_nodes, k_whole) = rows
+    if q_set != k_set or before[0] != before[1] or whole != k_whole:
         return None
     if before[0]:           # v too, as the rows before its transpose
         t = _transposed(v, k_write, users, graph_reads, lone)
@@ -200,9 +234,11 @@ def _norms(q_in: Value, k_in: Value, v: Value, ropes: list[Node], k_write: Node,
             return None
         v = t.args[0]
         nodes.append(t)
-        if any(len(x.meta.shape) != 4 or x.meta.shape[1] != 1 for x in (q_rows, k_rows, v)):
+        if any(len(x.meta.shape) != (3 if whole else 4) or x.meta.shape[1] != 1 for x in (q_rows, k_rows)) \
+                or len(v.meta.shape) != 4 or v.meta.shape[1] != 1:
             return None
-    return q_rows, k_rows, v, (rows[0][2].args[1], rows[1][2].args[1], *q_set), nodes
+    weight = [n for n in (*q_nodes, *k_nodes) if n.op == "ost.rms_norm"]
+    return q_rows, k_rows, v, (weight[0].args[1], weight[1].args[1], *q_set), nodes
 
 
 def _transposed(v: Value, sdpa: Node, users, graph_reads, lone: set[int]) -> Node | None:
@@ -257,7 +293,7 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
     if ropes is not None:
         q_in, k_in, cos, sin, interleaved, nodes, rotary, wide = ropes
         members = nodes + members
-        normed = None if rotary or wide else _norms(q_in, k_in, vn, nodes[:2], vw, major, users, graph_reads, lone)
+        normed = None if rotary else _norms(q_in, k_in, vn, nodes[:2], vw, major, users, graph_reads, lone)
         if normed is not None:
             q_in, k_in, v_in, norms, taken = normed
             members = taken + members
@@ -270,27 +306,39 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
 
 def absorb_attention(graph, items: list, users: dict, graph_reads: set[int]) -> list:
     """``items`` (the scheduler's result, in run order) with each decode attention and the nodes it
-    can take replaced by one ost.decode_attention_ node, run where the attention stood."""
+    can take replaced by one ost.decode_attention_ node, run where the attention stood. A generated group
+    whose every node the attention takes (OLMo 2's norms in fp32 between their casts) goes with them;
+    one it would take only in part stays, and the attention takes what it can without it."""
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     impure = [i for i, n in enumerate(graph.nodes) if get_op(n.op) is None or not get_op(n.op).pure]
     out = list(items)
     lone = {id(it) for it in items if isinstance(it, Node)}     # nodes no group or merge has taken
+    # nodes of the pointwise and reduction groups (not a matmul group: its projection is never taken)
+    grouped = {id(n): g for g in items if type(g) is FusionGroup for n in g.nodes}
     for sdpa in [it for it in items if isinstance(it, Node) and it.op == "ost.sdpa"]:
-        m = _match(sdpa, users, graph_reads, lone)
-        if m is None:
-            continue
-        node, members = m
-        ids = {id(n) for n in members}
-        first, launch = min(position[id(n)] for n in members), position[id(sdpa)]
-        if any(first < p < launch and id(graph.nodes[p]) not in ids for p in impure):
-            continue        # a state write between: the cache writes must not move across it
-        made = {v.id for n in members for v in n.outputs if v is not None}
-        between = [it for it in out if not (isinstance(it, Node) and id(it) in ids)
-                   and first <= (it.launch_at if isinstance(it, FusionGroup) else position[id(it)]) < launch]
-        if any(v.id in made for it in between for n in (it.nodes if isinstance(it, FusionGroup) else [it])
-               for v in n.inputs):
-            continue        # read before the merged kernel makes it
-        position[id(node)] = launch
-        lone -= ids
-        out = [node if it is sdpa else it for it in out if not (isinstance(it, Node) and id(it) in ids) or it is sdpa]
+        for pool in (lone | set(grouped), lone):    # with the groups' nodes, then without
+            m = _match(sdpa, users, graph_reads, pool)
+            if m is None:
+                continue
+            node, members = m
+            ids = {id(n) for n in members}
+            taken = {id(grouped[i]): grouped[i] for i in ids if i in grouped}
+            if any(id(n) not in ids for g in taken.values() for n in g.nodes):
+                continue        # a group taken in part
+            first, launch = min(position[id(n)] for n in members), position[id(sdpa)]
+            if any(first < p < launch and id(graph.nodes[p]) not in ids for p in impure):
+                continue        # a state write between: the cache writes must not move across it
+            made = {v.id for n in members for v in n.outputs if v is not None}
+            between = [it for it in out if not (isinstance(it, Node) and id(it) in ids) and id(it) not in taken
+                       and first <= (it.launch_at if isinstance(it, FusionGroup) else position[id(it)]) < launch]
+            if any(v.id in made for it in between for n in (it.nodes if isinstance(it, FusionGroup) else [it])
+                   for v in n.inputs):
+                continue        # read before the merged kernel makes it
+            position[id(node)] = launch
+            lone -= ids
+            for i in ids:
+                grouped.pop(i, None)
+            out = [node if it is sdpa else it for it in out if id(it) not in taken
+                   and (not (isinstance(it, Node) and id(it) in ids) or it is sdpa)]
+            break
     return out
