@@ -8,8 +8,11 @@ story: cold (export, compile or lower, save, load, first output) and warm (load 
 measured by bench/suite/child.py. The in-process runners load what the cold process saved when it ran,
 so a configuration pays AOTInductor's compile once. The suite runs the peers' cold and warm processes
 for every configuration with a peer runner, start-up figures asked for or not: a package that crashes
-when loaded (AOTInductor's did on an H200, issue #16) fails its cell, not the run. Called without those
-records (``make_runner`` on its own), the runners make their file in this process.
+when loaded (AOTInductor's did on an H200, issue #16) fails its cell, not the run. Before the first
+AOTInductor cold process of a run, ``startup.aoti_probe`` packages and loads a small MLP in a fresh process;
+where that dies too (the lent GPU machine's torch 2.11), every configuration's AOTInductor cells fail with
+the probe's error and no cold process is spent on them (OSTINATO_SUITE_AOTI_PROBE=0: no probe). Called
+without those records (``make_runner`` on its own), the runners make their file in this process.
 
 Both keep their own copies of the model's weights and mutable buffers (KV caches), so their memory
 figure counts the weights twice (the eager model's and theirs).

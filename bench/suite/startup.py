@@ -56,25 +56,10 @@ def _env(**dirs: str) -> dict:
 def run_child(mode: str, config: Config, workdir: str, env: dict, timeout: float = CHILD_TIMEOUT_S) -> dict:
     cmd = [sys.executable, "-m", "bench.suite.child", mode, config.name, workdir]
     t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": "error", "error": f"timed out after {timeout:.0f} s", "process_s": timeout}
+    p, failure = _run(cmd, env, timeout)
+    if failure is not None:
+        return failure
     process_s = time.perf_counter() - t0
-    if p.returncode != 0:
-        tail = [line for line in p.stderr.strip().splitlines() if line.strip()]
-        last = (tail[-1] if tail else "")[:300]
-        if p.returncode < 0:   # a crash (a loaded AOTInductor package, a runtime's kernel): said so
-            try:
-                sig = signal.Signals(-p.returncode).name
-            except ValueError:
-                sig = str(-p.returncode)
-            site = crash_site(p.stderr)
-            error = f"the process died of {sig}" + (f" in {site}" if site else f"; its last words: {last}" if last else "")
-        else:
-            error = last or f"exit status {p.returncode}"
-        return {"status": "error", "error": error, "process_s": process_s, "returncode": p.returncode,
-                "stderr_tail": tail[-STDERR_LINES:]}
     res = json.loads(p.stdout.strip().splitlines()[-1])
     res["process_s"] = process_s
     res["status"] = "error" if "error" in res else "ok"
@@ -97,6 +82,50 @@ def crash_site(stderr: str, frames: int = 3) -> str | None:
             break
         sites.append(f"{m['func']} ({os.path.basename(m['file'])}:{m['line']})")
     return " < ".join(sites[:frames]) or None
+
+
+_PROBES: dict[str, dict | None] = {}
+
+
+def aoti_probe(device: str, workdir: str) -> dict | None:
+    """None when AOTInductor packages, loads and runs a small MLP on ``device`` in a fresh process
+    (bench/aoti_probe.py, once per device and run), else that process's failure. On the lent GPU machine
+    (torch 2.11) every package died in ``aoti_load_package``, the probe's too: there a configuration's
+    AOTInductor cells say so instead of spending ~95 s each on a cold process that dies the same way.
+    OSTINATO_SUITE_AOTI_PROBE=0 skips the probe (every configuration runs its own cold process)."""
+    if os.environ.get("OSTINATO_SUITE_AOTI_PROBE", "1") == "0":
+        return None
+    if device not in _PROBES:
+        env = _env(TORCHINDUCTOR_CACHE_DIR=os.path.join(workdir, "inductor-probe"),
+                   TRITON_CACHE_DIR=os.path.join(workdir, "triton-probe"))
+        cmd = [sys.executable, os.path.join(ROOT, "bench", "aoti_probe.py"), device]
+        _PROBES[device] = _run(cmd, env, CHILD_TIMEOUT_S)[1]
+    return _PROBES[device]
+
+
+def _run(cmd: list[str], env: dict, timeout: float):
+    """(the finished process, None) when ``cmd`` exits 0; else (None, its failure): the first line of its
+    error, or the signal it died of with where (faulthandler's frames), and its stderr's last lines."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, {"status": "error", "error": f"timed out after {timeout:.0f} s", "process_s": timeout}
+    if p.returncode == 0:
+        return p, None
+    tail = [line for line in p.stderr.strip().splitlines() if line.strip()]
+    last = (tail[-1] if tail else "")[:300]
+    if p.returncode < 0:   # a crash (a loaded AOTInductor package, a runtime's kernel): said so
+        try:
+            sig = signal.Signals(-p.returncode).name
+        except ValueError:
+            sig = str(-p.returncode)
+        site = crash_site(p.stderr)
+        error = f"the process died of {sig}" + (f" in {site}" if site else f"; its last words: {last}" if last else "")
+    else:
+        error = last or f"exit status {p.returncode}"
+    return None, {"status": "error", "error": error, "process_s": time.perf_counter() - t0,
+                  "returncode": p.returncode, "stderr_tail": tail[-STDERR_LINES:]}
 
 
 def peer_modes(runner_names: list[str]) -> tuple[str, ...]:
@@ -136,6 +165,13 @@ def measure_startup(config: Config, workdir: str, steps: list, ref: Reference, t
                     OSTINATO_CACHE_DIR=d("ostinato-unused"))
         plan += [(f"{peer}_cold", penv), (f"{peer}_warm", penv)]
     out: dict[str, Any] = {}
+    if "aoti" in peers:
+        failed = aoti_probe(config.device, os.path.dirname(os.path.abspath(workdir)))
+        if failed is not None:
+            out["aoti_cold"] = dict(failed, error=f"not run: AOTInductor fails in this environment: "
+                                    f"bench/aoti_probe.py {config.device} (a small MLP): {failed['error']}")
+            plan = [(m, e) for m, e in plan if m != "aoti_cold"]
+            log(f"    aoti_cold: {out['aoti_cold']['error']}")
     for mode, env in plan:
         if mode.endswith("_warm") and out.get(mode[:-len("_warm")] + "_cold", {}).get("status") != "ok":
             what = {"ostinato_warm": "no .ost", "aoti_warm": "no .pt2 package", "executorch_warm": "no .pte"}

@@ -308,3 +308,47 @@ def test_a_crashed_child_is_reported_where_it_died(monkeypatch, tmp_path):
     assert res["error"] == "the process died of SIGSEGV; its last words: about to crash", res
     assert startup.crash_site("Current thread 0x1 (most recent call first):\n  <no Python frame>\n") is None
     assert startup._env()["PYTHONFAULTHANDLER"] == "1"
+
+
+def test_a_failed_aoti_probe_fails_every_aoti_cell_without_a_cold_process(monkeypatch, tmp_path):
+    """Where AOTInductor cannot load even a small MLP's package (bench/aoti_probe.py dies in a fresh
+    process, as on the lent GPU), a configuration's AOTInductor cold and warm cells say so and no cold
+    process runs for it; the probe runs once per device; OSTINATO_SUITE_AOTI_PROBE=0 turns it off."""
+    from bench.suite import startup
+    crash = "import ctypes\nctypes.string_at(0)\n"
+    real, probes = subprocess.run, []
+
+    def fake_run(cmd, **kw):     # the probe crashes; a child would be a real run: record it instead
+        assert cmd[1].endswith("aoti_probe.py"), cmd
+        probes.append(cmd[2])
+        return real([sys.executable, "-c", crash], **kw)
+
+    ran = []
+    monkeypatch.setattr(startup.subprocess, "run", fake_run)
+    monkeypatch.setattr(startup, "run_child", lambda mode, *a, **k: ran.append(mode) or {"status": "ok", "total_s": 1.0})
+    monkeypatch.setattr(startup, "write_io", lambda *a, **k: None)
+    monkeypatch.setattr(startup, "_PROBES", {})
+    monkeypatch.setenv("OSTINATO_SUITE_AOTI_PROBE", "1")
+    for _ in range(2):
+        out = startup.measure_startup(TINY, str(tmp_path / "cfg"), [], None, {}, torch_compile=False,
+                                      log=lambda s: None, peers=("aoti",), ostinato=False)
+        assert out["aoti_cold"]["status"] == "error" and out["aoti_cold"]["returncode"] < 0
+        assert out["aoti_cold"]["error"].startswith(
+            f"not run: AOTInductor fails in this environment: bench/aoti_probe.py {TINY.device} (a small MLP): "
+            "the process died of SIGSEGV"), out["aoti_cold"]
+        assert out["aoti_warm"]["error"] == "no .pt2 package: the cold process failed"
+    assert probes == [TINY.device] and ran == []
+    monkeypatch.setenv("OSTINATO_SUITE_AOTI_PROBE", "0")
+    out = startup.measure_startup(TINY, str(tmp_path / "cfg"), [], None, {}, torch_compile=False,
+                                  log=lambda s: None, peers=("aoti",), ostinato=False)
+    assert ran == ["aoti_cold", "aoti_warm"] and out["aoti_cold"]["status"] == "ok"
+
+
+def test_the_aoti_probe_passes_where_aotinductor_works(monkeypatch, tmp_path):
+    """The real probe, in a fresh process, on this machine's CPU: AOTInductor packages, loads and runs a
+    small MLP here (torch 2.13), so the gate lets every configuration run its own cold process."""
+    from bench.suite import startup
+    monkeypatch.setattr(startup, "_PROBES", {})
+    monkeypatch.setenv("OSTINATO_SUITE_AOTI_PROBE", "1")
+    assert startup.aoti_probe("cpu", str(tmp_path)) is None
+    assert startup._PROBES == {"cpu": None}
