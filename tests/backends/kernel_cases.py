@@ -199,6 +199,12 @@ CASES = [
          _r(g, (1, 2, 1, 32), dt, dev), _r(g, (1, 2, 1, 32), dt, dev), torch.tensor([-1], device=dev), 2, None,
          None, None, False, torch.tensor([[69]], device=dev), None, 3), {})),
     # positions per head ([B, 1, 1] broadcasts over the heads, not the batch): the reference
+    # multi-query (Falcon-7B: one KV head, every query head reads it): n_rep is the query heads' count
+    KernelCase("ost.decode_attention_", "mqa-rope-pos", lambda g, dt, dev: (
+        (_r(g, (2, 1, 24, 16), dt, dev), _r(g, (2, 1, 24, 16), dt, dev), _r(g, (2, 4, 1, 16), dt, dev),
+         _r(g, (2, 1, 1, 16), dt, dev), _r(g, (2, 1, 1, 16), dt, dev), torch.tensor([7], device=dev), 2, None,
+         _r(g, (1, 1, 1, 16), dt, dev), _r(g, (1, 1, 1, 16), dt, dev), False,
+         torch.tensor([[7]], device=dev), None, 4), {}), tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "positions-per-head-fallback", lambda g, dt, dev: (
         (_r(g, (2, 2, 8, 16), dt, dev), _r(g, (2, 2, 8, 16), dt, dev), _r(g, (2, 2, 1, 16), dt, dev),
          _r(g, (2, 2, 1, 16), dt, dev), _r(g, (2, 2, 1, 16), dt, dev), torch.tensor([3], device=dev), 2, None,

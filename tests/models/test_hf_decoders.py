@@ -56,12 +56,24 @@ CONFIGS = {
     # OLMo 2: an RMSNorm of the whole q and k projections (every head at once, in fp32 between casts) before
     # the view into heads, norms after the attention and the MLP (post-norm).
     "olmo2": lambda: transformers.Olmo2Config(**DECODER),
+    # Falcon-7B's form: one fused QKV projection written as ``x @ W.T`` (matmuls, not aten.linear), split by
+    # constant list indexes (``qkv[..., [-2], :]``), one KV head broadcast over the query heads by sdpa (no
+    # repeat_kv), attention and MLP side by side over one LayerNorm.
+    "falcon": lambda: _falcon(),
 }
+
+
+def _falcon():
+    config = transformers.FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=VOCAB,
+                                       max_position_embeddings=64, **TOKEN_IDS)
+    assert config.multi_query and config.parallel_attn and not config.new_decoder_architecture
+    config.num_key_value_heads = 1      # the static cache's size: FalconConfig names no KV heads
+    return config
 EXPECTED_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma": "GemmaForCausalLM",
                   "gpt2": "GPT2LMHeadModel", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
                   "gemma2": "Gemma2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM",
                   "gpt_neox": "GPTNeoXForCausalLM", "phi": "PhiForCausalLM",
-                  "olmo2": "Olmo2ForCausalLM"}
+                  "olmo2": "Olmo2ForCausalLM", "falcon": "FalconForCausalLM"}
 
 
 def make_wrapper(family: str, config=None, device: str = "cpu",

@@ -52,8 +52,9 @@ def test_a_matmul_with_an_input_stays_a_matmul():
     assert "aten.linear" not in prog.op_counts() and "ost.linear" not in prog.op_counts()
 
 
-class NonUndoingViews(torch.nn.Module):
-    """The flattened rows are regrouped differently after the matmul: the views stay."""
+class Regrouped(torch.nn.Module):
+    """The flattened rows are regrouped differently after the matmul (a view into heads, as Falcon's
+    fused QKV): the linear reads x itself and the view reads its [..., out] result."""
 
     def __init__(self):
         super().__init__()
@@ -63,9 +64,27 @@ class NonUndoingViews(torch.nn.Module):
         return (x.reshape(-1, 8) @ self.w.T).view(3, 2, 8)
 
 
-def test_views_that_do_not_undo_each_other_stay():
-    prog, _ = export_and_compare(NonUndoingViews(), (torch.randn(2, 3, 8),))
+class FlatReadByAdd(torch.nn.Module):
+    """The flat result is read by an add of a flat tensor: the flatten stays."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x, r):
+        return x.reshape(-1, 8) @ self.w.T + r
+
+
+def test_a_regrouping_view_reads_the_linear_of_x_itself():
+    prog, _ = export_and_compare(Regrouped(), (torch.randn(2, 3, 8),), more_inputs=[(torch.randn(2, 3, 8),)])
     lin = next(n for n in prog.graph.nodes if n.op == "aten.linear")
+    assert lin.args[0].meta.rank == 3 and tuple(lin.outputs[0].meta.shape) == (2, 3, 8)
+    assert prog.op_counts().get("aten.view", 0) == 1
+
+
+def test_a_flat_result_read_by_another_op_keeps_its_flatten():
+    prog, _ = export_and_compare(FlatReadByAdd(), (torch.randn(2, 3, 8), torch.randn(6, 8)))
+    lin = next(n for n in prog.graph.nodes if n.op in ("aten.linear", "ost.linear"))
     assert lin.args[0].meta.rank == 2
 
 

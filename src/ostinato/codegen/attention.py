@@ -278,6 +278,8 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
     if major:       # as [B, H, S, D]
         shapes = [(s[0], s[2], s[1], s[3]) for s in shapes]
     (b, hq, t, d), (b2, hkv, _, d2) = shapes[0], shapes[1]
+    if hkv == 1 and n_rep == 1:
+        n_rep = hq      # one KV head broadcast over every query head (Falcon's multi-query sdpa): GQA's form
     if t != 1 or shapes[2] != shapes[1] or shapes[3] != (b, hkv, 1, d) or shapes[4] != shapes[3] \
             or (b2, d2) != (b, d) or hq != hkv * n_rep or d > 256:
         return None

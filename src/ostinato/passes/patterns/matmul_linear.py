@@ -8,9 +8,9 @@ A projection written ``x @ self.weight.T`` (Falcon's ``FalconLinear``, hand-writ
 - ``mm(a, T(W))`` → ``linear(a, W)``, and ``addmm(b, a, T(W))`` (beta = alpha = 1, b of shape [out]) →
   ``linear(a, W, b)``, where ``T(W)`` is ``permute(W, [1, 0])``, ``t(W)`` or ``transpose(W, 0, 1)`` of a 2-d
   constant W (a weight: an activation's product stays a matmul);
-- then the flatten before and the unflatten after, when both are there and undo each other:
-  ``view(linear(view(x, [-1, in]), W, b), [*lead, out])`` → ``linear(x, W, b)`` where x's leading dims are
-  ``lead``.
+- then the flatten before goes when only views read the result: ``linear(x, W, b)`` of x's own leading
+  dims, read by those views (an unflatten back to x's leading dims goes too:
+  ``view(linear(view(x, [-1, in]), W, b), [*lead, out])`` → ``linear(x, W, b)``).
 
 Nothing is recomputed and no value changes: ``linear(x, W)`` is ``x @ W.T`` by definition. The weight
 stays the stored [out, in] tensor (its transposed view goes unread and DCE drops it). Runs before
@@ -63,26 +63,31 @@ def _as_linear(node: Node) -> tuple | None:
     return None
 
 
-def _unflatten(node: Node, users: dict[int, list[Node]], pinned: set[int]) -> tuple[Node, Node] | None:
-    """The flatten producing the linear's input and the unflatten that alone reads its result, when they
-    undo each other (x's leading dims are the result's)."""
+def _lift(node: Node, users: dict[int, list[Node]], pinned: set[int], dead: set[int]) -> None:
+    """Let the linear read x itself instead of its flatten ``view(x, [-1, in])`` when only views read the
+    result (an unflatten, or Falcon's view into heads): the result takes x's leading dims, which those
+    views read as they read the flat rows (same elements, same order). An unflatten that gives exactly
+    that shape goes, the linear making its value."""
     a, y = node.args[0], node.outputs[0]
     before = a.producer
-    readers = users.get(y.id, [])
-    if before is None or before.op not in _VIEWS or len(readers) != 1 or y.id in pinned:
-        return None
-    after = readers[0]
-    if after.op not in _VIEWS or after.args[0] is not y:
-        return None
+    if before is None or before.op not in _VIEWS or a.id in pinned or len(users.get(a.id, [])) != 1:
+        return
     x = before.args[0]
-    if not isinstance(x, Value) or not isinstance(x.meta, TensorMeta) or x.meta.rank < 2:
-        return None
-    out = after.outputs[0].meta.shape
-    if len(out) != x.meta.rank or str(x.meta.shape[-1]) != str(a.meta.shape[-1]) \
-            or str(out[-1]) != str(y.meta.shape[-1]) \
-            or any(str(p) != str(q) for p, q in zip(out[:-1], x.meta.shape[:-1])):
-        return None
-    return before, after
+    readers = users.get(y.id, [])
+    if not isinstance(x, Value) or not isinstance(x.meta, TensorMeta) or x.meta.rank < 2 \
+            or str(x.meta.shape[-1]) != str(a.meta.shape[-1]) or y.id in pinned or not readers \
+            or any(r.op not in _VIEWS or r.args[0] is not y or id(r) in dead for r in readers):
+        return
+    shape = (*x.meta.shape[:-1], y.meta.shape[-1])
+    node.args = (x, *node.args[1:])
+    dead.add(id(before))
+    y.meta = TensorMeta(y.meta.dtype, shape)
+    after = readers[0]
+    if len(readers) == 1 and after.outputs[0].id not in pinned \
+            and [str(d) for d in after.outputs[0].meta.shape] == [str(d) for d in shape]:
+        node.outputs = list(after.outputs)
+        node.outputs[0].producer = node
+        dead.add(id(after))
 
 
 def rewrite_matmul_linears(g: Graph) -> Graph:
@@ -94,16 +99,6 @@ def rewrite_matmul_linears(g: Graph) -> Graph:
         if args is None:
             continue
         node.op, node.args, node.kwargs = "aten.linear", args, {}
-        views = _unflatten(node, users, pinned)
-        if views is None:
-            continue
-        before, after = views
-        flat = node.args[0]
-        node.args = (before.args[0], *node.args[1:])
-        node.outputs = list(after.outputs)
-        node.outputs[0].producer = node
-        dead.add(id(after))
-        if len(users.get(flat.id, [])) == 1 and flat.id not in pinned:
-            dead.add(id(before))
+        _lift(node, users, pinned, dead)
     drop_nodes(g, dead)
     return g
