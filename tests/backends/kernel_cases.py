@@ -205,6 +205,14 @@ CASES = [
          _r(g, (2, 1, 1, 16), dt, dev), _r(g, (2, 1, 1, 16), dt, dev), torch.tensor([7], device=dev), 2, None,
          _r(g, (1, 1, 1, 16), dt, dev), _r(g, (1, 1, 1, 16), dt, dev), False,
          torch.tensor([[7]], device=dev), None, 4), {}), tol=_ROPE_TOL),
+    # GPT-J: q and k as [B, 1, H, D] rows over head-major caches (roped before the model's transpose), an
+    # interleaved rope over the first 8 dims, v head-major
+    KernelCase("ost.decode_attention_", "rows-head-major-partial-interleaved", lambda g, dt, dev: (
+        (_r(g, (2, 2, 24, 16), dt, dev), _r(g, (2, 2, 24, 16), dt, dev), _r(g, (2, 1, 4, 16), dt, dev),
+         _r(g, (2, 1, 2, 16), dt, dev), _r(g, (2, 2, 1, 16), dt, dev), torch.tensor([5], device=dev), 2, None,
+         _r(g, (1, 1, 1, 8), dt, dev), _r(g, (1, 1, 1, 8), dt, dev), True,
+         torch.tensor([[5]], device=dev), None, 2, None, None, None, None, 0.0, None, 0.0, False, 8), {}),
+        tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "positions-per-head-fallback", lambda g, dt, dev: (
         (_r(g, (2, 2, 8, 16), dt, dev), _r(g, (2, 2, 8, 16), dt, dev), _r(g, (2, 2, 1, 16), dt, dev),
          _r(g, (2, 2, 1, 16), dt, dev), _r(g, (2, 2, 1, 16), dt, dev), torch.tensor([3], device=dev), 2, None,

@@ -238,7 +238,7 @@ def test_user_decoders_take_five_launches_per_layer(style):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "mistral", "phi3", "gemma2", "gpt2", "qwen3", "gemma3",
-                                    "gpt_neox", "phi", "olmo2", "falcon"])
+                                    "gpt_neox", "phi", "olmo2", "falcon", "gptj"])
 def test_hf_decoders_take_five_launches_per_layer(family):
     from models.test_hf_decoders import decode_inputs, make_wrapper
     wrapper = make_wrapper(family)
@@ -248,10 +248,10 @@ def test_hf_decoders_take_five_launches_per_layer(family):
     kinds = [r["kind"] for r in rows]
     assert kinds.count("ost.decode_attention_") == layers, kinds
     assert "ost.rope" not in kinds and "ost.kv_update_" not in kinds, kinds
-    between = {"phi": 4, "olmo2": 5, "falcon": 5}
+    between = {"phi": 4, "olmo2": 5, "falcon": 5, "gptj": 5}
     if family in between:  # launches from one layer's attention to the next's: Phi's attention and MLP side by
-        # side over one LayerNorm, 4 (Falcon's too, its MLP's activation a prologue of the down projection
-        # rather than an epilogue of the up one, 5); OLMo 2 normalizes after them (no norm before the first layer), 5
+        # side over one LayerNorm, 4 (Falcon's and GPT-J's too, their MLP's activation a prologue of the down
+        # projection rather than an epilogue of the up one, 5); OLMo 2 normalizes after them (no norm before the first layer), 5
         at = [i for i, kind in enumerate(kinds) if kind == "ost.decode_attention_"]
         assert [b - a for a, b in zip(at, at[1:])] == [between[family]] * (layers - 1), kinds
     else:

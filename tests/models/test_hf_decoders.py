@@ -60,6 +60,10 @@ CONFIGS = {
     # constant list indexes (``qkv[..., [-2], :]``), one KV head broadcast over the query heads by sdpa (no
     # repeat_kv), attention and MLP side by side over one LayerNorm.
     "falcon": lambda: _falcon(),
+    # GPT-J: an interleaved (rotate-every-two) rope over the first 8 dims of each head, done on [B, S, H, D]
+    # rows before the transpose to the head-major cache.
+    "gptj": lambda: transformers.GPTJConfig(n_embd=64, n_layer=2, n_head=4, n_inner=128, rotary_dim=8,
+                                            vocab_size=VOCAB, n_positions=64, **TOKEN_IDS),
 }
 
 
@@ -73,7 +77,8 @@ EXPECTED_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gem
                   "gpt2": "GPT2LMHeadModel", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
                   "gemma2": "Gemma2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM",
                   "gpt_neox": "GPTNeoXForCausalLM", "phi": "PhiForCausalLM",
-                  "olmo2": "Olmo2ForCausalLM", "falcon": "FalconForCausalLM"}
+                  "olmo2": "Olmo2ForCausalLM", "falcon": "FalconForCausalLM",
+                  "gptj": "GPTJForCausalLM"}
 
 
 def make_wrapper(family: str, config=None, device: str = "cpu",

@@ -254,6 +254,20 @@ def _transposed(v: Value, sdpa: Node, users, graph_reads, lone: set[int]) -> Nod
     return None
 
 
+def _rows_roped(q: Value, k_new: Value, sdpa: Node, k_write: Node, users, graph_reads, lone: set[int]):
+    """(``_ropes``' answer, the two transposes) when q and the key written are lone transposes to [B, H, 1, D]
+    of [B, 1, H, D] rows roped alike (GPT-J ropes before its transpose) with cos and sin broadcasting over
+    the heads and the token (the merged node ropes the rows' [B, H, 1, D] view); else (None, [])."""
+    turned = [_transposed(q, sdpa, users, graph_reads, lone), _transposed(k_new, k_write, users, graph_reads, lone)]
+    if not all(turned) or any(t.args[0].meta.shape[1] != 1 for t in turned):
+        return None, []
+    ropes = _ropes(turned[0].args[0], turned[1].args[0], turned[0], turned[1], users, graph_reads, lone)
+    if ropes is None or ropes[7] or any(_static(t) is None or len(t.meta.shape) > 4
+                                        or any(d != 1 for d in _static(t)[-3:-1]) for t in ropes[2:4]):
+        return None, []     # (a wide rope's casts: not taken this way)
+    return ropes, turned
+
+
 def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[Node]] | None:
     """The ost.decode_attention_ node for ``sdpa`` and the nodes it replaces, or None."""
     if len(sdpa.args) not in (8, 9) or sdpa.kwargs:
@@ -292,6 +306,9 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
     members = [kw, vw, *(views if major else ()), sdpa]
     q_in, k_in, v_in, cos, sin, interleaved, norms, rotary, wide = q, kn, vn, None, None, False, _NO_NORMS, None, False
     ropes = _ropes(q, kn, views[0] if major else sdpa, kw, users, graph_reads, lone)
+    if ropes is None and not major:     # [B, 1, H, D] rows roped, then transposed (GPT-J)
+        ropes, turned = _rows_roped(q, kn, sdpa, kw, users, graph_reads, lone)
+        members = turned + members
     if ropes is not None:
         q_in, k_in, cos, sin, interleaved, nodes, rotary, wide = ropes
         members = nodes + members

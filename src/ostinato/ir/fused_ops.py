@@ -326,7 +326,9 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     With ``q_norm`` and ``k_norm`` (Qwen 3's and Gemma 3's RMSNorm of each head), q and k first go through
     ``rms_norm(x, weight, norm_eps, norm_dtype, norm_offset, norm_first)``; q, k and v may then come as
     [B, 1, H, D] rows over [B, H, S, D] caches (the norm's input, before the model's transpose), which
-    become [B, H, 1, D] after the norms (one token: the same order). q and k may also come as [B, 1, H * D]
+    become [B, H, 1, D] after the norms (one token: the same order). Without norms too, q, k and v may come
+    as such [B, 1, H, D] rows over head-major caches (GPT-J ropes its rows before the transpose), with cos
+    and sin broadcasting over heads and the token (the rope then runs on the [B, H, 1, D] view). q and k may also come as [B, 1, H * D]
     rows with weights as wide (OLMo 2's norm of the whole projection, every head at once): normed whole,
     then viewed as [B, 1, H, D] rows (D the caches' head dim).
 
@@ -338,8 +340,8 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
         q = rms_norm(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         k = rms_norm(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         q, k = (t.unflatten(-1, (-1, k_cache.shape[-1])) if t.dim() == 3 else t for t in (q, k))
-        if not sequence_major(dim, k_cache):
-            q, k, v = (t.transpose(1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
+    if not sequence_major(dim, k_cache):     # [B, 1, H, D] rows over head-major caches: as [B, H, 1, D]
+        q, k, v = (t.transpose(1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
     if cos is not None and rotary:
         dt = k_cache.dtype
         q, k = (torch.cat((rope(t[..., :rotary].float() if wide else t[..., :rotary], cos, sin, interleaved).to(dt),

@@ -212,8 +212,8 @@ def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None,
         k = rms_norm_of(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         # [B, 1, H * D] rows normed whole (OLMo 2's): viewed as [B, 1, H, D]
         q, k = (mx.reshape(t, (*t.shape[:-1], -1, k_cache.shape[-1])) if t.ndim == 3 else t for t in (q, k))
-        if not sequence_major(dim, k_cache):
-            q, k, v = (mx.swapaxes(t, 1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
+    if not sequence_major(dim, k_cache):     # [B, 1, H, D] rows over head-major caches: as [B, H, 1, D]
+        q, k, v = (mx.swapaxes(t, 1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
     if cos is not None and rotary:      # the first ``rotary`` dims turned, the rest passed through
         q, k = (mx.concatenate([rope_of(t[..., :rotary].astype(mx.float32) if wide else t[..., :rotary], cos, sin,
                                         interleaved).astype(k_cache.dtype), t[..., rotary:].astype(k_cache.dtype)],

@@ -148,13 +148,12 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
 def _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed: bool = False) -> tuple:
     """The decode attention's tensors as [B, H, S, D] views: sequence-major caches ([B, S, H, D] written on
     dim 1, ir/fused_ops.decode_attention_) and their q, k, v, cos and sin transposed; with the heads'
-    norms, [B, 1, H * D] rows (normed whole) viewed as [B, 1, H, D], and [B, 1, H, D] rows over head-major
+    norms, [B, 1, H * D] rows (normed whole) viewed as [B, 1, H, D]; [B, 1, H, D] rows over head-major
     caches transposed (one token: a view); else as they are."""
     if normed:
         q, k = (t.unflatten(-1, (-1, k_cache.shape[-1])) if t.dim() == 3 else t for t in (q, k))
     if not sequence_major(dim, k_cache):
-        if normed:
-            q, k, v = (t.transpose(1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
+        q, k, v = (t.transpose(1, 2) if t.shape[1] == 1 else t for t in (q, k, v))
         return k_cache, v_cache, q, k, v, cos, sin
     swap = [t if t is None else t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).transpose(1, 2) if t.dim() <= 4
             else t for t in (cos, sin)]
