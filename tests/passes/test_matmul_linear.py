@@ -124,3 +124,25 @@ def test_index_as_slice_on_other_dims(index):
     x = torch.randn(3, 5, 4)
     prog, _ = export_and_compare(M(), (x,))
     assert "aten.index.Tensor" not in prog.op_counts()
+
+
+class InOutWeights(torch.nn.Module):
+    """Weights stored [in, out] and used as ``x @ self.w`` (research code, JAX ports): the up projection's
+    GELU and the whole down projection become ost.linear (weight_t) like GPT-2's Conv1D."""
+
+    def __init__(self, dim=16, hidden=32):
+        super().__init__()
+        self.up = torch.nn.Parameter(torch.randn(dim, hidden) / 4)
+        self.down = torch.nn.Parameter(torch.randn(hidden, dim) / 4)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(x @ self.up) @ self.down + x
+
+
+def test_in_out_weights_become_linears_with_their_activation():
+    torch.manual_seed(2)
+    prog, _ = export_and_compare(InOutWeights(), (torch.randn(2, 3, 16),), more_inputs=[(torch.randn(2, 3, 16),)])
+    ops = prog.op_counts()
+    assert ops.get("ost.linear") == 2 and "aten.mm" not in ops and "aten.gelu" not in ops, ops
+    acts = sorted(str(n.args[3]) for n in prog.graph.nodes if n.op == "ost.linear")
+    assert acts == ["None", "gelu"] and all(n.args[4] is True for n in prog.graph.nodes if n.op == "ost.linear")

@@ -1,7 +1,9 @@
 """``ost.linear``: absorbs a projection and the activation right after it.
 
 Projections: ``aten.linear(x, W, b)``, and GPT-2's Conv1D ``view(addmm(b, view(x, [-1, in]), W), [..., out])``
-with W as [in, out] (``weight_t=True``; the two views go in when both are there, else the bare addmm).
+with W as [in, out] (``weight_t=True``; the two views go in when both are there, else the bare addmm), or
+without a bias ``mm`` of a constant W [in, out] (a module's ``x @ self.w``; a transposed weight's matmul is
+already ``aten.linear``, matmul_linear.py).
 Activations: relu, silu, gelu (``approximate`` none or tanh), and the tanh GELU written out as GPT-2's
 gelu_new exports it: ``(y * 0.5) * (tanh((y + y**3 * 0.044715) * sqrt(2/pi)) + 1)``, operands of each
 multiply and add in either order. That one is the activation ``gelu_new``, whose reference computes it op by
@@ -107,9 +109,10 @@ def _same_dims(a, b) -> bool:
     return len(a) == len(b) and all(str(p) == str(q) for p, q in zip(a, b))
 
 
-def _conv1d_views(mm: Node, users: Users, pinned: set[int]) -> tuple[Node, Node] | None:
-    """The flatten before ``addmm`` and the unflatten after it, when both are there and undo each other."""
-    x2, y2 = mm.args[1], mm.outputs[0]
+def _conv1d_views(mm: Node, x2: Value, users: Users, pinned: set[int]) -> tuple[Node, Node] | None:
+    """The flatten ``x2`` before ``addmm`` (or ``mm``) and the unflatten after it, when both are there and
+    undo each other."""
+    y2 = mm.outputs[0]
     before, after = x2.producer, _only_user(users, y2, pinned)
     if before is None or before.op not in _VIEWS or after is None or after.op not in _VIEWS \
             or _only_user(users, x2, pinned) is not mm:
@@ -132,13 +135,19 @@ def _match(node: Node, users: Users, pinned: set[int]) -> tuple[list[Node], tupl
             return None
         x, weight, bias, weight_t = bound.get("input"), bound.get("weight"), bound.get("bias"), False
         absorbed, y = [node], node.outputs[0]
-    else:  # aten.addmm(bias, x2d, W): beta and alpha must be 1
-        if len(node.args) != 3 or any(node.kwargs.get(k, 1) != 1 for k in ("beta", "alpha")) \
+    else:  # aten.addmm(bias, x2d, W): beta and alpha must be 1; aten.mm(x2d, W) of a constant W [in, out]
+        if node.op == "aten.mm":
+            if len(node.args) != 2 or node.kwargs or not isinstance(node.args[1], Value) \
+                    or node.args[1].role != "constant":
+                return None
+            bias, (x, weight) = None, node.args
+        elif len(node.args) != 3 or any(node.kwargs.get(k, 1) != 1 for k in ("beta", "alpha")) \
                 or set(node.kwargs) - {"beta", "alpha"}:
             return None
-        bias, x, weight = node.args
+        else:
+            bias, x, weight = node.args
         weight_t, absorbed, y = True, [node], node.outputs[0]
-        views = _conv1d_views(node, users, pinned)
+        views = _conv1d_views(node, x, users, pinned) if isinstance(x, Value) else None
         if views is not None:
             x, absorbed, y = views[0].args[0], [views[0], node, views[1]], views[1].outputs[0]
     if not all(isinstance(v, Value) for v in (x, weight)):
@@ -160,7 +169,7 @@ def fuse_linear(g: Graph) -> Graph:
     taken: set[int] = set()
     fused: list[tuple[list[Node], tuple, Value]] = []
     for node in g.nodes:
-        if node.op in ("aten.linear", "aten.addmm") and id(node) not in taken:
+        if node.op in ("aten.linear", "aten.addmm", "aten.mm") and id(node) not in taken:
             m = _match(node, users, pinned)
             if m is not None and not any(id(n) in taken for n in m[0]):
                 taken.update(id(n) for n in m[0])
