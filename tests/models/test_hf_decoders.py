@@ -64,6 +64,9 @@ CONFIGS = {
     # rows before the transpose to the head-major cache.
     "gptj": lambda: transformers.GPTJConfig(n_embd=64, n_layer=2, n_head=4, n_inner=128, rotary_dim=8,
                                             vocab_size=VOCAB, n_positions=64, **TOKEN_IDS),
+    # BLOOM (eager attention: transformers has no other for it): ALiBi added by ``alibi.baddbmm(q, k^T)``
+    # over [B*H]-flattened heads (fp32 casts around it), the causal mask on top; one fused QKV projection.
+    "bloom": lambda: transformers.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=VOCAB, **TOKEN_IDS),
 }
 
 
@@ -78,7 +81,7 @@ EXPECTED_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gem
                   "gemma2": "Gemma2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM",
                   "gpt_neox": "GPTNeoXForCausalLM", "phi": "PhiForCausalLM",
                   "olmo2": "Olmo2ForCausalLM", "falcon": "FalconForCausalLM",
-                  "gptj": "GPTJForCausalLM"}
+                  "gptj": "GPTJForCausalLM", "bloom": "BloomForCausalLM"}
 
 
 def make_wrapper(family: str, config=None, device: str = "cpu",

@@ -5,7 +5,7 @@ many written by hand, compute attention as
 
     scores = q @ k.transpose(-2, -1) * scale        # any number of multiplies / divides by numbers
     scores = tanh(scores / cap) * cap                # optional: the soft cap
-    scores = scores + mask                           # optional; or a boolean mask, below
+    scores = scores + bias + mask                    # optional, any number; or a boolean mask, below
     probs = softmax(scores, dim=-1[, dtype=float32]).to(q.dtype)    # then an optional no-op dropout
     out = probs @ v
 
@@ -29,8 +29,7 @@ value the softmax then sees in the scores' dtype (the fill, a number or a ``scal
 constant, after the scale written after it) is -inf or at most ``finfo(dtype).min``; any other fill (0,
 -1e4, a lifted tensor constant whose value the graph does not hold) is a value, and nothing changes.
 ``m`` must be torch.bool, of rank 2 to 4 (SDPA reads a mask's last two dims; a 1-D one fails there, added
-or boolean), broadcasting to the scores without making them larger; one mask per attention (a boolean
-one and an added one together keep the written-out form).
+or boolean), broadcasting to the scores without making them larger; one boolean mask per attention.
 
 - -inf: the attention gets the boolean mask, True = visible: ``m`` for ``where(m, scores, fill)``, its
   negation for masked_fill (``x`` itself when ``m`` is ``~x``, else one ``bitwise_not`` made per mask and
@@ -43,12 +42,29 @@ one and an added one together keep the written-out form).
   to in fp32; in fp16 -65504 does not, and such a row gets the softmax of its raw scores, as an added
   fp16 ``finfo.min`` mask does). A boolean mask would make that row 0.
 
-Rows with a visible key are the same either way, up to the rounding below. The masks made go right after
-the boolean mask's producer (first when it is an input), where fuse_sdpa puts its own.
+Rows with a visible key are the same either way, up to the rounding below.
 
-The fused kernels compute the scores in fp32 where the eager form rounds each step to q's dtype: the
-results differ by that rounding (as torch's own SDPA differs from the eager form). Every intermediate
-must be read by the chain alone and not be a graph output or mutation value; otherwise nothing changes.
+Biases added to the scores after the scale and the soft cap (ALiBi's ``slope_h * j``, a relative-position
+bias, HF's causal mask) are the attention's mask, each a float tensor of rank 2 to 4 in the scores' dtype
+that does not broadcast them larger (the scores are the operand computed from the product). They may
+also be added to the [B*H, T, S] scores before these are viewed as [B, H, T, S]: BLOOM's
+``alibi.baddbmm(q, k^T, beta=1, alpha=scale)`` over [B*H]-flattened heads, which export gives as
+``bmm`` of q and k^T (k^T being k's [B*H, S, D] view transposed) cast to fp32, ``mul`` by alpha, ``add`` of
+the fp32 bias and a cast back; a [B*H, ...] bias is viewed as [B, H, ...] for the attention. A bias added
+before a scale (which would scale it) or under the soft cap keeps the written-out form. Several biases
+and a boolean mask are summed into one mask in q's dtype, made once for every attention adding the same
+(the layers share it). The mask is in q's dtype, so each bias must be one or an exact upcast of one (a
+decomposed baddbmm's fp32 cast of the bf16 ALiBi): the attention never rounds what eager does not. Where
+all terms but one hide keys (0 or ``finfo.min``, HF's causal mask), the sum is exact on the visible keys.
+
+The masks made go right after the latest producer of what they are made from (first when those are
+inputs), where fuse_sdpa puts its own.
+
+The fused kernels compute the scores in fp32 where the eager form rounds each step to q's dtype, or rounds
+its fp32 scores once (the casts around a decomposed baddbmm): the results differ by that rounding (as
+torch's own SDPA differs from the eager form). Casts of the scores to a dtype at least as wide as q's may
+stand anywhere in the chain (a boolean mask only after the last). Every intermediate must be read by the
+chain alone and not be a graph output or mutation value; otherwise nothing changes.
 """
 from __future__ import annotations
 
@@ -64,6 +80,7 @@ _RESHAPES = ("aten.view", "aten.reshape", "aten._unsafe_view")
 _CAST_KWARGS = {"dtype", "layout", "device", "memory_format"}     # a cast or copy that keeps the values
 _MASKED = ("aten.where.self", "aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
 _NOT = ("aten.bitwise_not", "aten.logical_not")
+_SCALES = ("aten.mul.Tensor", "aten.div.Tensor")
 
 
 def _tensor(v) -> bool:
@@ -76,6 +93,13 @@ def _number(x) -> float | None:
 
 def _same_shape(a: Value, b: Value) -> bool:
     return a.meta.rank == b.meta.rank and all(_same(x, y) for x, y in zip(a.meta.shape, b.meta.shape))
+
+
+def _broadcast(a: tuple, b: tuple) -> tuple:
+    """The shape two broadcasting shapes give (neither makes the other larger but where it is 1)."""
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
+    return tuple(y if _int(x) == 1 else x for x, y in zip(a, b))
 
 
 class _Chain:
@@ -175,26 +199,69 @@ def _masked(x: Value, chain: _Chain, reader: Node, later: list[tuple[str, float]
 
 
 class _Masks:
-    """The attention masks made from boolean ones, each once for all the attention nodes reading it, to go
-    right after the boolean mask's producer (``None``: first, for an input)."""
+    """The attention masks made from boolean ones and biases, each once for all the attention nodes reading
+    it, to go right after the latest producer of what it is made from (``None``: first, for inputs)."""
 
     def __init__(self, g: Graph):
         self.g, self.made, self.after = g, {}, {}
+        self.order = {id(n): i for i, n in enumerate(g.nodes)}
 
-    def value(self, spec: tuple[Value, bool, float], dtype: torch.dtype, at: Node) -> Value:
+    def _put(self, made: list[Node], sources: list[Value]) -> None:
+        producers = [v.producer for v in sources if v.producer is not None]
+        last = max(producers, key=lambda n: self.order.get(id(n), -1), default=None)
+        self.after.setdefault(None if last is None else id(last), []).extend(made)
+
+    def value(self, spec: tuple[Value, bool, float], dtype: torch.dtype, at: Node, additive: bool = False) -> Value:
+        """The mask for a boolean mask's (source, hides, fill): the source itself or its negation for -inf
+        (the attention reads it as visibility), ``where`` of 0 and the fill otherwise or when ``additive``."""
         m, hides, fill = spec
-        if fill == -math.inf and not hides:
+        if fill == -math.inf and not hides and not additive:
             return m
-        key = (m.id, hides, fill, None if fill == -math.inf else dtype)
+        boolean = fill == -math.inf and not additive
+        key = (m.id, hides, fill, None if boolean else dtype)
         if key not in self.made:
-            if fill == -math.inf:
+            if boolean:
                 made = [Node("aten.bitwise_not", (m,), {}, f"{at.name}_shown", at.source)]
                 made[0].outputs = [self.g.new_value(made[0].name, TensorMeta(torch.bool, tuple(m.meta.shape)), "temp",
                                                     made[0])]
             else:
                 made = _additive(self.g, m, dtype, at, fill, hides)[1]
-            self.after.setdefault(None if m.producer is None else id(m.producer), []).extend(made)
+            self._put(made, [m])
             self.made[key] = made[-1].outputs[0]
+        return self.made[key]
+
+    def combine(self, terms: list[tuple[Value, list | None]], spec, dtype: torch.dtype, at: Node) -> Value | None:
+        """The attention's mask for the biases ``terms`` (each with the [B, H, ...] view of a flattened one, or
+        None) and the boolean mask ``spec``: their sum in ``dtype`` (q's, as every term is) when there are
+        several, made once for every attention adding the same. Where all but one term hide keys (HF's
+        causal mask: 0 or ``finfo.min``), the sum is exact on the visible keys."""
+        if not terms:
+            return None if spec is None else self.value(spec, dtype, at)
+        if spec is None and len(terms) == 1 and terms[0][1] is None:
+            return terms[0][0]
+        key = ("sum", dtype, *((m.id, None if s is None else tuple(map(str, s))) for m, s in terms),
+               None if spec is None else (spec[0].id, spec[1], spec[2]))
+        if key not in self.made:
+            parts, made = [], []
+            for i, (m, shape) in enumerate(terms):
+                if shape is not None:
+                    view = Node("aten.view", (m, shape), {}, f"{at.name}_bias{i}", at.source)
+                    view.outputs = [self.g.new_value(view.name, TensorMeta(m.meta.dtype, tuple(shape)), "temp", view)]
+                    made.append(view)
+                    m = view.outputs[0]
+                parts.append(m)
+            self._put(made, [m for m, _ in terms])
+            if spec is not None:
+                parts.append(self.value(spec, dtype, at, additive=True))
+            made, total = [], parts[0]
+            for i, p in enumerate(parts[1:]):
+                add = Node("aten.add.Tensor", (total, p), {}, f"{at.name}_mask_sum{i}", at.source)
+                add.outputs = [self.g.new_value(add.name, TensorMeta(dtype, _broadcast(total.meta.shape, p.meta.shape)),
+                                                "temp", add)]
+                made.append(add)
+                total = add.outputs[0]
+            self._put(made, [m for m, _ in terms] + ([spec[0]] if spec is not None else []))
+            self.made[key] = total
         return self.made[key]
 
 
@@ -230,83 +297,175 @@ def _keys(kt4: Value, chain: _Chain, reader: Node, name: str):
     return node.outputs[0], node
 
 
+def _flat_keys(kt3: Value, chain: _Chain, reader: Node) -> Value | None:
+    """k as [B, H, S, D] when ``kt3`` is its [B*H, S, D] view with the last two dims swapped (BLOOM's
+    ``k.reshape(B * H, S, D).transpose(-1, -2)``); None when it is not made so (nothing recorded)."""
+    t = kt3.producer
+    if t is None or not _tensor(t.args[0]) or t.args[0].meta.rank != 3 or not chain.only(kt3, reader):
+        return None
+    dims = [_int(d) for d in (t.args[1] if t.op == "aten.permute" else t.args[1:3])] \
+        if t.op in ("aten.permute", "aten.transpose.int") else [None]
+    if None in dims or [d % 3 for d in dims] not in (([0, 2, 1],) if t.op == "aten.permute" else ([1, 2], [2, 1])):
+        return None
+    view = t.args[0].producer
+    if view is None or view.op not in _RESHAPES or not chain.only(t.args[0], t):
+        return None
+    chain.nodes.append(t)
+    return _unflatten(t.args[0], chain, t)
+
+
+def _upcast(v: Value) -> Value | None:
+    """The value ``v`` is an exact float upcast of (a ``_to_copy`` to a wider float dtype), else None."""
+    node = v.producer if _tensor(v) else None
+    if node is None or node.op != "aten._to_copy" or len(node.args) != 1 or not _tensor(node.args[0]) \
+            or not set(node.kwargs) <= _CAST_KWARGS:
+        return None
+    src, dst = node.args[0].meta.dtype, v.meta.dtype
+    ok = src.is_floating_point and dst.is_floating_point and torch.finfo(src).bits < torch.finfo(dst).bits \
+        and torch.finfo(src).max <= torch.finfo(dst).max
+    return node.args[0] if ok else None
+
+
+_THROUGH = (*_SCALES, *_RESHAPES, "aten._to_copy", "aten.clone", "aten.tanh", "aten.add.Tensor", *_MASKED)
+
+
+def _from_product(v: Value) -> bool:
+    """Whether ``v`` is computed from an ``aten.bmm`` through the ops a chain of scores may hold: which of
+    an add's operands is the scores, the other being a bias."""
+    seen, todo = set(), [v]
+    while todo and len(seen) < 64:
+        x = todo.pop()
+        node = x.producer if _tensor(x) and x.id not in seen else None
+        if node is None:
+            continue
+        seen.add(x.id)
+        if node.op == "aten.bmm":
+            return True
+        if node.op in _THROUGH:
+            todo.extend(a for a in node.args if _tensor(a) and a.meta.dtype.is_floating_point)
+    return False
+
+
+def _term(x: Value, chain: _Chain, reader: Node):
+    """(the scores, the bias) when ``x`` is their sum: the bias a float tensor of the scores' dtype (no
+    promotion), of rank 2 up to the scores' (SDPA reads a mask's last two dims as the queries' and keys':
+    one of rank 0 or 1 fails there; a bool or integer tensor added is a number there, not a mask), that
+    does not broadcast the scores any larger; the scores the operand computed from the product."""
+    node = x.producer
+    if len(node.args) != 2 or node.kwargs or not all(_tensor(a) for a in node.args):
+        return None
+    a, b = node.args
+    for y, m in ((a, b), (b, a)):
+        if m.meta.dtype == y.meta.dtype == x.meta.dtype and y.meta.dtype.is_floating_point \
+                and 2 <= m.meta.rank <= x.meta.rank and _same_shape(x, y) and _from_product(y):
+            return (y, m) if chain.back(x, reader, ("aten.add.Tensor",)) is not None else None
+    return None
+
+
 def _scores(x: Value, chain: _Chain, reader: Node, name: str):
     """(s4, q4, k4, the permute made for k4, scale, softcap, mask) walking back from the softmax's input
-    ``x``; the mask a Value, or for a boolean one its (source, hides, fill)."""
-    mask, softcap, scale = None, None, 1.0
-    producer = x.producer if _tensor(x) else None
-    if producer is not None and producer.op in _MASKED:
-        found = _masked(x, chain, reader, [])
-        if found is None:
-            return None
-        mask, x, reader = found
-    node = chain.back(x, reader, ("aten.add.Tensor",)) if mask is None else None
-    if node is not None:
-        if len(node.args) != 2 or node.kwargs:
-            return None
-        a, b = node.args
-        pick = [(a, b), (b, a)] if _tensor(b) else []
-        for y, m in pick:       # the scores' operand is the one made by the chain's ops
-            # an additive mask of the scores' own float dtype that does not broadcast them any larger (a
-            # bool or integer tensor added is a number there, not SDPA's mask; another dtype would promote;
-            # SDPA reads a mask's last two dims as the queries' and keys': one of rank 0 or 1 fails there)
-            if _tensor(m) and y.producer is not None and y.producer.op in (
-                    "aten.mul.Tensor", "aten.div.Tensor", *_RESHAPES) and 2 <= m.meta.rank <= 4 \
-                    and m.meta.dtype == y.meta.dtype and y.meta.dtype.is_floating_point \
-                    and len(x.meta.shape) == len(y.meta.shape) \
-                    and all(_same(a, c) for a, c in zip(x.meta.shape, y.meta.shape)):
-                mask, x, reader = m, y, node
-                break
-        else:
-            return None
-    # the soft cap: cap * tanh(s / cap)
-    mul = x.producer if _tensor(x) else None
-    if mul is not None and mul.op == "aten.mul.Tensor" and len(mul.args) == 2 and _tensor(mul.args[0]) \
-            and mul.args[0].producer is not None and mul.args[0].producer.op == "aten.tanh":
-        cap = _number(mul.args[1])
-        tanh = mul.args[0].producer
-        div = tanh.args[0].producer if _tensor(tanh.args[0]) else None
-        if cap is None or cap <= 0 or div is None or len(div.args) != 2 or div.kwargs or not (
-                (div.op == "aten.div.Tensor" and _number(div.args[1]) == cap)
-                or (div.op == "aten.mul.Tensor" and _number(div.args[1]) is not None
-                    and abs(_number(div.args[1]) * cap - 1) < 1e-12)):
-            return None
-        if chain.back(x, reader, ("aten.mul.Tensor",)) is None or chain.back(mul.args[0], mul, ("aten.tanh",)) is None \
-                or chain.back(tanh.args[0], tanh, (div.op,)) is None:
-            return None
-        softcap, x, reader = cap, div.args[0], div
+    ``x``; the mask (biases, boolean mask): the biases added as [(value, its [B, H, ...] view or None)],
+    the boolean mask as its (source, hides, fill) or None.
+
+    Walking back, the chain is: added biases and a boolean mask, the soft cap, the scale's multiplies and
+    divides (a boolean mask may stand among them), then the [B*H, T, S] → [B, H, T, S] view of the product;
+    under the view the same again over the flattened scores (the biases of ``baddbmm``, BLOOM's ALiBi),
+    with casts anywhere (each a rounding the eager form does and the attention need not). A bias added
+    before a scale or under the soft cap would be scaled: nothing matches then."""
+    biases: list[tuple[Value, bool]] = []       # each with whether it adds to the flattened scores
+    spec, softcap, scale = None, None, 1.0
     later: list[tuple[str, float]] = []     # the scale's ops after x, in the order eager applies them
-    while _tensor(x) and x.producer is not None:
+    scaled = cast = False
+    casts: list[torch.dtype] = []       # the dtypes the scores are cast to
+    flat: Node | None = None
+    while _tensor(x) and x.producer is not None and x.producer.op != "aten.bmm":
         node = x.producer
-        if node.op in _MASKED and mask is None and softcap is None:     # a boolean mask before the scale
+        if node.op in _MASKED:      # a boolean mask, after every cast (its fill is read in x's dtype)
+            if spec is not None or softcap is not None or cast or flat is not None:
+                return None
             found = _masked(x, chain, reader, later)
             if found is None:
                 return None
-            mask, x, reader = found
-            continue
-        if node.op not in ("aten.mul.Tensor", "aten.div.Tensor"):
-            break
-        c = _number(node.args[1]) if len(node.args) == 2 and not node.kwargs else None
-        if c is None or c == 0 or chain.back(x, reader, (node.op,)) is None:
+            spec, x, reader = found
+        elif node.op == "aten.add.Tensor":
+            found = None if scaled else _term(x, chain, reader)
+            if found is None:
+                return None
+            biases.append((found[1], flat is not None))
+            x, reader = found[0], node
+        elif node.op == "aten.mul.Tensor" and not scaled and len(node.args) == 2 and _tensor(node.args[0]) \
+                and node.args[0].producer is not None and node.args[0].producer.op == "aten.tanh":
+            # the soft cap: cap * tanh(s / cap)
+            mul, tanh = node, node.args[0].producer
+            cap = _number(mul.args[1])
+            div = tanh.args[0].producer if _tensor(tanh.args[0]) else None
+            if softcap is not None or cap is None or cap <= 0 or div is None or len(div.args) != 2 or div.kwargs or not (
+                    (div.op == "aten.div.Tensor" and _number(div.args[1]) == cap)
+                    or (div.op == "aten.mul.Tensor" and _number(div.args[1]) is not None
+                        and abs(_number(div.args[1]) * cap - 1) < 1e-12)):
+                return None
+            if chain.back(x, reader, ("aten.mul.Tensor",)) is None or chain.back(mul.args[0], mul, ("aten.tanh",)) is None \
+                    or chain.back(tanh.args[0], tanh, (div.op,)) is None:
+                return None
+            softcap, x, reader, scaled = cap, div.args[0], div, True
+        elif node.op in _SCALES:
+            c = _number(node.args[1]) if len(node.args) == 2 and not node.kwargs else None
+            if c is None or c == 0 or chain.back(x, reader, (node.op,)) is None:
+                return None
+            scale = scale * c if node.op == "aten.mul.Tensor" else scale / c
+            later.insert(0, (node.op, c))
+            x, reader, scaled = node.args[0], node, True
+        elif node.op == "aten._to_copy" and set(node.kwargs) <= _CAST_KWARGS and len(node.args) == 1 \
+                and _tensor(node.args[0]) and node.args[0].meta.dtype.is_floating_point:
+            if chain.back(x, reader, ("aten._to_copy",)) is None:
+                return None
+            casts.append(x.meta.dtype)
+            x, reader, cast = node.args[0], node, True
+        elif node.op in _RESHAPES and flat is None and x.meta.rank == 4 and _tensor(node.args[0]) \
+                and node.args[0].meta.rank == 3:
+            if chain.back(x, reader, _RESHAPES) is None:
+                return None
+            flat, x, reader = node, node.args[0], node
+        else:
             return None
-        scale = scale * c if node.op == "aten.mul.Tensor" else scale / c
-        later.insert(0, (node.op, c))
-        x, reader = node.args[0], node
-    s4 = x
-    view = chain.back(s4, reader, _RESHAPES)
-    if view is None or not _tensor(view.args[0]) or s4.meta.rank != 4:
+    bmm = chain.back(x, reader, ("aten.bmm",))
+    if bmm is None or flat is None or len(bmm.args) != 2:
         return None
-    bmm = chain.back(view.args[0], view, ("aten.bmm",))
-    if bmm is None:
+    s4 = flat.outputs[0]
+    operands = []
+    for v in bmm.args:      # q and k^T, in fp32 through exact upcasts (a decomposed baddbmm's)
+        src = _upcast(v)
+        if src is not None and chain.back(v, bmm, ("aten._to_copy",)) is not None:
+            operands.append((src, v.producer))
+        else:
+            operands.append((v, bmm))
+    q4 = _unflatten(operands[0][0], chain, operands[0][1])
+    if q4 is None:
         return None
-    q4 = _unflatten(bmm.args[0], chain, bmm)
-    kt4 = _unflatten(bmm.args[1], chain, bmm)
-    if q4 is None or kt4 is None:
+    k4, k4_node = _flat_keys(operands[1][0], chain, operands[1][1]), None
+    if k4 is None:
+        kt4 = _unflatten(operands[1][0], chain, operands[1][1])
+        keys = None if kt4 is None else _keys(kt4, chain, chain.nodes[-1], f"{name}_keys")  # read by its view
+        if keys is None:
+            return None
+        k4, k4_node = keys
+    dtype = q4.meta.dtype       # a cast to a narrower float could overflow where the attention would not
+    if any(torch.finfo(c).bits < torch.finfo(dtype).bits or torch.finfo(c).max < torch.finfo(dtype).max for c in casts):
         return None
-    keys = _keys(kt4, chain, chain.nodes[-1], f"{name}_keys")    # read by its flattening view (or expand)
-    if keys is None:
-        return None
-    return s4, q4, *keys, scale, softcap, mask
+    b, h = _int(q4.meta.shape[0]), _int(q4.meta.shape[1])
+    terms = []
+    for m, flattened in biases:
+        if m.meta.dtype != q4.meta.dtype:   # only an exact upcast of a value in q's dtype: no rounding added
+            m = _upcast(m)
+            if m is None or m.meta.dtype != q4.meta.dtype:
+                return None
+        shape = None
+        if flattened and m.meta.rank == 3 and _int(m.meta.shape[0]) != 1:
+            if _int(m.meta.shape[0]) != b * h:
+                return None
+            shape = [b, h, *m.meta.shape[1:]]
+        terms.append((m, shape))
+    return s4, q4, k4, k4_node, scale, softcap, (terms, spec)
 
 
 def _match(g: Graph, pv: Node, users, pinned: set[int], masks: _Masks, absorbed: set[int]):
@@ -371,8 +530,7 @@ def _match(g: Graph, pv: Node, users, pinned: set[int], masks: _Masks, absorbed:
         return None
     if any(id(n) in absorbed for n in chain.nodes):
         return None
-    if isinstance(mask, tuple):     # a boolean mask's: made only now that the match holds
-        mask = masks.value(mask, q4.meta.dtype, pv)
+    mask = masks.combine(*mask, q4.meta.dtype, pv)     # made only now that the match holds
     if softcap is None:
         node = Node("aten.scaled_dot_product_attention", (q4, k4, v4, mask, 0.0, False), {"scale": scale},
                     pv.name, pv.source)
