@@ -299,7 +299,8 @@ def _keys(kt4: Value, chain: _Chain, reader: Node, name: str):
 
 def _flat_keys(kt3: Value, chain: _Chain, reader: Node) -> Value | None:
     """k as [B, H, S, D] when ``kt3`` is its [B*H, S, D] view with the last two dims swapped (BLOOM's
-    ``k.reshape(B * H, S, D).transpose(-1, -2)``); None when it is not made so (nothing recorded)."""
+    ``k.reshape(B * H, S, D).transpose(-1, -2)``); None when it is not made so (nothing recorded unless the
+    transpose is one of a view that is no [B, H] flattening, and then no other form matches either)."""
     t = kt3.producer
     if t is None or not _tensor(t.args[0]) or t.args[0].meta.rank != 3 or not chain.only(kt3, reader):
         return None
@@ -399,12 +400,13 @@ def _scores(x: Value, chain: _Chain, reader: Node, name: str):
             mul, tanh = node, node.args[0].producer
             cap = _number(mul.args[1])
             div = tanh.args[0].producer if _tensor(tanh.args[0]) else None
-            if softcap is not None or cap is None or cap <= 0 or div is None or len(div.args) != 2 or div.kwargs or not (
-                    (div.op == "aten.div.Tensor" and _number(div.args[1]) == cap)
+            if softcap is not None or cap is None or cap <= 0 or div is None or len(div.args) != 2 or div.kwargs \
+                    or not ((div.op == "aten.div.Tensor" and _number(div.args[1]) == cap)
                     or (div.op == "aten.mul.Tensor" and _number(div.args[1]) is not None
                         and abs(_number(div.args[1]) * cap - 1) < 1e-12)):
                 return None
-            if chain.back(x, reader, ("aten.mul.Tensor",)) is None or chain.back(mul.args[0], mul, ("aten.tanh",)) is None \
+            if chain.back(x, reader, ("aten.mul.Tensor",)) is None \
+                    or chain.back(mul.args[0], mul, ("aten.tanh",)) is None \
                     or chain.back(tanh.args[0], tanh, (div.op,)) is None:
                 return None
             softcap, x, reader, scaled = cap, div.args[0], div, True
