@@ -164,10 +164,10 @@ def main(what: str, dtype_name: str) -> None:
         # Qwen 3: the heads' norms; GPT-NeoX: a partial rotary embedding; OLMo: an fp32 cos over half rows,
         # cast back; Cohere: rows cast up, interleaved; OLMo 2: norms of the whole q and k projections (in
         # fp32 between casts), then OLMo's rope; Falcon: one KV head broadcast (multi-query); GPT-J: an
-        # interleaved partial rope on [B, 1, H, D] rows before the transpose to head-major caches
-        for family in ("qwen3", "gpt_neox", "olmo", "cohere", "olmo2", "falcon", "gptj"):
-            try:
-                wrapper, steps = launch_census.build(family, 2, "sdpa", 1, dtype)
+        # interleaved partial rope on [B, 1, H, D] rows before the transpose to head-major caches; BLOOM
+        for family in ("qwen3", "gpt_neox", "olmo", "cohere", "olmo2", "falcon", "gptj", "bloom"):
+            try:     # BLOOM: eager attention only (ALiBi biases summed with the causal mask: an additive mask)
+                wrapper, steps = launch_census.build(family, 2, "eager" if family == "bloom" else "sdpa", 1, dtype)
                 ref = copy.deepcopy(wrapper)
                 exe = fused_executable(launch_census.export(wrapper, steps[0]), InterpretedFusionBackend())
                 for n, step in enumerate(steps):

@@ -163,11 +163,12 @@ def test_interpreted_decoders_with_other_ropes_in_fp16():
     """Decode attention merged with the heads' norms (Qwen 3), a partial rotary embedding (GPT-NeoX), a rope
     in fp32 cast back (OLMo: fp32 cos over half rows; Cohere: rows cast up first, interleaved), norms of
     the whole q and k projections before that rope (OLMo 2), multi-query attention (Falcon), an interleaved
-    partial rope on rows before their transpose (GPT-J): transformers' models in fp16 (the wide rope's
+    partial rope on rows before their transpose (GPT-J), ALiBi in an additive mask (BLOOM): transformers' models in fp16 (the wide rope's
     own case: its rows are half), three decode steps through the fused kernel in Triton's interpreter
     against eager, every layer's attention merged and nothing it takes left as a kernel of its own."""
     results = _interpret("census", "float16")
-    assert results == dict.fromkeys(("qwen3", "gpt_neox", "olmo", "cohere", "olmo2", "falcon", "gptj"), "ok"), results
+    families = ("qwen3", "gpt_neox", "olmo", "cohere", "olmo2", "falcon", "gptj", "bloom")
+    assert results == dict.fromkeys(families, "ok"), results
 
 
 def _variants():
