@@ -133,7 +133,7 @@ def _layout_case(dtype) -> None:
 
 
 # kernels from a layer's attention to the next's (else 5; Cohere's attention and MLP share a norm)
-CENSUS_STRIDE = {"cohere": 4}
+CENSUS_STRIDE = {"cohere": 4, "falcon": 4}
 
 
 def main(what: str, dtype_name: str) -> None:

@@ -70,7 +70,7 @@ def _lift(node: Node, users: dict[int, list[Node]], pinned: set[int], dead: set[
     that shape goes, the linear making its value."""
     a, y = node.args[0], node.outputs[0]
     before = a.producer
-    if before is None or before.op not in _VIEWS or a.id in pinned or len(users.get(a.id, [])) != 1:
+    if before is None or before.op not in _VIEWS:
         return
     x = before.args[0]
     readers = users.get(y.id, [])
@@ -80,7 +80,8 @@ def _lift(node: Node, users: dict[int, list[Node]], pinned: set[int], dead: set[
         return
     shape = (*x.meta.shape[:-1], y.meta.shape[-1])
     node.args = (x, *node.args[1:])
-    dead.add(id(before))
+    if len(users.get(a.id, [])) == 1 and a.id not in pinned:
+        dead.add(id(before))     # (read by other matmuls too: it stays until they are lifted, then DCE takes it)
     y.meta = TensorMeta(y.meta.dtype, shape)
     after = readers[0]
     if len(readers) == 1 and after.outputs[0].id not in pinned \
