@@ -203,3 +203,36 @@ def test_bloom_decode_attention_is_one_sdpa(dtype):
         assert_same(got[0] if isinstance(got, (tuple, list)) else got, expected,
                     tol=1e-4 if dtype == torch.float32 else 1e-2, msg=f"step {i}")
     assert math.isfinite(float(expected.float().abs().max()))
+
+
+class MultiQuery(nn.Module):
+    """Falcon-7B's eager attention: one KV head that the matmuls broadcast over every query head
+    (``q @ k.transpose(-1, -2)`` with k [B, 1, S, D]: an expand to H heads, copied where a batch > 1 cannot
+    be viewed flat), an additive mask, softmax, ``@ v`` broadcast the same way."""
+
+    def forward(self, q, k, v, mask):
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        return F.softmax(scores + mask, dim=-1, dtype=q.dtype) @ v
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_kv_head_broadcast_becomes_one_attention(batch, dtype):
+    g = torch.Generator().manual_seed(batch)
+    q = torch.randn(batch, H, 1, D, generator=g).to(dtype)
+    k, v = (torch.randn(batch, 1, S, D, generator=g).to(dtype) for _ in range(2))
+    mask = torch.zeros(batch, 1, 1, S, dtype=dtype)
+    mask[..., S - 2:] = torch.finfo(dtype).min
+    model = MultiQuery()
+    prog = ostinato.export(model, (q, k, v, mask))
+    ops = prog.op_counts()
+    assert ops.get("ost.sdpa") == 1 and "aten.bmm" not in ops and "aten.expand" not in ops, ops
+    att = next(n for n in prog.graph.nodes if n.op == "ost.sdpa")
+    assert tuple(att.args[1].meta.shape) == (batch, 1, S, D)        # the cache's one head, not a copy
+    exe = ostinato.compile(prog)
+    for seed in range(2):
+        g = torch.Generator().manual_seed(10 + seed)
+        args = (torch.randn(batch, H, 1, D, generator=g).to(dtype),
+                *(torch.randn(batch, 1, S, D, generator=g).to(dtype) for _ in range(2)), mask)
+        with torch.no_grad():
+            assert_same(exe(*args), model(*args), tol=2e-2 if dtype == torch.bfloat16 else None)

@@ -121,17 +121,41 @@ class _Chain:
         return node
 
 
+def _head_broadcast(x: Value) -> bool:
+    """``x`` is made by an expand that is a no-op but for one head broadcast over dim 1 of a 4-D tensor
+    (Falcon's multi-query key and value: [B, 1, S, D] to [B, H, S, D]): sdpa broadcasts it the same."""
+    node = x.producer
+    if node is None or node.op != "aten.expand" or not _tensor(node.args[0]):
+        return False
+    src = node.args[0].meta.shape
+    return len(src) == len(x.meta.shape) and all(
+        _same(a, b) or (d == 1 and len(src) == 4 and _int(b) == 1) for d, (a, b) in enumerate(zip(x.meta.shape, src)))
+
+
+def _uncopied(x: Value, chain: _Chain, reader: Node) -> tuple[Value, Node]:
+    """(the source, its reader) of a contiguous copy ``x`` of a head-broadcast expand that ``reader`` alone
+    reads (eager's matmul copies an expanded batch it cannot view flat: Falcon's key and value at batch > 1),
+    the copy recorded; else (x, reader)."""
+    node = x.producer
+    if node is not None and node.op == "aten.clone" and len(node.args) == 1 and _tensor(node.args[0]) \
+            and set(node.kwargs) <= {"memory_format"} and _head_broadcast(node.args[0]) and chain.only(x, reader):
+        chain.nodes.append(node)
+        return node.args[0], node
+    return x, reader
+
+
 def _unflatten(v: Value, chain: _Chain, reader: Node) -> Value | None:
-    """The [B, H, ...] tensor ``v`` ([B*H, ...]) is a view of (through a no-op expand), when it is."""
+    """The [B, H, ...] tensor ``v`` ([B*H, ...]) is a view of (through an expand that is a no-op or a
+    broadcast of one head), when it is."""
     view = chain.back(v, reader, _RESHAPES)
     if view is None or not _tensor(view.args[0]):
         return None
-    x = view.args[0]
-    if x.producer is not None and x.producer.op == "aten.expand" and chain.only(x, view) \
-            and all(_same(a, b) for a, b in zip(x.meta.shape, x.producer.args[0].meta.shape)):
+    x = full = view.args[0]       # (the flattening is checked on the expanded heads)
+    x, view = _uncopied(x, chain, view)
+    if x.producer is not None and x.producer.op == "aten.expand" and chain.only(x, view) and _head_broadcast(x):
         chain.nodes.append(x.producer)
         view, x = x.producer, x.producer.args[0]
-    s = x.meta.shape
+    s = full.meta.shape
     if x.meta.rank != 4 or v.meta.rank != 3 or _int(s[0]) is None or _int(s[1]) is None \
             or _int(v.meta.shape[0]) != _int(s[0]) * _int(s[1]) \
             or not all(_same(a, b) for a, b in zip(v.meta.shape[1:], s[2:])):
@@ -506,8 +530,11 @@ def _match(g: Graph, pv: Node, users, pinned: set[int], masks: _Masks, absorbed:
     view = chain.back(v3, pv, _RESHAPES)
     if view is None or not _tensor(view.args[0]):
         return None
-    src = view.args[0]
+    src, reader = _uncopied(view.args[0], chain, view)
     b, h, t, d = q4.meta.shape
+    if src.meta.rank == 4 and _head_broadcast(src) and chain.only(src, reader):    # one head, broadcast
+        chain.nodes.append(src.producer)
+        src = src.producer.args[0]
     if src.meta.rank == 5 and _int(src.meta.shape[1]) is not None and _int(src.meta.shape[2]) is not None \
             and _int(src.meta.shape[1]) * _int(src.meta.shape[2]) == _int(h):
         v4_node = Node("aten.view", (src, [*src.meta.shape[:1], h, *src.meta.shape[3:]]), {}, f"{pv.name}_values",
@@ -521,7 +548,8 @@ def _match(g: Graph, pv: Node, users, pinned: set[int], masks: _Masks, absorbed:
     else:
         return None
     shapes_ok = (all(_same(a, c) for a, c in zip(k4.meta.shape, v4.meta.shape))
-                 and _same(k4.meta.shape[-1], d) and _same(k4.meta.shape[1], h) and _same(k4.meta.shape[0], b)
+                 and _same(k4.meta.shape[-1], d) and (_same(k4.meta.shape[1], h) or _int(k4.meta.shape[1]) == 1)
+                 and _same(k4.meta.shape[0], b)
                  and all(_same(a, c) for a, c in zip(s4.meta.shape, (b, h, t, k4.meta.shape[2]))))
     result = out_view.outputs[0]      # the output view must be the [B, H, T, D] the attention gives
     shapes_ok = shapes_ok and result.meta.rank == 4 and all(
