@@ -236,3 +236,47 @@ def test_one_kv_head_broadcast_becomes_one_attention(batch, dtype):
                 *(torch.randn(batch, 1, S, D, generator=g).to(dtype) for _ in range(2)), mask)
         with torch.no_grad():
             assert_same(exe(*args), model(*args), tol=2e-2 if dtype == torch.bfloat16 else None)
+
+
+class UpcastScores(nn.Module):
+    """GPT-J's eager attention: q and k cast to fp32 before the matmul (the scores in fp32), scaled, the
+    model's bf16 additive mask added (promoted exactly), fp32 softmax cast back, ``@ v`` in bf16."""
+
+    def forward(self, q, k, v, mask):
+        scores = torch.matmul(q.to(torch.float32), k.to(torch.float32).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        return F.softmax(scores + mask, dim=-1).to(v.dtype) @ v
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_fp32_scores_of_bf16_q_and_k_become_one_attention(t):
+    g = torch.Generator().manual_seed(t)
+    dtype = torch.bfloat16
+    q = torch.randn(B, H, t, D, generator=g).to(dtype)
+    k, v = (torch.randn(B, H, S, D, generator=g).to(dtype) for _ in range(2))
+    mask = torch.zeros(B, 1, t, S, dtype=dtype)
+    mask[..., :2] = torch.finfo(dtype).min
+    model = UpcastScores()
+    prog = ostinato.export(model, (q, k, v, mask))
+    ops = prog.op_counts()
+    assert ops.get("ost.sdpa") == 1 and "aten.bmm" not in ops and "aten._to_copy" not in ops, ops
+    att = next(n for n in prog.graph.nodes if n.op == "ost.sdpa")
+    assert att.args[0].meta.dtype == dtype and att.args[1].meta.dtype == dtype
+    exe = ostinato.compile(prog)
+    for seed in range(2):
+        g = torch.Generator().manual_seed(20 + seed)
+        args = (torch.randn(B, H, t, D, generator=g).to(dtype),
+                *(torch.randn(B, H, S, D, generator=g).to(dtype) for _ in range(2)), mask)
+        with torch.no_grad():
+            assert_same(exe(*args), model(*args), tol=2e-2)
+
+
+def test_an_fp32_mask_on_fp32_scores_of_bf16_q_and_k_stays():
+    """The mask in fp32 (not a bf16 value upcast): the attention's mask would be rounded to bf16."""
+    dtype = torch.bfloat16
+    q = torch.randn(B, H, 1, D).to(dtype)
+    k, v = (torch.randn(B, H, S, D).to(dtype) for _ in range(2))
+    mask = torch.randn(B, 1, 1, S) / 3       # fp32 values bf16 cannot hold
+    prog = ostinato.export(UpcastScores(), (q, k, v, mask))
+    assert "ost.sdpa" not in prog.op_counts()
+    with torch.no_grad():
+        assert_same(ostinato.compile(prog)(q, k, v, mask), UpcastScores()(q, k, v, mask), tol=1e-2)

@@ -339,6 +339,15 @@ def _flat_keys(kt3: Value, chain: _Chain, reader: Node) -> Value | None:
     return _unflatten(t.args[0], chain, t)
 
 
+def _below_upcast(x: Value, chain: _Chain, reader: Node) -> Value:
+    """The source of ``x`` when ``x`` is an exact float upcast that ``reader`` alone reads (recorded; the
+    attention computes its scores in fp32 anyway, as eager does after the cast), else ``x``."""
+    src = _upcast(x)
+    if src is None or chain.back(x, reader, ("aten._to_copy",)) is None:
+        return x
+    return src
+
+
 def _upcast(v: Value) -> Value | None:
     """The value ``v`` is an exact float upcast of (a ``_to_copy`` to a wider float dtype), else None."""
     node = v.producer if _tensor(v) else None
@@ -371,9 +380,17 @@ def _from_product(v: Value) -> bool:
     return False
 
 
+def _exact_in(src: torch.dtype, dst: torch.dtype) -> bool:
+    """Every ``src`` value is a ``dst`` value (the same float dtype, or a narrower one within its range)."""
+    if src == dst:
+        return True
+    return src.is_floating_point and dst.is_floating_point and torch.finfo(src).bits < torch.finfo(dst).bits \
+        and torch.finfo(src).max <= torch.finfo(dst).max
+
+
 def _term(x: Value, chain: _Chain, reader: Node):
-    """(the scores, the bias) when ``x`` is their sum: the bias a float tensor of the scores' dtype (no
-    promotion), of rank 2 up to the scores' (SDPA reads a mask's last two dims as the queries' and keys':
+    """(the scores, the bias) when ``x`` is their sum: the bias a float tensor of the scores' dtype, or of a
+    narrower one the add promotes exactly (GPT-J's bf16 mask on its fp32 scores), of rank 2 up to the scores' (SDPA reads a mask's last two dims as the queries' and keys':
     one of rank 0 or 1 fails there; a bool or integer tensor added is a number there, not a mask), that
     does not broadcast the scores any larger; the scores the operand computed from the product."""
     node = x.producer
@@ -381,7 +398,7 @@ def _term(x: Value, chain: _Chain, reader: Node):
         return None
     a, b = node.args
     for y, m in ((a, b), (b, a)):
-        if m.meta.dtype == y.meta.dtype == x.meta.dtype and y.meta.dtype.is_floating_point \
+        if y.meta.dtype == x.meta.dtype and y.meta.dtype.is_floating_point and _exact_in(m.meta.dtype, y.meta.dtype) \
                 and 2 <= m.meta.rank <= x.meta.rank and _same_shape(x, y) and _from_product(y):
             return (y, m) if chain.back(x, reader, ("aten.add.Tensor",)) is not None else None
     return None
@@ -468,6 +485,7 @@ def _scores(x: Value, chain: _Chain, reader: Node, name: str):
     q4 = _unflatten(operands[0][0], chain, operands[0][1])
     if q4 is None:
         return None
+    q4 = _below_upcast(q4, chain, chain.nodes[-1])      # GPT-J's query.to(float32) before the flatten
     k4, k4_node = _flat_keys(operands[1][0], chain, operands[1][1]), None
     if k4 is None:
         kt4 = _unflatten(operands[1][0], chain, operands[1][1])
@@ -475,6 +493,8 @@ def _scores(x: Value, chain: _Chain, reader: Node, name: str):
         if keys is None:
             return None
         k4, k4_node = keys
+        if k4_node is None:     # read by the transpose just recorded: key.to(float32).transpose(-1, -2)
+            k4 = _below_upcast(k4, chain, chain.nodes[-1])
     dtype = q4.meta.dtype       # a cast to a narrower float could overflow where the attention would not
     if any(torch.finfo(c).bits < torch.finfo(dtype).bits or torch.finfo(c).max < torch.finfo(dtype).max for c in casts):
         return None
