@@ -234,3 +234,24 @@ def test_the_structure_key_is_the_same_in_every_process():
                              timeout=300, check=True).stdout
         keys.add(out.strip().splitlines()[-1])
     assert len(keys) == 1, keys
+
+
+class _PickByBuffer(nn.Module):
+    """x[:, self.index]: a buffer of consecutive positions (the front end reads it as a slice)."""
+
+    def __init__(self, index):
+        super().__init__()
+        self.register_buffer("index", torch.tensor(index))
+
+    def forward(self, x):
+        return x[:, self.index] * 2
+
+
+def test_an_index_buffer_of_another_checkpoint_is_not_read_as_the_first_ones_slice(cache_dir):
+    """Two models that differ only in an index buffer's values (a new checkpoint): the second must not
+    take the first's graph with the first's positions baked in as a slice."""
+    x = torch.randn(3, 6, 4)
+    ostinato.export(_PickByBuffer([1, 2]), (x,))
+    model = _PickByBuffer([3, 4])
+    prog = ostinato.export(model, (x,))
+    assert_same(ostinato.compile(prog)(x), model(x))

@@ -76,6 +76,7 @@ class _Converter:
         # state by name, each block-mutated buffer's newest value and the values block calls produced.
         self.regions = regions
         self.weights: dict[str, torch.Tensor] = {}
+        self.literals: set[str] = set()      # the constants torch.export lifted (not parameters or buffers)
         self.state_init: dict[str, torch.Tensor] = {}
         self.named: dict[str, Value] = {}
         self.state_now: dict[str, Value] = {}
@@ -177,12 +178,16 @@ class _Converter:
         self.env[n] = list(node.outputs) if multi else node.outputs[0]
 
     def _constant_tensor(self, a: Any) -> torch.Tensor | None:
-        """The tensor of a constant (a lifted tensor constant or weight), seen through copies of it."""
+        """The tensor of a lifted tensor constant (one the forward makes, or a plain tensor attribute),
+        seen through copies of it. Not a parameter or buffer: a new checkpoint maps its own by name into
+        a cached export (export_cache.py keys their shapes, not their values), so a graph must not hold
+        their values."""
         copies = (torch.ops.aten.clone.default, torch.ops.aten.lift_fresh_copy.default)
         while isinstance(a, torch.fx.Node):
             if a.op == "placeholder":
                 v = self.env.get(a)
-                return self.weights.get(v.name) if isinstance(v, Value) and v.role == "constant" else None
+                return self.weights.get(v.name) if isinstance(v, Value) and v.role == "constant" \
+                    and v.name in self.literals else None
             if a.op != "call_function" or a.target not in copies or len(a.args) != 1:
                 return None
             a = a.args[0]
@@ -232,6 +237,8 @@ class _Converter:
                 else:
                     self.env[ph] = g.new_value(spec.target, self.meta_of(val), "constant")
                     weights[spec.target] = tensor
+                    if spec.kind == InputKind.CONSTANT_TENSOR:
+                        self.literals.add(spec.target)
                 self.named[spec.target] = self.env[ph]
             elif spec.kind == InputKind.USER_INPUT:
                 if isinstance(spec.arg, ConstantArgument):
