@@ -6,6 +6,7 @@ import importlib
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -254,4 +255,25 @@ def test_an_index_buffer_of_another_checkpoint_is_not_read_as_the_first_ones_sli
     ostinato.export(_PickByBuffer([1, 2]), (x,))
     model = _PickByBuffer([3, 4])
     prog = ostinato.export(model, (x,))
+    assert_same(ostinato.compile(prog)(x), model(x))
+
+
+def _captured_model(part, scale):
+    class Part(nn.Module):      # a captured slice and scale (a class made in a loop over a model's parts)
+        def forward(self, x):
+            return x[:, part] * scale
+    return Part()
+
+
+@pytest.mark.parametrize("first, second", [((slice(0, 2), 2.0), (slice(3, 5), 2.0)),
+                                           ((slice(0, 2), np.float32(2.0)), (slice(0, 2), np.float32(3.0)))])
+def test_a_class_capturing_a_slice_or_numpy_scalar_misses_on_its_value(cache_dir, first, second):
+    """Two classes from one factory differ only in a captured ``slice`` or numpy scalar (neither has a
+    ``__dict__``; the key held their type only): the graph is traced from their values, so the second
+    export must not take the first's graph."""
+    x = torch.randn(3, 6, 4)
+    ostinato.export(_captured_model(*first), (x,))
+    model = _captured_model(*second)
+    prog = ostinato.export(model, (x,))
+    assert prog.export_report["cache"]["hit"] is False
     assert_same(ostinato.compile(prog)(x), model(x))

@@ -209,6 +209,12 @@ def _plain(v: Any, where: str, depth: int = 0) -> Any:
         return str(v)
     if isinstance(v, enum.Enum):
         return f"{type(v).__qualname__}.{v.name}"
+    if isinstance(v, (slice, range)):       # an index a forward traces with (no __dict__ to key by)
+        return [type(v).__name__, _plain([v.start, v.stop, v.step], where, depth + 1)]
+    if v is Ellipsis:
+        return "..."
+    if type(v).__module__ == "numpy" and callable(getattr(v, "item", None)) and getattr(v, "ndim", None) == 0:
+        return ["numpy", type(v).__name__, _plain(v.item(), where, depth + 1)]     # a numpy scalar
     if depth > 6:
         raise Uncacheable(f"{where} nests too deeply")
     if isinstance(v, (tuple, list)):
