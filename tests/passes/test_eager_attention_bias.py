@@ -280,3 +280,26 @@ def test_an_fp32_mask_on_fp32_scores_of_bf16_q_and_k_stays():
     assert "ost.sdpa" not in prog.op_counts()
     with torch.no_grad():
         assert_same(ostinato.compile(prog)(q, k, v, mask), UpcastScores()(q, k, v, mask), tol=1e-2)
+
+
+class UpcastScoresTwoBiases(nn.Module):
+    """UpcastScores with two bf16 biases added to the fp32 scores: eager adds them in fp32, exactly."""
+
+    def forward(self, q, k, v, b1, b2):
+        scores = torch.matmul(q.to(torch.float32), k.to(torch.float32).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        return F.softmax(scores + b1 + b2, dim=-1).to(v.dtype) @ v
+
+
+def test_two_biases_on_fp32_scores_of_bf16_q_and_k_are_not_summed_in_bf16():
+    """A bias of 64 everywhere (softmax ignores it) and a fine one: their sum in bf16 (ulp 0.5 at 64) would
+    lose the fine one's detail, which eager's fp32 adds keep (the fused attention was 0.16 off eager)."""
+    dtype = torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, 5, D, generator=g).to(dtype)
+    k, v = (torch.randn(B, H, S, D, generator=g).to(dtype) for _ in range(2))
+    b1 = torch.full((B, 1, 5, S), 64.0, dtype=dtype)
+    b2 = torch.randn(B, 1, 5, S, generator=g).to(dtype)
+    model = UpcastScoresTwoBiases()
+    prog = ostinato.export(model, (q, k, v, b1, b2))
+    with torch.no_grad():
+        assert_same(ostinato.compile(prog)(q, k, v, b1, b2), model(q, k, v, b1, b2), tol=2e-2)

@@ -414,7 +414,9 @@ def _scores(x: Value, chain: _Chain, reader: Node, name: str):
     under the view the same again over the flattened scores (the biases of ``baddbmm``, BLOOM's ALiBi),
     with casts anywhere (each a rounding the eager form does and the attention need not). A bias added
     before a scale or under the soft cap would be scaled: nothing matches then."""
-    biases: list[tuple[Value, bool]] = []       # each with whether it adds to the flattened scores
+    # each with whether it adds to the flattened scores, and whether eager adds it in a dtype the scores
+    # stay in up to the softmax (no cast after it)
+    biases: list[tuple[Value, bool, torch.dtype]] = []
     spec, softcap, scale = None, None, 1.0
     later: list[tuple[str, float]] = []     # the scale's ops after x, in the order eager applies them
     scaled = cast = False
@@ -433,7 +435,8 @@ def _scores(x: Value, chain: _Chain, reader: Node, name: str):
             found = None if scaled else _term(x, chain, reader)
             if found is None:
                 return None
-            biases.append((found[1], flat is not None))
+            kept = min([*casts, x.meta.dtype], key=lambda c: torch.finfo(c).bits)
+            biases.append((found[1], flat is not None, kept))
             x, reader = found[0], node
         elif node.op == "aten.mul.Tensor" and not scaled and len(node.args) == 2 and _tensor(node.args[0]) \
                 and node.args[0].producer is not None and node.args[0].producer.op == "aten.tanh":
@@ -500,7 +503,11 @@ def _scores(x: Value, chain: _Chain, reader: Node, name: str):
         return None
     b, h = _int(q4.meta.shape[0]), _int(q4.meta.shape[1])
     terms = []
-    for m, flattened in biases:
+    # Several terms are summed in q's dtype: where eager adds one in a wider dtype and never rounds the
+    # scores back to q's (GPT-J's fp32 scores), that sum would round what eager keeps exact.
+    if len(biases) > 1 and any(torch.finfo(kept).bits > torch.finfo(q4.meta.dtype).bits for _, _, kept in biases):
+        return None
+    for m, flattened, _ in biases:
         if m.meta.dtype != q4.meta.dtype:   # only an exact upcast of a value in q's dtype: no rounding added
             m = _upcast(m)
             if m is None or m.meta.dtype != q4.meta.dtype:
