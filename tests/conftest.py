@@ -63,6 +63,13 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _no_aoti_probe_by_default(monkeypatch):
+    """The benchmark suite's AOTInductor probe (bench/suite/startup.aoti_probe) compiles a package in a fresh
+    process: off in the tests unless one turns it on (tests/bench/test_suite.py's probe tests do)."""
+    monkeypatch.setenv("OSTINATO_SUITE_AOTI_PROBE", "0")
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter):
     """Totals of the OpInfo sweep (tests/ops/test_opinfo.py), summed from each test's "opinfo" property;
