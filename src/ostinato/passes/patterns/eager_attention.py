@@ -282,9 +282,7 @@ def _upcast(v: Value) -> Value | None:
             or not set(node.kwargs) <= _CAST_KWARGS:
         return None
     src, dst = node.args[0].meta.dtype, v.meta.dtype
-    ok = src.is_floating_point and dst.is_floating_point and torch.finfo(src).bits < torch.finfo(dst).bits \
-        and torch.finfo(src).max <= torch.finfo(dst).max
-    return node.args[0] if ok else None
+    return node.args[0] if src != dst and _exact_in(src, dst) else None
 
 
 _THROUGH = (*_SCALES, *_RESHAPES, "aten._to_copy", "aten.clone", "aten.tanh", "aten.add.Tensor", *_MASKED)
