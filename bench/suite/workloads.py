@@ -109,8 +109,19 @@ HF_SHAPES = {
     "mistral-mini-sw64": ("MistralConfig", dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                                                 num_attention_heads=8, num_key_value_heads=2, head_dim=32,
                                                 vocab_size=4096, sliding_window=64)),
+    # Families the matrix leaves out, timed by bench/family_decode.py (issue #15): the named models' widths,
+    # the depth given there. Falcon-7B is multi-query (one KV head, which transformers' static cache reads
+    # from ``num_key_value_heads``) with attention and MLP in parallel; BLOOM has no sdpa (ALiBi biases).
+    "falcon-7b": ("FalconConfig", dict(hidden_size=4544, num_attention_heads=71, num_key_value_heads=1,
+                                       multi_query=True, new_decoder_architecture=False, parallel_attn=True,
+                                       bias=False, num_hidden_layers=32, vocab_size=65024)),
+    "gpt-j-6b": ("GPTJConfig", dict(n_embd=4096, n_head=16, rotary_dim=64, n_layer=28, vocab_size=50400)),
+    "bloom-560m": ("BloomConfig", dict(hidden_size=1024, n_head=16, n_layer=24, vocab_size=250880)),
+    "olmo2-1b": ("Olmo2Config", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                     num_attention_heads=16, num_key_value_heads=16, vocab_size=100352,
+                                     rope_theta=500000.0, rms_norm_eps=1e-6)),
 }
-_LAYERS_KEY = {"GPT2Config": "n_layer"}
+_LAYERS_KEY = {"GPT2Config": "n_layer", "GPTJConfig": "n_layer", "BloomConfig": "n_layer"}
 
 
 def narrow_decoder(cls: str, kw: dict) -> dict:
@@ -118,9 +129,14 @@ def narrow_decoder(cls: str, kw: dict) -> dict:
     window of 8: what ``small_params`` builds to check a builder in seconds."""
     if cls == "GPT2Config":
         return dict(kw, n_embd=64, n_head=4, vocab_size=512)
-    heads = kw["num_attention_heads"]
+    if cls == "GPTJConfig":
+        return dict(kw, n_embd=64, n_head=4, rotary_dim=8, vocab_size=512)
+    if cls == "BloomConfig":
+        return dict(kw, hidden_size=64, n_head=4, vocab_size=512)
+    heads, kv = kw["num_attention_heads"], kw.get("num_key_value_heads", kw["num_attention_heads"])
+    # multi-query stays multi-query where the architecture is written for it (Falcon-7B's attention)
     out = dict(kw, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=512,
-               num_key_value_heads=4 if kw.get("num_key_value_heads", heads) == heads else 2)
+               num_key_value_heads=4 if kv == heads else 1 if cls == "FalconConfig" else 2)
     for key, value in (("head_dim", 16), ("query_pre_attn_scalar", 16), ("sliding_window", 8)):
         if key in out:
             out[key] = value
