@@ -125,6 +125,38 @@ def test_failing_runner_is_recorded_not_raised(tmp_path):
     assert doc["configs"][0]["cells"]["eager"]["status"] == "ok"
 
 
+class _RaisesOnSecondStep(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls.item() > 1:
+            raise RuntimeError("The expanded size of the tensor (256) must match the existing size (2)")
+        return x * 2
+
+
+def broken_eager_builder(params, device, dtype):
+    """A workload whose model's own second eager step fails (transformers 5.17's BLOOM over a static cache)."""
+    from bench.suite.workloads import Workload
+    return Workload(_RaisesOnSecondStep(), [((torch.randn(3),), {}) for _ in range(2)], description="raises")
+
+
+def test_a_model_whose_eager_steps_fail_fails_its_row_not_the_run(tmp_path):
+    bad = Config("cpu/test-broken-eager", "user-written", "test", "tests.bench.test_suite:broken_eager_builder",
+                 {}, "cpu", "float32", configs._est(0.1, 1, 1, 0.001))
+    doc = run_suite([bad, TINY], ["eager", "ostinato_replay"], with_startup=False, workdir=str(tmp_path),
+                    timing=FAST)
+    first, second = doc["configs"]
+    assert first["error"].startswith("eager reference failed:") and "expanded size" in first["error"]
+    assert first["cells"] == {}
+    assert second["cells"]["ostinato_replay"]["status"] == "ok"     # the run went on
+    failures = report.finish(doc)["failures"]
+    assert any(f["config"] == "cpu/test-broken-eager" and "expanded size" in f["detail"] for f in failures)
+    assert "cpu/test-broken-eager" in report.markdown(doc)
+
+
 def _doc(rows: dict[str, dict[str, float]]) -> dict:
     return {"device": "test", "date": "2026-01-01", "versions": {"torch": "x", "python": "3", "ostinato": "0"},
             "method": {"trials": 10, "warmups": 5, "memory": "none"}, "wall_s": 1.0,
