@@ -61,6 +61,22 @@ class Cache:
         for tier in self.tiers:
             tier.put(entry)
 
+    def get_local(self, key: Key) -> bytes | None:
+        """``get`` from this machine's tiers only (memory, disk): for records about this machine's files."""
+        for tier in self.tiers:
+            if not tier.shared:
+                entry = tier.get(key.digest)
+                if entry is not None:
+                    return entry.value
+        return None
+
+    def put_local(self, key: Key, value: bytes) -> None:
+        """``put`` into this machine's tiers only (never a tier other machines read)."""
+        entry = Entry.of(key, value)
+        for tier in self.tiers:
+            if not tier.shared:
+                tier.put(entry)
+
     def put_entry(self, entry: Entry) -> None:
         for tier in self.tiers:
             tier.put(entry)

@@ -5,7 +5,10 @@ from .program import InputSlot, Program, spec_structure
 def load(path, verify: bool | str = True) -> Program:
     """Load a .ost file; weights are mmapped, not read.
 
-    ``verify=True`` checks both segments' sha256 and re-derives every shape (on fake tensors, which
+    ``verify=True`` checks both segments' sha256 (the weights' once per unchanged file on this
+    machine: a load that checked them records the file's device, inode, size and modification and
+    status-change times in the local cache tiers (kind ``data-verified``), and a later load of the file
+    with that identity hashes only the FlatBuffer; any write to the file changes it) and re-derives every shape (on fake tensors, which
     costs torch._dynamo's import, about a second, in a fresh process), once per file content: a
     program that passed is recorded in ostinato's cache (kind ``shapes-verified``, keyed by the
     FlatBuffer's sha256, ostinato's and torch's versions), and a later load of the same bytes only

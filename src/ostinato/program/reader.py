@@ -27,7 +27,8 @@ from .fb.InputKind import InputKind
 from .fb.Role import Role
 from .fb.ScalarKind import ScalarKind
 from .fb.TensorRole import TensorRole
-from .ir_cache import cached_decode, mark_shapes_verified, shapes_verified, store_decoded
+from .ir_cache import (cached_decode, data_verified, mark_data_verified, mark_shapes_verified, shapes_verified,
+                       store_decoded)
 from .format import (ALIGN, HEADER_SIZE, ChecksumError, Header, InconsistentGraphError, LayoutError,
                      parse_header)
 from .program import InputSlot, Program
@@ -302,7 +303,8 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
         check_shapes = verify_checksums
     path = os.fspath(path)
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+        st = os.fstat(f.fileno())
+        size = st.st_size
         header = parse_header(f.read(HEADER_SIZE), size, path)
         f.seek(header.fb_offset)
         fb = f.read(header.fb_size)
@@ -311,12 +313,15 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
         if verify_checksums and hashlib.sha256(fb).digest() != header.fb_sha256:
             raise ChecksumError("FlatBuffer", path)
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
-    if verify_checksums:
+    # The weights' sha256 once per unchanged file on this machine (ir_cache.data_verified): the FlatBuffer's
+    # is checked on every load, the data segment's again only when the file's identity changed.
+    if verify_checksums and not data_verified(st, header.data_sha256):
         data_view = memoryview(mapped)[header.data_offset:header.data_offset + header.data_size]
         ok = hashlib.sha256(data_view).digest() == header.data_sha256
         data_view.release()
         if not ok:
             raise ChecksumError("data", path)
+        mark_data_verified(st, header.data_sha256)
     decoded = cached_decode(header.fb_sha256)
     try:
         graph, extra, entries = decoded if decoded is not None else _Decoder(fb, path).program()

@@ -397,8 +397,9 @@ def flatbuffer_bytes(program: Program) -> bytes:
     return _flatbuffer(program, _layout_tensors(program)[0])
 
 
-def write(program: Program, f) -> None:
-    """Write the whole file to the binary, seekable stream ``f``; weights are streamed, not gathered."""
+def write(program: Program, f) -> Header:
+    """Write the whole file to the binary, seekable stream ``f``; weights are streamed, not gathered.
+    Returns the header written (both segments' sha256)."""
     entries, data_size = _layout_tensors(program)
     fb = _flatbuffer(program, entries)
     fb_offset = HEADER_SIZE
@@ -417,6 +418,7 @@ def write(program: Program, f) -> None:
     f.seek(start)
     f.write(header.pack())
     f.seek(end)
+    return header
 
 
 def to_bytes(program: Program) -> bytes:
@@ -435,7 +437,7 @@ def save(program: Program, path: str | os.PathLike) -> None:
             write(program, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

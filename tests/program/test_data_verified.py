@@ -1,0 +1,152 @@
+"""The weights' sha256 is checked once per unchanged file on this machine (program/ir_cache.data_verified):
+a file a load checked is not hashed again while its identity (device, inode, size, modification and
+status-change times) is unchanged; any write to it, even one that puts its times back, makes the next
+load hash it again and refuse damaged bytes; a file changed within the file clock's tick of the check is
+not recorded; the record never reaches a shared tier."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+
+import pytest
+import torch
+
+import ostinato
+from ostinato.cache import Cache, set_cache
+from ostinato.cache.memory import MemoryTier
+from ostinato.program import ir_cache, reader
+from ostinato.program.format import ChecksumError
+
+
+class SharedMemoryTier(MemoryTier):
+    """Stands in for Redis: a tier other machines would read."""
+    name = "shared"
+    shared = True
+
+    def __init__(self) -> None:
+        super().__init__(64 << 20)
+        self.kinds: list[str] = []
+
+    def put(self, entry) -> None:
+        self.kinds.append(entry.manifest["kind"])
+        super().put(entry)
+
+
+@pytest.fixture
+def no_racy_window(monkeypatch):
+    """Files in these tests are seconds old at most: record them as if the clock were fine-grained."""
+    monkeypatch.setattr(ir_cache, "RACY_NS", 0)
+
+
+@pytest.fixture
+def tiers():
+    local, shared = MemoryTier(64 << 20), SharedMemoryTier()
+    set_cache(Cache([local, shared]))
+    yield local, shared
+    set_cache(None)
+
+
+@pytest.fixture
+def data_hashes(monkeypatch):
+    """The sizes of the buffers reader.load hashes (the data segment is the large one)."""
+    sizes: list[int] = []
+
+    class Counting:
+        def sha256(self, data=b""):
+            sizes.append(memoryview(data).nbytes)
+            return hashlib.sha256(data)
+
+    monkeypatch.setattr(reader, "hashlib", Counting())
+    return sizes
+
+
+def _program():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    return model, ostinato.export(model, (torch.randn(3, 64),))
+
+
+def test_checked_files_are_not_hashed_again(tmp_path, tiers, data_hashes, no_racy_window):
+    model, prog = _program()
+    path = tmp_path / "m.ost"
+    prog.save(path)
+    data_size = reader.read_header(path)[0].data_size
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        ref = model(x)
+    # save() records nothing (it just wrote the file): the first load hashes both segments, the second
+    # only the FlatBuffer, and runs the same
+    ostinato.load(path, verify="checksums")
+    assert data_hashes.count(data_size) == 1
+    loaded = ostinato.load(path, verify="checksums")
+    assert data_hashes.count(data_size) == 1 and len(data_hashes) == 3
+    torch.testing.assert_close(ostinato.compile(loaded, device="cpu")(x), ref)
+    # a copy is another file (another inode): hashed on its first load, not on its second
+    copy = tmp_path / "copy.ost"
+    shutil.copyfile(path, copy)
+    data_hashes.clear()
+    ostinato.load(copy, verify="checksums")
+    assert data_hashes.count(data_size) == 1
+    ostinato.load(copy, verify=True)
+    assert data_hashes.count(data_size) == 1
+    # verify=False never hashes; the record lives on this machine's tiers only
+    ostinato.load(copy, verify=False)
+    assert data_hashes.count(data_size) == 1
+    _local, shared = tiers
+    assert ir_cache.DATA_VERIFIED_KIND not in shared.kinds
+    assert ir_cache.VERIFIED_KIND in shared.kinds     # records about content do go to shared tiers
+
+
+def test_a_write_that_puts_the_times_back_is_still_hashed_and_refused(tmp_path, tiers, data_hashes):
+    _, prog = _program()
+    path = tmp_path / "m.ost"
+    prog.save(path)
+    time.sleep(ir_cache.RACY_NS * 1.5e-9)   # older than the racy window: this load records its check
+    ostinato.load(path, verify="checksums")
+    header = reader.read_header(path)[0]
+    before = os.stat(path)
+    assert ir_cache.data_verified(before, header.data_sha256)
+    rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    at = header.data_offset + int(torch.randint(0, header.data_size, (1,), generator=rng))
+    with open(path, "r+b") as f:     # in place: same inode, same size
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))   # modification time put back
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    data_hashes.clear()
+    with pytest.raises(ChecksumError, match="data segment"):
+        ostinato.load(path, verify="checksums")
+    assert header.data_size in data_hashes
+
+
+def test_files_changed_within_a_clock_tick_are_not_recorded(tmp_path, tiers):
+    """A write in the same tick of the file clock as the check could leave both times unchanged: a file
+    changed less than RACY_NS before (RACY_WHOLE_SECONDS_NS where the times are whole seconds) is not
+    recorded, so its next load hashes it again."""
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    st = os.stat(path)
+    digest = hashlib.sha256(b"x").digest()
+    now_s = os.stat(path).st_mtime_ns // 1_000_000_000 * 1_000_000_000
+
+    class Coarse:
+        st_dev, st_ino, st_size = st.st_dev, st.st_ino, st.st_size
+        st_mtime_ns = st_ctime_ns = now_s
+
+    ir_cache.mark_data_verified(Coarse, digest)
+    assert not ir_cache.data_verified(Coarse, digest)
+    Coarse.st_mtime_ns = Coarse.st_ctime_ns = now_s - 10_000_000_000     # ten seconds old
+    ir_cache.mark_data_verified(Coarse, digest)
+    assert ir_cache.data_verified(Coarse, digest)
+    assert not ir_cache.data_verified(Coarse, hashlib.sha256(b"y").digest())
+    young = os.stat(path)                               # just written: within RACY_NS
+    ir_cache.mark_data_verified(young, digest)
+    assert not ir_cache.data_verified(young, digest)
+    os.utime(path, ns=(young.st_atime_ns, young.st_mtime_ns - 10**9))   # the status-change time is now
+    ir_cache.mark_data_verified(os.stat(path), digest)
+    assert not ir_cache.data_verified(os.stat(path), digest)
