@@ -212,6 +212,7 @@ def run_config(name: str, config: dict, args, work: str, base: dict, log) -> dic
                                          for _ in range(args.warm_repeats - 1)]
         firsts = sorted(r["first_output_s"] for r in runs if r.get("status") == "ok")
         rec["ostinato_warm_repeats"] = {"first_output_s": [r.get("first_output_s") for r in runs],
+                                        "load_s": [r.get("load_s") for r in runs],
                                         "compile_s": [r.get("compile_s") for r in runs],
                                         "first_call_s": [r.get("first_call_s") for r in runs],
                                         "median_first_output_s": firsts[len(firsts) // 2] if firsts else None}
