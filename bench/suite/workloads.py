@@ -121,9 +121,10 @@ HF_SHAPES = {
                                      num_attention_heads=16, num_key_value_heads=16, vocab_size=100352,
                                      rope_theta=500000.0, rms_norm_eps=1e-6)),
     # mixture of experts: Mixtral-8x7B's layer (8 experts, 2 per token; transformers' default experts
-    # implementation, grouped_mm)
+    # implementation, grouped_mm; head_dim given: transformers 5.17's static cache needs it)
     "mixtral-8x7b": ("MixtralConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                           num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                                           num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                           vocab_size=32000,
                                            num_local_experts=8, num_experts_per_tok=2, rope_theta=1e6)),
 }
 _LAYERS_KEY = {"GPT2Config": "n_layer", "GPTJConfig": "n_layer", "BloomConfig": "n_layer"}
