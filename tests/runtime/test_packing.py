@@ -110,3 +110,91 @@ def test_upload_packs_each_group_into_one_device_buffer(model_and_prog):
             assert torch.equal(t.cpu(), prog.weights[n])
     with torch.no_grad():
         assert_same(exe(x.cuda()), model.cuda()(x.cuda()))
+
+
+class _Uploads:
+    """A stand-in for a GPU backend in bulk_upload: a non-CPU device and an upload that clones and records."""
+    device = torch.device("cuda")
+
+    def __init__(self):
+        self.sizes = []
+
+    def upload_bytes(self, src):
+        assert src.dtype == torch.uint8 and src.dim() == 1 and src.device.type == "cpu"
+        self.sizes.append(src.numel())
+        return src.clone()
+
+
+def _saved_and_loaded(tmp_path, model, x):
+    prog = ostinato.export(model, (x,))
+    prog.save(tmp_path / "m.ost")
+    return prog, ostinato.load(tmp_path / "m.ost")
+
+
+def test_bulk_upload_places_a_loaded_programs_constants_as_views_of_a_few_runs(tmp_path, monkeypatch,
+                                                                              model_and_prog):
+    model, x, _ = model_and_prog
+    exported, loaded = _saved_and_loaded(tmp_path, model, x)
+    monkeypatch.setattr(packing, "BULK_MIN_BYTES", 1)
+    up = _Uploads()
+    g = loaded.graph
+    out = packing.bulk_upload(g, loaded.weights, up)
+    assert set(out) == {v.name for v in g.constants}
+    for name, t in out.items():
+        assert torch.equal(t, loaded.weights[name]) and t.dtype == loaded.weights[name].dtype, name
+    total = sum(t.nbytes for t in loaded.weights.values())
+    assert len(up.sizes) == 1 and total <= up.sizes[0] < total + 64 * len(out)   # one run, alignment padding only
+    # the packed groups stay packed on the device: consecutive views of one buffer
+    for vals in packing._groups(g):
+        assert _one_buffer([out[v.name] for v in vals]), [v.name for v in vals]
+    # constants placed already are left alone; a run ends where the next constant starts more than
+    # BULK_GAP_BYTES after it (-1: even adjacent ones, so each constant is a run of its own)
+    first = g.constants[0].name
+    assert first not in packing.bulk_upload(g, loaded.weights, up, placed={first: loaded.weights[first]})
+    monkeypatch.setattr(packing, "BULK_GAP_BYTES", -1)
+    up.sizes.clear()
+    again = packing.bulk_upload(g, loaded.weights, up)
+    assert set(again) == set(out) and all(torch.equal(again[n], out[n]) for n in out)
+    assert sorted(up.sizes) == sorted(t.nbytes for t in loaded.weights.values())
+
+
+def test_bulk_upload_leaves_exported_small_live_and_cpu_programs_alone(tmp_path, monkeypatch, model_and_prog):
+    model, x, _ = model_and_prog
+    exported, loaded = _saved_and_loaded(tmp_path, model, x)
+    up = _Uploads()
+    assert packing.bulk_upload(loaded.graph, loaded.weights, up) == {}       # below BULK_MIN_BYTES
+    monkeypatch.setattr(packing, "BULK_MIN_BYTES", 1)
+    # an exported program's parameters each have a storage: at most one tensor's worth is a "run"
+    out = packing.bulk_upload(exported.graph, exported.weights, up)
+    assert len(out) <= 1
+    with packing.live_weights():
+        assert packing.bulk_upload(loaded.graph, loaded.weights, up) == {}
+
+    class CPU(_Uploads):
+        device = torch.device("cpu")
+    assert packing.bulk_upload(loaded.graph, loaded.weights, CPU()) == {}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("chunk", [None, 4096])
+def test_a_loaded_program_is_uploaded_in_runs_and_runs_like_eager(tmp_path, monkeypatch, model_and_prog, chunk):
+    """On a GPU: the loaded program's constants cross in one run (through the pinned pipeline when its
+    chunks are small), the groups stay packed, and the output is eager's."""
+    from ostinato.backends.cuda import upload
+    model, x, _ = model_and_prog
+    _, loaded = _saved_and_loaded(tmp_path, model, x)
+    monkeypatch.setattr(packing, "BULK_MIN_BYTES", 1)
+    if chunk:
+        monkeypatch.setattr(upload, "CHUNK_BYTES", chunk)
+        monkeypatch.setattr(upload, "MIN_PIPELINED_BYTES", 2 * chunk)
+    calls = []
+    real = upload.upload
+    monkeypatch.setattr(upload, "upload", lambda src, dev: calls.append(src.numel()) or real(src, dev))
+    exe = ostinato.compile(loaded, device="cuda", cache=False)
+    assert len(calls) == 1
+    for names, ts in _groups(exe):
+        assert ts[0].is_cuda and _one_buffer(ts), names
+        for n, t in zip(names, ts):
+            assert torch.equal(t.cpu(), loaded.weights[n])
+    with torch.no_grad():
+        assert_same(exe(x.cuda()), model.cuda()(x.cuda()))

@@ -157,6 +157,11 @@ class Backend(ABC):
         """The tensor on this backend's device; no copy when it already lives there."""
         return tensor if tensor.device == self.device else tensor.to(self.device)
 
+    def upload_bytes(self, src: torch.Tensor) -> torch.Tensor:
+        """A 1-d uint8 host tensor (a run of a loaded program's mapped data segment: many weights at once)
+        copied to this backend's device; runtime/packing.py makes the weights views of the result."""
+        return src.to(self.device)
+
     def synchronize(self) -> None:
         """Wait for every launch issued so far."""
 

@@ -43,6 +43,11 @@ def _str_map(name: str, m: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(out))
 
 
+# Kinds of record true of this machine only (a program file's data checked, named by its inode: another
+# machine's inode numbers name other files): kept on the memory and disk tiers, out of Redis and bundles.
+MACHINE_LOCAL_KINDS = frozenset({"data-verified"})
+
+
 @dataclass(frozen=True)
 class Key:
     """A cache key; ``digest`` names the entry in every tier and ``manifest()`` describes it."""

@@ -215,7 +215,7 @@ def mark_shapes_verified(fb_sha256: bytes) -> None:
 # in nanoseconds: writing the file changes both times, and the status-change time cannot be set back
 # (os.utime sets the other two and moves it forward). The record is kept on this machine's tiers only
 # (memory, disk), never Redis: another machine's inode numbers name other files.
-DATA_VERIFIED_KIND = "data-verified"
+DATA_VERIFIED_KIND = "data-verified"   # one of cache.keys.MACHINE_LOCAL_KINDS
 # File times come from a coarse clock (a kernel tick, 1-10 ms; whole seconds on some network and FUSE
 # file systems), so a write in the same tick as the file's last change leaves both times as they were.
 # A file changed less than this long before the check is therefore not recorded (git's "racily clean"

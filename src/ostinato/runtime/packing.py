@@ -9,6 +9,9 @@ Placing and packing are one step (``place_constants``), so each weight byte is c
   of the whole block on a GPU;
 - to another device (CUDA): one buffer allocated there, each weight copied into its rows (no packed
   host copy, no concatenation on the device);
+- a loaded program's constants on another device: uploaded as a few runs of the file's data segment
+  (``bulk_upload``; the backend's ``upload_bytes``: through pinned buffers on CUDA), each constant then a
+  view of its run, so the packed groups above stay packed there too;
 - on the CPU, from separate tensors (a program just exported: the model's parameters): a group is
   copied into one buffer only up to ``CPU_PACK_COPY_LIMIT`` bytes. Past that the matmuls take long
   enough that the launches packing saves matter little (the Llama-3.2-1B-shaped model's prefill of 16
@@ -83,6 +86,53 @@ def weights_live() -> bool:
     return getattr(_LOCAL, "live", False)
 
 
+# A loaded program's constants are uploaded as runs of its data segment when they hold at least this many
+# bytes (below, the per-weight copies cost little); runs are joined across gaps of up to BULK_GAP_BYTES
+# (state tensors and folded-away weights between constants: uploaded with them rather than splitting).
+BULK_MIN_BYTES = 16 << 20
+BULK_GAP_BYTES = 1 << 20
+
+
+def bulk_upload(graph: Graph, weights: dict[str, torch.Tensor], backend: Backend,
+                placed: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """Constants of ``graph`` that are views of one host storage (a loaded program's mapped data segment),
+    copied to ``backend``'s device as a few contiguous runs of that storage (``Backend.upload_bytes``),
+    by name, each a view of its run; empty when there is nothing worth it (an exported program's
+    parameters have a storage each; a CPU backend; constants the caller keeps live)."""
+    if backend.device.type == "cpu" or weights_live():
+        return {}
+    by_storage: dict[int, list] = {}
+    for v in graph.constants:
+        t = weights.get(v.name)
+        if (placed and v.name in placed) or type(t) is not torch.Tensor or t.device.type != "cpu"                 or not t.is_contiguous() or t.numel() == 0:
+            continue
+        start = t.storage_offset() * t.element_size()
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append((start, start + t.nbytes, v.name, t))
+    if not by_storage:
+        return {}
+    items = max(by_storage.values(), key=lambda xs: sum(e - s for s, e, _, _ in xs))
+    if sum(e - s for s, e, _, _ in items) < BULK_MIN_BYTES:
+        return {}
+    items.sort(key=lambda it: it[0])
+    runs: list[list] = []
+    for it in items:
+        if runs and it[0] - runs[-1][1] <= BULK_GAP_BYTES:
+            runs[-1][1] = max(runs[-1][1], it[1])
+            runs[-1][2].append(it)
+        else:
+            runs.append([it[0], it[1], [it]])
+    storage = items[0][3].untyped_storage()
+    whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+    out: dict[str, torch.Tensor] = {}
+    for lo, hi, members in runs:
+        dev = backend.upload_bytes(whole[lo:hi])
+        for start, end, name, t in members:
+            if (start - lo) % t.element_size():
+                continue          # not aligned for its dtype's view: placed on its own below
+            out[name] = dev[start - lo:end - lo].view(t.dtype).view(t.shape)
+    return out
+
+
 def place_constants(graph: Graph, weights: dict[str, torch.Tensor], backend: Backend, template: list,
                     placed: dict[str, Any] | None = None) -> int:
     """Fill ``template`` (the environment by slot) with ``graph``'s constants on ``backend``'s device,
@@ -96,6 +146,10 @@ def place_constants(graph: Graph, weights: dict[str, torch.Tensor], backend: Bac
     copied = 0
     # A backend with its own placement (MLX arrays) places each constant; it packs nothing here.
     direct = type(backend).place is Backend.place
+    if direct:
+        uploaded = bulk_upload(graph, weights, backend, placed)
+        if uploaded:
+            placed = {**(placed or {}), **uploaded}
     for vals in (_groups(graph) if direct else []):
         found = [source(v) for v in vals]
         tensors = [t for t, _ in found]

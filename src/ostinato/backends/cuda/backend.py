@@ -60,6 +60,10 @@ class CUDABackend(ConvLayouts, CPUBackend):
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
+    def upload_bytes(self, src: torch.Tensor) -> torch.Tensor:
+        from .upload import upload
+        return upload(src, self.device)
+
     def warm_libraries(self, graph):
         return warm.start(graph, self.device)
 
