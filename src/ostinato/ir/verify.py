@@ -110,6 +110,25 @@ def _check_dim_args(node, schema, args, kwargs) -> None:
                 raise _fail(node, f"dim {d} is out of range for the rank-{args[0].dim()} input")
 
 
+def _on_float_inputs(target, args, kwargs, error: Exception):
+    """The op's result with its integer tensors given as float64, where its CPU kernel refused their dtype
+    ("... not implemented for 'Int'"): an op the program's own device runs on integers (CUDA's
+    ``histc`` of int32 expert ids, transformers' grouped experts) is checked here, on the CPU, for its
+    shapes; its dtypes are then the recorded ones. None when that does not apply or fails too."""
+    if "not implemented for" not in str(error):
+        return None
+    def floated(a):
+        return a.to(torch.float64) if isinstance(a, torch.Tensor) and not a.is_floating_point() \
+            and a.dtype != torch.bool else a
+    args2, kwargs2 = [floated(a) for a in args], {k: floated(a) for k, a in kwargs.items()}
+    if all(a is b for a, b in zip(args2, args)) and all(kwargs2[k] is kwargs[k] for k in kwargs):
+        return None
+    try:
+        return target(*args2, **kwargs2)
+    except Exception:  # noqa: BLE001 - the original error is reported
+        return None
+
+
 def _propagate(g: Graph, hints: Mapping[str, int], unknown: set[str]) -> None:
     env: dict[int, object] = {}
 
@@ -140,16 +159,22 @@ def _propagate(g: Graph, hints: Mapping[str, int], unknown: set[str]) -> None:
         kwargs = map_values(node.kwargs, lambda v: env[v.id])
         kwargs = {k: (torch.device("cpu") if k == "device" else a) for k, a in kwargs.items()}
         _check_dim_args(node, getattr(op.target, "_schema", None), args, kwargs)
+        shapes_only = False
         try:
             res = op.target(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - reported as a graph error naming the node
-            raise _fail(node, f"op fails on fake tensors: {type(e).__name__}: {e}") from None
+            res = _on_float_inputs(op.target, args, kwargs, e)
+            if res is None:
+                raise _fail(node, f"op fails on fake tensors: {type(e).__name__}: {e}") from None
+            shapes_only = True
         results = res if isinstance(res, (tuple, list)) else (res,)
         for o, r in zip(node.outputs, results):
             if o is None:
                 continue
             if isinstance(o.meta, TensorMeta):
                 want = o.meta.concrete_shape(hints)
+                if shapes_only and isinstance(r, torch.Tensor):
+                    r = torch.empty(tuple(r.shape), dtype=o.meta.dtype)
                 if o.id not in read:
                     env[o.id] = r
                     continue
