@@ -103,11 +103,15 @@ def test_upload_packs_each_group_into_one_device_buffer(model_and_prog):
     model, x, prog = model_and_prog
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
-    exe = ostinato.compile(prog, device="cuda", cache=False)
+    _packed_on_gpu_and_like_eager(ostinato.compile(prog, device="cuda", cache=False), prog.weights, model, x)
+
+
+def _packed_on_gpu_and_like_eager(exe, weights, model, x):
+    """Each group one device buffer holding the original weights; the output eager's."""
     for names, ts in _groups(exe):
         assert ts[0].is_cuda and _one_buffer(ts), names
         for n, t in zip(names, ts):
-            assert torch.equal(t.cpu(), prog.weights[n])
+            assert torch.equal(t.cpu(), weights[n])
     with torch.no_grad():
         assert_same(exe(x.cuda()), model.cuda()(x.cuda()))
 
@@ -192,9 +196,4 @@ def test_a_loaded_program_is_uploaded_in_runs_and_runs_like_eager(tmp_path, monk
     monkeypatch.setattr(upload, "upload", lambda src, dev: calls.append(src.numel()) or real(src, dev))
     exe = ostinato.compile(loaded, device="cuda", cache=False)
     assert len(calls) == 1
-    for names, ts in _groups(exe):
-        assert ts[0].is_cuda and _one_buffer(ts), names
-        for n, t in zip(names, ts):
-            assert torch.equal(t.cpu(), loaded.weights[n])
-    with torch.no_grad():
-        assert_same(exe(x.cuda()), model.cuda()(x.cuda()))
+    _packed_on_gpu_and_like_eager(exe, loaded.weights, model, x)
