@@ -24,11 +24,13 @@ def reseal(data: bytearray) -> None:
     """Recompute both checksums from the header's own offsets (if they are in range)."""
     if len(data) < 128:
         return
+    from ostinato.program.format import data_digest   # the data hash of the header's schema (1 or 2)
     fbo, fbs, do, ds = struct.unpack_from("<QQQQ", data, 16)
+    schema = struct.unpack_from("<I", data, 8)[0]
     if fbo + fbs <= len(data):
         data[48:80] = hashlib.sha256(bytes(data[fbo:fbo + fbs])).digest()
     if do + ds <= len(data):
-        data[80:112] = hashlib.sha256(bytes(data[do:do + ds])).digest()
+        data[80:112] = data_digest(bytes(data[do:do + ds]), max(schema, 1), threads=1)
 
 
 def fb_range(data: bytes) -> tuple[int, int]:

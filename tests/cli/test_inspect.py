@@ -6,6 +6,7 @@ import torch
 
 import ostinato
 from ostinato.cli.main import main
+from ostinato.program.format import SCHEMA_VERSION
 from program.models import tiny_decoder_program
 
 
@@ -15,7 +16,7 @@ def test_inspect_text_and_json(tmp_path, capsys):
     prog.save(path)
     assert main(["inspect", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "schema v1" in text and "TinyDecoder by ostinato" in text
+    assert f"schema v{SCHEMA_VERSION}" in text and "TinyDecoder by ostinato" in text
     assert "s" in text and "(T) in [1, 8]" in text
     assert "layers.0.k_cache: float32[1, 1, 16, 16]" in text
     assert f"{prog.num_nodes} nodes" in text

@@ -1,7 +1,6 @@
 """The data segment's writer: streamed with its sha256 on a second thread (the same bytes as hashing
 after each write), and the weights of one ``ost.multi_linear`` laid out one after another, so a loaded
 program's groups are packed already (runtime/packing.py)."""
-import hashlib
 import io
 
 import torch
@@ -9,7 +8,7 @@ import torch
 import ostinato
 from ostinato.program import writer
 from ostinato.program.fb.TensorRole import TensorRole
-from ostinato.program.format import align
+from ostinato.program.format import SCHEMA_VERSION, DataHasher, align
 from helpers import assert_same
 from program.models import Tied, tiny_decoder_program
 
@@ -35,7 +34,7 @@ def _old_layout(program):
 
 def _old_write_data(f, entries, data_size):
     """The writer's data segment before: each extent written, then hashed, on the caller's thread."""
-    h = hashlib.sha256()
+    h = DataHasher(SCHEMA_VERSION)
     pos = 0
     for _, _, t, offset in entries:
         if offset < pos:

@@ -29,7 +29,7 @@ from .fb.ScalarKind import ScalarKind
 from .fb.TensorRole import TensorRole
 from .ir_cache import (cached_decode, data_verified, mark_data_verified, mark_shapes_verified, shapes_verified,
                        store_decoded)
-from .format import (ALIGN, HEADER_SIZE, ChecksumError, Header, InconsistentGraphError, LayoutError,
+from .format import (ALIGN, HEADER_SIZE, ChecksumError, Header, InconsistentGraphError, LayoutError, data_digest,
                      parse_header)
 from .program import InputSlot, Program
 
@@ -317,7 +317,7 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
     # is checked on every load, the data segment's again only when the file's identity changed.
     if verify_checksums and not data_verified(st, header.data_sha256):
         data_view = memoryview(mapped)[header.data_offset:header.data_offset + header.data_size]
-        ok = hashlib.sha256(data_view).digest() == header.data_sha256
+        ok = data_digest(data_view, header.schema) == header.data_sha256   # schema 2: on every core
         data_view.release()
         if not ok:
             raise ChecksumError("data", path)

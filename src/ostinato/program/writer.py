@@ -22,7 +22,7 @@ from .fb.InputKind import InputKind
 from .fb.Role import Role
 from .fb.ScalarKind import ScalarKind
 from .fb.TensorRole import TensorRole
-from .format import HEADER_SIZE, SCHEMA_VERSION, Header, align
+from .format import HEADER_SIZE, SCHEMA_VERSION, DataHasher, Header, align
 from .program import Program
 
 ROLE = {"constant": Role.Constant, "input": Role.Input, "state": Role.State, "temp": Role.Temp}
@@ -227,13 +227,14 @@ _PIECE = 32 << 20
 
 
 class _HashingWriter:
-    """``write(chunk)`` sends each chunk to ``f`` and to a sha256 that runs on a worker thread, in order.
+    """``write(chunk)`` sends each chunk to ``f`` and to the data hash (format.DataHasher) that runs on a
+    worker thread, in order.
     Chunks are views of the tensors' own memory (no copy): the caller keeps them alive until ``digest``."""
 
     def __init__(self, f):
         import queue
         import threading
-        self.f, self.h = f, hashlib.sha256()
+        self.f, self.h = f, DataHasher(SCHEMA_VERSION)
         self.q: queue.Queue = queue.Queue(maxsize=4)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._hash, name="ostinato-save-sha256", daemon=True)
@@ -268,7 +269,8 @@ class _HashingWriter:
 
 
 def _write_data(f, entries, data_size: int) -> bytes:
-    """Stream every distinct extent to ``f`` (zero padding between), returning the segment's sha256. Each
+    """Stream every distinct extent to ``f`` (zero padding between), returning the segment's hash (the
+    header's data_sha256, format.data_digest). Each
     tensor's bytes are written from its own memory (no copy when it is a contiguous CPU tensor)."""
     out = _HashingWriter(f)
     try:
