@@ -1,4 +1,5 @@
 import logging
+import os
 import time
 
 from conftest import start_redis
@@ -82,3 +83,25 @@ def test_corrupt_disk_entry_falls_through_to_redis(tmp_path, redis_server, redis
     st = fresh.stats()
     assert st["disk"]["errors"] == 1 and st["redis"]["hits"] == 1 and st["disk"]["puts"] == 1
     assert Cache([DiskTier(tmp_path / "a")]).get(k) == b"value-3"  # and repaired
+
+
+def test_machine_local_records_never_reach_redis(tmp_path, redis_server, redis_prefix):
+    """put_local/get_local use the memory and disk tiers only: a second machine sharing the Redis (its
+    own memory and disk) does not see a record that names this machine's inode; ``put`` still shares."""
+    import redis
+    from ostinato.cache import make_key
+    here = _three(tmp_path, "here", redis_server.url, redis_prefix)
+    there = _three(tmp_path, "there", redis_server.url, redis_prefix)
+    local = make_key("data-verified", os.urandom(8).hex())
+    shared = make_key("program-ir", os.urandom(8).hex())
+    here.put_local(local, b"1")
+    here.put(shared, b"ir")
+    assert here.get_local(local) == b"1" and here.get(local) == b"1"
+    assert there.get(local) is None and there.get_local(local) is None
+    assert there.get(shared) == b"ir"
+    client = redis.Redis(port=redis_server.port)
+    try:
+        assert len(client.keys(f"{redis_prefix}*")) >= 1                     # the shared entry is there
+        assert not any(local.digest in k.decode() for k in client.keys(f"{redis_prefix}*"))
+    finally:
+        client.close()
