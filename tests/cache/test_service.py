@@ -86,18 +86,19 @@ def test_corrupt_disk_entry_falls_through_to_redis(tmp_path, redis_server, redis
 
 
 def test_machine_local_records_never_reach_redis(tmp_path, redis_server, redis_prefix):
-    """put_local/get_local use the memory and disk tiers only: a second machine sharing the Redis (its
-    own memory and disk) does not see a record that names this machine's inode; ``put`` still shares."""
+    """A record of a machine-local kind goes to the memory and disk tiers only: a second machine sharing the
+    Redis (its own memory and disk) does not see a record that names this machine's inode; other kinds
+    still share."""
     import redis
     from ostinato.cache import make_key
     here = _three(tmp_path, "here", redis_server.url, redis_prefix)
     there = _three(tmp_path, "there", redis_server.url, redis_prefix)
     local = make_key("data-verified", os.urandom(8).hex())
     shared = make_key("program-ir", os.urandom(8).hex())
-    here.put_local(local, b"1")
+    here.put(local, b"1")
     here.put(shared, b"ir")
-    assert here.get_local(local) == b"1" and here.get(local) == b"1"
-    assert there.get(local) is None and there.get_local(local) is None
+    assert here.get(local) == b"1" and here.tier("memory").get(local.digest).value == b"1"
+    assert there.get(local) is None and there.tier("redis").get(local.digest) is None
     assert there.get(shared) == b"ir"
     client = redis.Redis(port=redis_server.port)
     try:

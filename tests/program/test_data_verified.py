@@ -21,9 +21,8 @@ from ostinato.program.format import ChecksumError
 
 
 class SharedMemoryTier(MemoryTier):
-    """Stands in for Redis: a tier other machines would read."""
+    """Stands in for Redis: a tier other machines would read (not one of the cache's LOCAL_TIERS)."""
     name = "shared"
-    shared = True
 
     def __init__(self) -> None:
         super().__init__(64 << 20)

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from ..errors import CacheError
 from .entry import Entry
-from .keys import MACHINE_LOCAL_KINDS, Key, Manifest, canonical_json, cpu_arch, current_versions, sha256_hex
+from .keys import Key, Manifest, canonical_json, cpu_arch, current_versions, sha256_hex
 from .service import Cache, get_cache
 from .tier import log
 
@@ -39,13 +39,11 @@ class LoadReport:
 
 
 def save_artifacts(cache: Cache | None = None) -> bytes:
-    """Every valid entry of the memory and disk tiers, with its manifest, as one blob; records true of this
-    machine only (``MACHINE_LOCAL_KINDS``: a file's identity, by inode) stay out of it."""
+    """Every valid entry of the memory and disk tiers (``Cache.local_entries``: not the records true of this
+    machine only), with its manifest, as one blob."""
     cache = cache or get_cache()
     index, values, offset = [], [], 0
     for e in cache.local_entries():
-        if e.manifest.get("kind") in MACHINE_LOCAL_KINDS:
-            continue
         index.append({"manifest": e.manifest, "sha256": sha256_hex(e.value), "size": len(e.value),
                       "offset": offset})
         values.append(e.value)

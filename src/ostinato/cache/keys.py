@@ -44,7 +44,8 @@ def _str_map(name: str, m: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
 
 
 # Kinds of record true of this machine only (a program file's data checked, named by its inode: another
-# machine's inode numbers name other files): kept on the memory and disk tiers, out of Redis and bundles.
+# machine's inode numbers name other files): Cache keeps them on the memory and disk tiers, out of Redis
+# and bundles.
 MACHINE_LOCAL_KINDS = frozenset({"data-verified"})
 
 

@@ -24,7 +24,6 @@ _FAILED: Any = object()
 
 class RedisTier(Tier):
     name = "redis"
-    shared = True
 
     def __init__(self, url: str, timeout_s: float = 0.2, backoff_s: float = 30.0,
                  prefix: str = "ostinato:v1:") -> None:

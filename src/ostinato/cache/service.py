@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 
 from .disk import DiskTier
 from .entry import Entry
-from .keys import Key, Manifest, content_group, diff_manifests
+from .keys import MACHINE_LOCAL_KINDS, Key, Manifest, content_group, diff_manifests
 from .memory import MemoryTier
 from .redis_tier import RedisTier
 from .tier import Tier, log
@@ -37,6 +37,10 @@ class Explanation:
         return f"miss {self.digest[:12]}: nearest of {self.candidates} stored entries differs in {parts}"
 
 
+# This machine's own tiers: what a bundle carries, and all that records of MACHINE_LOCAL_KINDS go to.
+LOCAL_TIERS = ("memory", "disk")
+
+
 class Cache:
     def __init__(self, tiers: Sequence[Tier]) -> None:
         self.tiers = list(tiers)
@@ -44,12 +48,18 @@ class Cache:
     def tier(self, name: str) -> Tier | None:
         return next((t for t in self.tiers if t.name == name), None)
 
+    def _tiers_for(self, kind: str) -> list[Tier]:
+        """Every tier, or this machine's own (LOCAL_TIERS) for a record true of this machine only
+        (``MACHINE_LOCAL_KINDS``: another machine reading the same Redis has other files)."""
+        return self.tiers if kind not in MACHINE_LOCAL_KINDS else [t for t in self.tiers if t.name in LOCAL_TIERS]
+
     def get(self, key: Key) -> bytes | None:
         digest = key.digest
-        for i, tier in enumerate(self.tiers):
+        tiers = self._tiers_for(key.kind)
+        for i, tier in enumerate(tiers):
             entry = tier.get(digest)
             if entry is not None:
-                for upper in self.tiers[:i]:
+                for upper in tiers[:i]:
                     upper.put(entry)
                 return entry.value
         if log.isEnabledFor(10):  # DEBUG; the index lookups are only worth it when someone reads them
@@ -57,28 +67,10 @@ class Cache:
         return None
 
     def put(self, key: Key, value: bytes) -> None:
-        entry = Entry.of(key, value)
-        for tier in self.tiers:
-            tier.put(entry)
-
-    def get_local(self, key: Key) -> bytes | None:
-        """``get`` from this machine's tiers only (memory, disk): for records about this machine's files."""
-        for tier in self.tiers:
-            if not tier.shared:
-                entry = tier.get(key.digest)
-                if entry is not None:
-                    return entry.value
-        return None
-
-    def put_local(self, key: Key, value: bytes) -> None:
-        """``put`` into this machine's tiers only (never a tier other machines read)."""
-        entry = Entry.of(key, value)
-        for tier in self.tiers:
-            if not tier.shared:
-                tier.put(entry)
+        self.put_entry(Entry.of(key, value))
 
     def put_entry(self, entry: Entry) -> None:
-        for tier in self.tiers:
+        for tier in self._tiers_for(entry.manifest.get("kind")):
             tier.put(entry)
 
     def stored_manifests(self, kind: str, content: str) -> list[Manifest]:
@@ -106,13 +98,14 @@ class Cache:
         return sorted({g for t in self.tiers for g in t.groups()})
 
     def local_entries(self) -> Iterator[Entry]:
-        """Each valid entry of the memory and disk tiers once (what a bundle carries)."""
+        """Each valid entry of the memory and disk tiers once, but records true of this machine only (what
+        a bundle carries)."""
         seen: set[str] = set()
         for tier in self.tiers:
-            if tier.name not in ("memory", "disk"):
+            if tier.name not in LOCAL_TIERS:
                 continue
             for e in tier.entries():
-                if e.digest not in seen:
+                if e.manifest.get("kind") not in MACHINE_LOCAL_KINDS and e.digest not in seen:
                     seen.add(e.digest)
                     yield e
 

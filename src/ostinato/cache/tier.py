@@ -43,8 +43,6 @@ class Tier(abc.ABC):
     """A store of encoded entries by digest. No method raises: a failure is counted and becomes a miss."""
 
     name: str
-    # A tier other machines read too (Redis): records true of one machine's files only stay out of it.
-    shared: bool = False
 
     def __init__(self) -> None:
         self.stats = TierStats()

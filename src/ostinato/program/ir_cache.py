@@ -213,8 +213,8 @@ def mark_shapes_verified(fb_sha256: bytes) -> None:
 # the same unchanged file skips re-hashing its weights (1.4 s for Llama-3.2-1B's 2.5 GB at the 1.8 GB/s
 # one core hashes). The identity is the device, inode, size, and modification and status-change times
 # in nanoseconds: writing the file changes both times, and the status-change time cannot be set back
-# (os.utime sets the other two and moves it forward). The record is kept on this machine's tiers only
-# (memory, disk), never Redis: another machine's inode numbers name other files.
+# (os.utime sets the other two and moves it forward). The cache keeps the record on this machine's tiers
+# only (memory, disk), never Redis nor bundles: another machine's inode numbers name other files.
 DATA_VERIFIED_KIND = "data-verified"   # one of cache.keys.MACHINE_LOCAL_KINDS
 # File times come from a coarse clock (a kernel tick, 1-10 ms; whole seconds on some network and FUSE
 # file systems), so a write in the same tick as the file's last change leaves both times as they were.
@@ -232,7 +232,7 @@ def _data_key(st: os.stat_result, data_sha256: bytes) -> Key:
 def data_verified(st: os.stat_result, data_sha256: bytes) -> bool:
     """Whether this file (``st``: its fstat), unchanged since, had a data segment of this sha256 here."""
     try:
-        return get_cache().get_local(_data_key(st, data_sha256)) == b"1"
+        return get_cache().get(_data_key(st, data_sha256)) == b"1"
     except Exception as e:  # noqa: BLE001 - a cache that cannot answer: hash again
         log.debug("ostinato: data-verified cache unavailable: %s", e)
         return False
@@ -245,6 +245,6 @@ def mark_data_verified(st: os.stat_result, data_sha256: bytes) -> None:
     if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < (RACY_WHOLE_SECONDS_NS if whole_seconds else RACY_NS):
         return
     try:
-        get_cache().put_local(_data_key(st, data_sha256), b"1")
+        get_cache().put(_data_key(st, data_sha256), b"1")
     except Exception as e:  # noqa: BLE001 - caching is an optimization
         log.debug("ostinato: data-verified mark not cached: %s: %s", type(e).__name__, e)
