@@ -118,10 +118,9 @@ class DataHasher:
 
     def __init__(self, schema: int) -> None:
         self.schema = schema
-        self.whole = hashlib.sha256()      # schema 1: the bytes; schema 2: the chunks' digests
-        self.chunk = hashlib.sha256()
+        self.whole = hashlib.sha256()      # schema 1: the bytes; schema 2: the full chunks' digests
+        self.chunk = hashlib.sha256()      # schema 2: the chunk being filled, ``room`` bytes short of full
         self.room = DATA_CHUNK_BYTES
-        self.pending = False
 
     def update(self, data) -> None:
         if self.schema < 2:
@@ -131,18 +130,17 @@ class DataHasher:
         while len(view):
             part = view[:self.room]
             self.chunk.update(part)
-            self.pending = True
             self.room -= len(part)
             view = view[len(part):]
             if self.room == 0:
                 self.whole.update(self.chunk.digest())
-                self.chunk, self.room, self.pending = hashlib.sha256(), DATA_CHUNK_BYTES, False
+                self.chunk, self.room = hashlib.sha256(), DATA_CHUNK_BYTES
 
     def digest(self) -> bytes:
-        if self.schema >= 2 and self.pending:
-            self.whole.update(self.chunk.digest())
-            self.chunk, self.room, self.pending = hashlib.sha256(), DATA_CHUNK_BYTES, False
-        return self.whole.digest()
+        whole = self.whole.copy()
+        if self.schema >= 2 and self.room < DATA_CHUNK_BYTES:     # the last, shorter chunk
+            whole.update(self.chunk.digest())
+        return whole.digest()
 
 
 def data_digest(data, schema: int, threads: int | None = None) -> bytes:

@@ -399,9 +399,8 @@ def flatbuffer_bytes(program: Program) -> bytes:
     return _flatbuffer(program, _layout_tensors(program)[0])
 
 
-def write(program: Program, f) -> Header:
-    """Write the whole file to the binary, seekable stream ``f``; weights are streamed, not gathered.
-    Returns the header written (both segments' sha256)."""
+def write(program: Program, f) -> None:
+    """Write the whole file to the binary, seekable stream ``f``; weights are streamed, not gathered."""
     entries, data_size = _layout_tensors(program)
     fb = _flatbuffer(program, entries)
     fb_offset = HEADER_SIZE
@@ -420,7 +419,6 @@ def write(program: Program, f) -> Header:
     f.seek(start)
     f.write(header.pack())
     f.seek(end)
-    return header
 
 
 def to_bytes(program: Program) -> bytes:
@@ -439,7 +437,7 @@ def save(program: Program, path: str | os.PathLike) -> None:
             write(program, f)
             f.flush()
             os.fsync(f.fileno())
-            os.replace(tmp, path)
+        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -104,7 +104,8 @@ def bulk_upload(graph: Graph, weights: dict[str, torch.Tensor], backend: Backend
     by_storage: dict[int, list] = {}
     for v in graph.constants:
         t = weights.get(v.name)
-        if (placed and v.name in placed) or type(t) is not torch.Tensor or t.device.type != "cpu"                 or not t.is_contiguous() or t.numel() == 0:
+        if (placed and v.name in placed) or type(t) is not torch.Tensor or t.device.type != "cpu" \
+                or not t.is_contiguous() or t.numel() == 0:
             continue
         start = t.storage_offset() * t.element_size()
         by_storage.setdefault(t.untyped_storage().data_ptr(), []).append((start, start + t.nbytes, v.name, t))
