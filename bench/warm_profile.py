@@ -1,0 +1,80 @@
+"""Where a warm start's time goes: for each configuration directory that bench/run_suite.py left in
+--workdir (its model.ost, io.pt and the ostinato cache the cold process filled), run the suite's
+``ostinato_warm`` child again in fresh processes, each under cProfile, and write what they spent to
+--out: per process the child's own phase times (load, compile, first output) and the functions with the
+most cumulative and own time.
+
+The first repeat after the suite's warm process finds the data hash recorded (the suite's own warm
+process hashed), so later repeats time the steady warm start; ``--repeats`` says how many.
+
+  python bench/run_suite.py --configs NAME --runners eager,ostinato_replay --workdir WD ...
+  python bench/warm_profile.py --workdir WD --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import json
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def profile_once(cfg_dir: str, name: str, out_prefix: str, top: int) -> dict:
+    prof = out_prefix + ".prof"
+    env = dict(os.environ, OSTINATO_CACHE_DIR=os.path.join(cfg_dir, "ostinato-cache"),
+               TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-warm-profile-"))
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), ROOT, env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "cProfile", "-o", prof, "-m", "bench.suite.child", "ostinato_warm", name, cfg_dir]
+    p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    rec: dict = {"returncode": p.returncode}
+    lines = p.stdout.strip().splitlines()
+    try:
+        rec["child"] = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        rec["stderr_tail"] = p.stderr.strip().splitlines()[-20:]
+        return rec
+    if os.path.exists(prof):
+        text = io.StringIO()
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("cumulative").print_stats("ostinato/", top)   # import torch is outside the clocks
+        stats.sort_stats("tottime").print_stats(top)
+        with open(out_prefix + ".txt", "w") as f:
+            f.write(text.getvalue())
+    return rec
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", required=True, help="bench/run_suite.py's --workdir")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--top", type=int, default=45)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    report = {}
+    for cfg_dir in sorted(glob.glob(os.path.join(a.workdir, "*"))):
+        if not os.path.exists(os.path.join(cfg_dir, "model.ost")):
+            continue
+        import torch
+        name = torch.load(os.path.join(cfg_dir, "io.pt"), weights_only=True)["config"]["name"]
+        runs = []
+        for i in range(a.repeats):
+            rec = profile_once(cfg_dir, name, os.path.join(a.out, f"{os.path.basename(cfg_dir)}-{i}"), a.top)
+            runs.append(rec)
+            c = rec.get("child", {})
+            print(f"{name} #{i}: " + ", ".join(f"{k} {c[k]:.3f}" for k in ("load_s", "first_output_s", "total_s") if k in c)
+                  + (f" (rc {rec['returncode']})" if rec["returncode"] else ""), flush=True)
+        report[name] = runs
+    with open(os.path.join(a.out, "warm_profile.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
