@@ -45,6 +45,8 @@ def child(kind: str, path: str, nbytes: int, chunk_mb: int, buffers: int) -> dic
     with open(path, "rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     src = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes)
+    if kind.startswith("steps"):
+        return dict(out, **_steps(kind, mapped, src, path, chunk_mb * MB, buffers))
     t0 = time.perf_counter()
     if kind == "to":
         dst = src.to("cuda")
@@ -61,9 +63,58 @@ def child(kind: str, path: str, nbytes: int, chunk_mb: int, buffers: int) -> dic
     return out
 
 
+def _steps(kind: str, mapped, src, path: str, chunk: int, nbuf: int) -> dict:
+    """The pipelined upload with its parts timed: CPU copies into the pinned buffers (by ATen over its
+    threads; "steps-1thread" on one thread; "steps-populate" after MADV_POPULATE_READ of the mapping;
+    "steps-pread" reading the file into the buffers instead of copying from the mapping)."""
+    import torch
+    n = src.numel()
+    t = {"alloc_s": 0.0, "fill_s": 0.0, "wait_s": 0.0, "populate_s": 0.0}
+    t0 = time.perf_counter()
+    if kind == "steps-1thread":
+        torch.set_num_threads(1)
+    if kind == "steps-populate":
+        try:
+            mapped.madvise(22, 0, n)         # MADV_POPULATE_READ (Linux 5.14)
+        except OSError as e:
+            t["populate_error"] = str(e)
+        t["populate_s"] = time.perf_counter() - t0
+    a = time.perf_counter()
+    dst = torch.empty(n, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    bufs = [torch.empty(chunk, dtype=torch.uint8, pin_memory=True) for _ in range(nbuf)]
+    t["alloc_s"] = time.perf_counter() - a
+    fd = os.open(path, os.O_RDONLY) if kind == "steps-pread" else None
+    views = [memoryview(b.numpy()) for b in bufs]
+    done = [None] * nbuf
+    with torch.cuda.stream(stream):
+        for j, start in enumerate(range(0, n, chunk)):
+            b, size = j % nbuf, min(chunk, n - start)
+            if done[b] is not None:
+                a = time.perf_counter()
+                done[b].synchronize()
+                t["wait_s"] += time.perf_counter() - a
+            a = time.perf_counter()
+            if fd is not None:
+                got = os.preadv(fd, [views[b][:size]], start)
+                assert got == size
+            else:
+                bufs[b][:size].copy_(src[start:start + size])
+            t["fill_s"] += time.perf_counter() - a
+            dst[start:start + size].copy_(bufs[b][:size], non_blocking=True)
+            done[b] = torch.cuda.Event()
+            done[b].record(stream)
+    stream.synchronize()
+    t["upload_s"] = time.perf_counter() - t0
+    t["gb_per_s"] = n / t["upload_s"] / 1e9
+    t["ok"] = bool(torch.equal(dst[-4096:].cpu(), src[-4096:]))
+    return t
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--steps-only", action="store_true", help="only the timed parts of the upload's variants")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -80,7 +131,9 @@ def main() -> int:
     with open(path, "rb") as f:               # in the page cache, as a warm start's file is
         while f.read(256 * MB):
             pass
-    runs = [("pinned", 0, 32, 3), ("pinned", 0, 8, 2), ("pinned", 0, 2, 4), ("parts", 256 * MB, 0, 0),
+    steps = [(k, n, c, b) for n in (256 * MB, big) for k in ("steps", "steps-1thread", "steps-populate", "steps-pread")
+             for c, b in ((32, 3), (8, 3))]
+    runs = steps if a.steps_only else [("pinned", 0, 32, 3), ("pinned", 0, 8, 2), ("pinned", 0, 2, 4), ("parts", 256 * MB, 0, 0),
             ("parts", big, 0, 0)]
     for n in (256 * MB, 1024 * MB, big):
         runs.append(("to", n, 0, 0))

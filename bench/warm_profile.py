@@ -44,6 +44,7 @@ def profile_once(cfg_dir: str, name: str, out_prefix: str, top: int) -> dict:
         stats = pstats.Stats(prof, stream=text)
         stats.sort_stats("cumulative").print_stats("ostinato/", top)   # import torch is outside the clocks
         stats.sort_stats("tottime").print_stats(top)
+        stats.print_callers(r"torch\.empty|copy_|synchronize|_cuda_init", 12)   # who pays the first uses
         with open(out_prefix + ".txt", "w") as f:
             f.write(text.getvalue())
     return rec
