@@ -197,3 +197,24 @@ def test_a_loaded_program_is_uploaded_in_runs_and_runs_like_eager(tmp_path, monk
     exe = ostinato.compile(loaded, device="cuda", cache=False)
     assert len(calls) == 1
     _packed_on_gpu_and_like_eager(exe, loaded.weights, model, x)
+
+
+def test_populate_maps_a_file_range_without_changing_it(tmp_path):
+    """The upload's page-table fill (MADV_POPULATE_READ): on Linux it succeeds on any sub-range of a
+    copy-on-write file mapping, unaligned start included, and the bytes read after it are the file's;
+    nothing to populate is refused."""
+    import mmap
+    import sys
+    from ostinato.backends.cuda.upload import populate
+    data = torch.randint(0, 256, (3 * mmap.PAGESIZE + 123,), dtype=torch.uint8)
+    path = tmp_path / "blob"
+    path.write_bytes(data.numpy().tobytes())
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    view = torch.frombuffer(mapped, dtype=torch.uint8)
+    off = int(torch.randint(1, mmap.PAGESIZE, ()).item())
+    assert populate(view[off:].data_ptr(), view.numel() - off) is sys.platform.startswith("linux")
+    assert torch.equal(view, data)
+    assert populate(view.data_ptr(), 0) is False
+    del view
+    mapped.close()
