@@ -27,6 +27,8 @@ import ostinato
 
 CHILD = """
 import sys, time, ostinato
+import ostinato.program.format as fmt
+fmt.POPULATE = sys.argv[3] == "1"
 t0 = time.perf_counter()
 prog = ostinato.load(sys.argv[1], verify=sys.argv[2] == "1")
 t1 = time.perf_counter()
@@ -44,16 +46,19 @@ def make_program(mb: int) -> tuple[ostinato.Program, int]:
     return prog, layers * per_layer
 
 
-def fresh_load_seconds(path: str, verify: bool, repeats: int, env: dict, copy: bool = False) -> list[float]:
+def fresh_load_seconds(path: str, verify: bool, repeats: int, env: dict, copy: bool = False,
+                       populate: bool = True) -> list[float]:
     """Seconds to load ``path`` in fresh processes; ``copy``: each time a new copy of it (a file not
-    checked here before)."""
+    checked here before); ``populate``: the mapping's page tables filled before the hash reads it
+    (``program.format.POPULATE``)."""
     times = []
     for i in range(repeats):
         target = path
         if copy:
             target = f"{path}.copy{i}"
             shutil.copyfile(path, target)
-        out = subprocess.run([sys.executable, "-c", CHILD, target, "1" if verify else "0"], check=True,
+        out = subprocess.run([sys.executable, "-c", CHILD, target, "1" if verify else "0",
+                              "1" if populate else "0"], check=True,
                              capture_output=True, text=True, env=env)
         times.append(float(out.stdout.strip().splitlines()[-1]))
         if copy:
@@ -81,9 +86,11 @@ def main() -> int:
         row = {"weights_mb": raw / 2**20, "file_mb": os.path.getsize(path) / 2**20, "save_s": t_save}
         time.sleep(0.2)   # older than ir_cache.RACY_NS: the first load below records its check
         fresh_load_seconds(path, True, 1, env)
-        for name, verify, copy in (("verify_False", False, False), ("verify_True_new_file", True, True),
-                                   ("verify_True_recorded", True, False)):
-            ts = fresh_load_seconds(path, verify, args.repeats, env, copy)
+        for name, verify, copy, populate in (("verify_False", False, False, True),
+                                             ("verify_True_new_file", True, True, True),
+                                             ("verify_True_new_file_no_populate", True, True, False),
+                                             ("verify_True_recorded", True, False, True)):
+            ts = fresh_load_seconds(path, verify, args.repeats, env, copy, populate)
             row[f"load_{name}_s"] = statistics.median(ts)
             row[f"load_{name}_all"] = ts
         rows.append(row)
@@ -91,10 +98,11 @@ def main() -> int:
     report = {"device": "cpu", "torch": torch.__version__, "ostinato": ostinato.__version__,
               "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats, "rows": rows}
     print(f"{'weights':>10} {'file':>10} {'verify=False':>13} {'verify=True, new file':>22} "
-          f"{'verify=True, recorded':>22}")
+          f"{'(no populate)':>14} {'verify=True, recorded':>22}")
     for r in rows:
         print(f"{r['weights_mb']:8.1f}MB {r['file_mb']:8.1f}MB {1000 * r['load_verify_False_s']:11.1f}ms "
-              f"{1000 * r['load_verify_True_new_file_s']:20.1f}ms {1000 * r['load_verify_True_recorded_s']:20.1f}ms")
+              f"{1000 * r['load_verify_True_new_file_s']:20.1f}ms "
+              f"{1000 * r['load_verify_True_new_file_no_populate_s']:12.1f}ms {1000 * r['load_verify_True_recorded_s']:20.1f}ms")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

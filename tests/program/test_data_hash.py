@@ -81,3 +81,25 @@ def test_files_of_both_schemas_load_and_damage_anywhere_is_refused(tmp_path, mon
     _flip_data_byte(path, seed)
     with pytest.raises(ChecksumError, match="data segment"):
         ostinato.load(path, verify="checksums")
+
+
+def test_digest_of_a_mapping_with_and_without_the_page_table_fill(tmp_path, monkeypatch):
+    """Schema 2's digest read through a copy-on-write mapping (its chunks' page tables filled first, as a
+    load does) equals the digest of the same bytes in memory, with the fill on or off, on one or several
+    threads; a flipped byte changes it."""
+    import mmap
+    from ostinato.program import format as fmt
+    n = 2 * fmt.DATA_CHUNK_BYTES + int(torch.randint(1, 4096, ()).item())
+    data = torch.randint(0, 256, (n,), dtype=torch.uint8).numpy().tobytes()
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    want = data_digest(data, 2)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    for fill in (True, False):
+        monkeypatch.setattr(fmt, "POPULATE", fill)
+        for threads in (1, 3):
+            assert data_digest(memoryview(mapped), 2, threads) == want
+    mapped[n // 2] ^= 0x01
+    assert data_digest(memoryview(mapped), 2) != want
+    mapped.close()

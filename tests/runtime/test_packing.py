@@ -205,7 +205,7 @@ def test_populate_maps_a_file_range_without_changing_it(tmp_path):
     nothing to populate is refused."""
     import mmap
     import sys
-    from ostinato.backends.cuda.upload import populate
+    from ostinato.program.format import populate
     data = torch.randint(0, 256, (3 * mmap.PAGESIZE + 123,), dtype=torch.uint8)
     path = tmp_path / "blob"
     path.write_bytes(data.numpy().tobytes())

@@ -21,9 +21,13 @@ the same; this ostinato reads schema 1 files as before, and older ones refuse sc
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
+import mmap
 import os
 import struct
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -151,14 +155,57 @@ def data_digest(data, schema: int, threads: int | None = None) -> bytes:
         return hashlib.sha256(view).digest()
     starts = range(0, len(view), DATA_CHUNK_BYTES)
 
+    base = _address(view)
+
     def one(start: int) -> bytes:
         with view[start:start + DATA_CHUNK_BYTES] as part:
+            if base is not None:
+                populate(base + start, len(part))
             return hashlib.sha256(part).digest()
 
-    n = min(len(starts), threads or min(os.cpu_count() or 1, MAX_HASH_THREADS))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    n = min(len(starts), threads or min(cores, MAX_HASH_THREADS))
     if n > 1:
         with ThreadPoolExecutor(n, thread_name_prefix="ostinato-sha256") as pool:
             digests = list(pool.map(one, starts))
     else:
         digests = [one(s) for s in starts]
     return hashlib.sha256(b"".join(digests)).digest()
+
+
+# Page tables of a mapping filled in one call per chunk before it is read (the data hash here, the CUDA
+# upload's copies), rather than one fault per page: False turns it off (bench/program_load.py compares).
+POPULATE = True
+MADV_POPULATE_READ = 22
+_madvise = None
+
+
+def populate(address: int, nbytes: int) -> bool:
+    """Ask the kernel to map the pages of ``[address, address + nbytes)`` now, read-only, in one call
+    (a file mapping's pages come from the page cache, read from disk where missing). Whether it did: only
+    Linux 5.14 and later can; anything else (another OS, an older kernel, memory it refuses) leaves the
+    pages to fault in one by one as the copies touch them, as before."""
+    global _madvise
+    if not POPULATE or not sys.platform.startswith("linux") or nbytes <= 0:
+        return False
+    if _madvise is None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _madvise = libc.madvise
+            _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            _madvise.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            _madvise = False
+    if not _madvise:
+        return False
+    page = mmap.PAGESIZE
+    start = address - address % page
+    return _madvise(start, nbytes + (address - start), MADV_POPULATE_READ) == 0
+
+
+def _address(view: memoryview) -> int | None:
+    """The address of a writable buffer's first byte (a copy-on-write mapping's); None for read-only
+    buffers (bytes), which are in memory already."""
+    if view.readonly or not len(view):
+        return None
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))

@@ -12,12 +12,9 @@ first, a chunk at a time, by ``madvise(MADV_POPULATE_READ)`` (Linux 5.14+; skipp
 of a fault per page inside the copies: 4 GiB took 107 ms that way against 179 ms."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import mmap
-import sys
-
 import torch
+
+from ...program.format import populate
 
 CHUNK_BYTES = 8 << 20
 BUFFERS = 3
@@ -49,29 +46,3 @@ def upload(src: torch.Tensor, device: torch.device) -> torch.Tensor:
     stream.synchronize()
     return dst
 
-
-MADV_POPULATE_READ = 22
-_madvise = None
-
-
-def populate(address: int, nbytes: int) -> bool:
-    """Ask the kernel to map the pages of ``[address, address + nbytes)`` now, read-only, in one call
-    (a file mapping's pages come from the page cache, read from disk where missing). Whether it did: only
-    Linux 5.14 and later can; anything else (another OS, an older kernel, memory it refuses) leaves the
-    pages to fault in one by one as the copies touch them, as before."""
-    global _madvise
-    if not sys.platform.startswith("linux") or nbytes <= 0:
-        return False
-    if _madvise is None:
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            _madvise = libc.madvise
-            _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-            _madvise.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            _madvise = False
-    if not _madvise:
-        return False
-    page = mmap.PAGESIZE
-    start = address - address % page
-    return _madvise(start, nbytes + (address - start), MADV_POPULATE_READ) == 0
