@@ -116,3 +116,41 @@ def test_compile_warms_and_leaves_no_thread(monkeypatch):
     monkeypatch.setenv("OSTINATO_WARM_LIBRARIES", "0")
     ostinato.compile(prog, device="cuda")
     assert not warm._started
+
+
+class _Layers(nn.Module):
+    """Three attention layers: two over the same shapes, one over half the keys with a float mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, q, k, v, mask):
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        b = F.scaled_dot_product_attention(self.proj(a), k, v, is_causal=True)
+        half = k.shape[-2] // 2
+        return F.scaled_dot_product_attention(b, k[..., :half, :], v[..., :half, :], attn_mask=mask)
+
+
+def test_attention_calls_are_the_programs_own_once_each():
+    """The warm-up runs each distinct torch attention call of a program with its shapes (not a stand-in
+    shape): identical layers once, another key count or a mask apart; run with made-up tensors (here on
+    the CPU) each gives the shape the node declares. A decode step's attention (the Triton kernel's)
+    has none."""
+    from ostinato.backends.cuda.kernels.common import SHORT_QUERIES
+    rows, keys = SHORT_QUERIES + 1 + int(torch.randint(0, 8, ()).item()), 2 * int(torch.randint(8, 24, ()).item())
+    q = torch.randn(1, 2, rows, 16)
+    k, v = torch.randn(1, 2, keys, 16), torch.randn(1, 2, keys, 16)
+    mask = torch.randn(rows, keys // 2)
+    prog = ostinato.export(_Layers().eval(), (q, k, v, mask))
+    calls = warm.attention_calls(prog.graph)
+    nodes = [n for n in prog.graph.nodes if n.op in ("ost.sdpa", "aten.scaled_dot_product_attention")]
+    assert len(nodes) == 3 and len(calls) == 2
+    key_counts = sorted(c[1][1].meta.shape[-2] for c in calls)
+    assert key_counts == [keys // 2, keys]
+    by_args = {id(n.args): n for n in nodes}
+    for call in calls:
+        out = warm.run_call(call, torch.device("cpu"))
+        assert tuple(out.shape) == tuple(by_args[id(call[1])].outputs[0].meta.shape)
+    decode = ostinato.export(_Layers().eval(), (q[..., :1, :], k, v, mask[:1]))
+    assert warm.attention_calls(decode.graph) == []
