@@ -6,8 +6,7 @@ attention and convolution (cuDNN's handle and graphs) inside the first call of t
 ``bench/library_init_probe.py`` on an H100 (torch 2.11): the first bf16 linear took 70-148 ms and the
 first causal SDPA 62-850 ms; with a thread that ran a tiny linear and SDPA while the main thread spent
 0.2-0.3 s on Python work, 2.5-7 ms and 44-102 ms (an SDPA of another shape still builds its own cuDNN
-graph: so the thread runs each distinct attention call of the program with its own shapes,
-``attention_calls``). torch's bindings release the GIL inside those calls, so the compile's Python work goes on
+graph). torch's bindings release the GIL inside those calls, so the compile's Python work goes on
 meanwhile, and a handle made by a thread returns to torch's pool when the thread ends, where the main
 thread finds it.
 
@@ -65,65 +64,7 @@ def jobs_for(graph, device_index: int) -> list[tuple[str, torch.dtype]]:
             if ops & members and (device_index, kind, dt) not in _started]
 
 
-class _NotStatic(Exception):
-    pass
-
-
-def _signature(obj):
-    """A hashable form of a node's arguments: each Value as its dtype and static shape."""
-    from ...ir.graph import Value
-    if isinstance(obj, Value):
-        meta = obj.meta
-        if not getattr(meta, "is_static", False):
-            raise _NotStatic
-        return ("tensor", meta.dtype, tuple(meta.shape))
-    if isinstance(obj, (list, tuple)):
-        return (type(obj).__name__, *map(_signature, obj))
-    if isinstance(obj, dict):
-        return ("dict", *sorted((k, _signature(v)) for k, v in obj.items()))
-    return ("value", repr(obj))
-
-
-def attention_calls(graph) -> list[tuple]:
-    """The attention calls torch will run for ``graph`` (``_torch_attention``; the soft-capped form is
-    matmuls), one per distinct signature, as (op, args, kwargs) of the node: torch's SDPA picks and loads
-    its kernel (flash, cuDNN's graph for the shapes) on the first call of each, which the warm-up thread
-    then makes instead of the model's first call. Nodes with symbolic shapes are left out."""
-    calls: dict = {}
-    for n in graph.nodes:
-        if n.op not in ("ost.sdpa", "aten.scaled_dot_product_attention") or not _torch_attention(n):
-            continue
-        try:
-            key = (n.op, _signature(n.args), _signature(n.kwargs))
-        except _NotStatic:
-            continue
-        calls.setdefault(key, (n.op, n.args, n.kwargs))
-    return list(calls.values())
-
-
-def run_call(call: tuple, device: torch.device):
-    """One of ``attention_calls`` run on ``device`` with every tensor argument made up (zeros; booleans
-    true, so a boolean mask leaves every key visible); returns its result."""
-    from ...ir.graph import Value
-    from ...ir.ops import get_op
-
-    def make(obj):
-        if isinstance(obj, Value):
-            meta = obj.meta
-            if meta.dtype == torch.bool:
-                return torch.ones(meta.shape, dtype=torch.bool, device=device)
-            return torch.zeros(meta.shape, dtype=meta.dtype, device=device)
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(make(x) for x in obj)
-        if isinstance(obj, dict):
-            return {k: make(v) for k, v in obj.items()}
-        return obj
-
-    op, args, kwargs = call
-    return get_op(op).target(*make(args), **make(kwargs))
-
-
-def _run(jobs: list[tuple[str, torch.dtype]], device: torch.device, calls: list[tuple] = ()) -> None:
+def _run(jobs: list[tuple[str, torch.dtype]], device: torch.device) -> None:
     try:
         with torch.cuda.device(device), torch.no_grad():
             for kind, dt in jobs:
@@ -131,12 +72,8 @@ def _run(jobs: list[tuple[str, torch.dtype]], device: torch.device, calls: list[
                     torch.nn.functional.linear(torch.zeros(8, 64, device=device, dtype=dt),
                                                torch.zeros(64, 64, device=device, dtype=dt))
                 elif kind == "attention":
-                    exact = [c for c in calls if c[1][0].meta.dtype == dt]
-                    for call in exact:
-                        run_call(call, device)
-                    if not exact:
-                        q = torch.zeros(1, 2, 8, 64, device=device, dtype=dt)
-                        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+                    q = torch.zeros(1, 2, 8, 64, device=device, dtype=dt)
+                    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
                 else:
                     torch.nn.functional.conv2d(torch.zeros(1, 8, 8, 8, device=device, dtype=dt),
                                                torch.zeros(8, 8, 3, 3, device=device, dtype=dt), padding=1)
@@ -156,8 +93,7 @@ def start(graph, device: torch.device) -> threading.Thread | None:
         if not jobs:
             return None
         _started.update((index, kind, dt) for kind, dt in jobs)
-        calls = attention_calls(graph) if any(kind == "attention" for kind, _ in jobs) else []
-        thread = threading.Thread(target=_run, args=(jobs, torch.device("cuda", index), calls),
+        thread = threading.Thread(target=_run, args=(jobs, torch.device("cuda", index)),
                                   name="ostinato-warm-libraries", daemon=True)
         thread.start()
     return thread
