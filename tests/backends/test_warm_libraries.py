@@ -116,3 +116,39 @@ def test_compile_warms_and_leaves_no_thread(monkeypatch):
     monkeypatch.setenv("OSTINATO_WARM_LIBRARIES", "0")
     ostinato.compile(prog, device="cuda")
     assert not warm._started
+
+
+def test_a_later_start_joins_the_warm_up_still_running(monkeypatch):
+    """A warm-up started earlier (by load, for the current device) is handed to the next ``start`` for
+    that device even with nothing left to warm, so compile joins it; once it is over, nothing is."""
+    monkeypatch.setattr(warm, "_started", set())
+    monkeypatch.setattr(warm, "_in_flight", {})
+    monkeypatch.setattr(warm, "enabled", lambda: True)
+    ran = []
+    monkeypatch.setattr(warm, "_run", lambda jobs, device: (time.sleep(0.2), ran.append(jobs)))
+    prog = ostinato.export(nn.Linear(4, 4), (torch.randn(2, 4),))
+    device = torch.device("cuda", 99)
+    first = warm.start(prog.graph, device)
+    assert first is not None and len(first.threads) == 1
+    again = warm.start(prog.graph, device)            # nothing new to warm: the running one
+    assert again is not None and again.threads == first.threads and first.threads[0].is_alive()
+    again.join()
+    assert ran == [[("gemm", torch.float32)]]
+    assert warm.start(prog.graph, device) is None
+
+
+def test_load_hands_the_decoded_graph_to_its_hooks(tmp_path, monkeypatch):
+    """load calls each of reader.DECODED_HOOKS with the program's graph (before the weights' hash, which
+    still refuses a damaged file); a hook that raises does not stop the load."""
+    from ostinato.program import reader
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    path = str(tmp_path / "m.ost")
+    ostinato.export(model, (torch.randn(2, 8),)).save(path)
+    seen = []
+
+    def broken(graph):
+        raise RuntimeError("hook failed")
+    monkeypatch.setattr(reader, "DECODED_HOOKS", [broken, lambda g: seen.append(g)])
+    prog = ostinato.load(path)
+    assert seen == [prog.graph]

@@ -291,6 +291,11 @@ def _tensors_from(mapped: mmap.mmap, data_offset: int, data_size: int, entries, 
     return weights, state
 
 
+# Called with each loaded program's graph once its FlatBuffer is decoded, before the weights are hashed
+# (runtime/executable.py registers the start of CUDA's library warm-up). A hook that raises is logged.
+DECODED_HOOKS: list = []
+
+
 def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: bool | None = None) -> Program:
     """Load a program file.
 
@@ -313,15 +318,6 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
         if verify_checksums and hashlib.sha256(fb).digest() != header.fb_sha256:
             raise ChecksumError("FlatBuffer", path)
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
-    # The weights' sha256 once per unchanged file on this machine (ir_cache.data_verified): the FlatBuffer's
-    # is checked on every load, the data segment's again only when the file's identity changed.
-    if verify_checksums and not data_verified(st, header.data_sha256):
-        data_view = memoryview(mapped)[header.data_offset:header.data_offset + header.data_size]
-        ok = data_digest(data_view, header.schema) == header.data_sha256   # schema 2: on every core
-        data_view.release()
-        if not ok:
-            raise ChecksumError("data", path)
-        mark_data_verified(st, header.data_sha256)
     decoded = cached_decode(header.fb_sha256)
     try:
         graph, extra, entries = decoded if decoded is not None else _Decoder(fb, path).program()
@@ -333,6 +329,20 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
         raise InconsistentGraphError(f"{path}: malformed program: {type(e).__name__}: {e}") from None
     if out_spec.num_leaves != len(graph.outputs) or in_spec.num_leaves != len(extra["slots"]):
         raise InconsistentGraphError(f"{path}: the pytree specs do not match the graph's inputs and outputs")
+    for hook in DECODED_HOOKS:      # (the CUDA libraries' warm-up starts here: it overlaps the hash below)
+        try:
+            hook(graph)
+        except Exception as e:  # noqa: BLE001 - a hook is an optimization; the load goes on
+            log.debug("ostinato: a load hook failed: %s: %s", type(e).__name__, e)
+    # The weights' sha256 once per unchanged file on this machine (ir_cache.data_verified): the FlatBuffer's
+    # is checked on every load, the data segment's again only when the file's identity changed.
+    if verify_checksums and not data_verified(st, header.data_sha256):
+        data_view = memoryview(mapped)[header.data_offset:header.data_offset + header.data_size]
+        ok = data_digest(data_view, header.schema) == header.data_sha256   # schema 2: on every core
+        data_view.release()
+        if not ok:
+            raise ChecksumError("data", path)
+        mark_data_verified(st, header.data_sha256)
     methods = extra.get("methods", {})
     weights, state = _tensors_from(mapped, header.data_offset, header.data_size, entries, graph, path,
                                    tuple(g for g, _ in methods.values()))

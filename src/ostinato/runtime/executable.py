@@ -16,6 +16,7 @@ from ..ir import Value
 from ..ir.ops import does_device_work
 from ..ir.fallback import is_fallback
 from ..program import Program
+from ..program.reader import DECODED_HOOKS
 from .codegen import compile_launches
 from .folding import fold_constants
 from .inputs import InputChecker
@@ -283,6 +284,13 @@ def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool
             warming.join()
 
 
+def _warm_early(graph) -> None:
+    """reader.DECODED_HOOKS: CUDA's library warm-up started by ``load`` (backends/cuda/warm.start_early)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        from ..backends.cuda import warm
+        warm.start_early(graph)
+
+
 def _warm_cuda_libraries(program: Program, device):
     """The CUDA library warm-up thread (backends/cuda/warm.py) for ``program`` on a CUDA ``device``,
     started before the backend's modules are imported (about 0.03 s of a warm start's critical path,
@@ -295,3 +303,6 @@ def _warm_cuda_libraries(program: Program, device):
         return None
     from ..backends.cuda import warm
     return warm.start(program.graph, dev)
+
+
+DECODED_HOOKS.append(_warm_early)

@@ -11,8 +11,10 @@ meanwhile, and a handle made by a thread returns to torch's pool when the thread
 thread finds it.
 
 ``start(graph, device)`` starts the thread when ``compile`` begins, before it imports the backend's
-modules (once per process, device, dtype and kind of library op), and returns it; ``compile`` joins it
-before it returns (in a ``finally``), so the set-up overlaps the plan's decoding and building and
+modules (once per process, device, dtype and kind of library op), and returns it; ``load`` starts it
+earlier still (``start_early``), once the graph is decoded and before the weights are hashed, where the
+process has CUDA set up already. ``compile`` joins every such thread of its device before it returns
+(in a ``finally``), so the set-up overlaps the load's hash and the plan's decoding and building and
 nothing of it outlives ``compile``: no capture, ours or a user's ``torch.cuda.graph`` right after
 ``compile``, can meet it. The thread works on the device's
 default stream (cuBLAS keeps one workspace per stream: a stream of its own would leave a second one
@@ -82,18 +84,44 @@ def _run(jobs: list[tuple[str, torch.dtype]], device: torch.device) -> None:
         log.debug("ostinato: warming CUDA libraries failed: %s: %s", type(e).__name__, e)
 
 
-def start(graph, device: torch.device) -> threading.Thread | None:
-    """The thread warming the libraries ``graph`` will call on ``device`` (see the module), started; None
-    when there is nothing left to warm. The caller joins it."""
+class _InFlight:
+    """The warm-up threads started for one device and not yet joined, joined together."""
+
+    def __init__(self, threads: list[threading.Thread]):
+        self.threads = threads
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join()
+
+
+_in_flight: dict[int, list[threading.Thread]] = {}
+
+
+def start(graph, device: torch.device) -> _InFlight | None:
+    """The warm-up of the libraries ``graph`` will call on ``device`` (see the module), started, with any
+    started earlier for that device still running (``start_early``: a load's); None when nothing runs.
+    The caller joins it."""
     if not enabled():
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     with _lock:
+        running = [t for t in _in_flight.get(index, []) if t.is_alive()]
         jobs = jobs_for(graph, index)
-        if not jobs:
-            return None
-        _started.update((index, kind, dt) for kind, dt in jobs)
-        thread = threading.Thread(target=_run, args=(jobs, torch.device("cuda", index)),
-                                  name="ostinato-warm-libraries", daemon=True)
-        thread.start()
-    return thread
+        if jobs:
+            _started.update((index, kind, dt) for kind, dt in jobs)
+            thread = threading.Thread(target=_run, args=(jobs, torch.device("cuda", index)),
+                                      name="ostinato-warm-libraries", daemon=True)
+            thread.start()
+            running.append(thread)
+        _in_flight[index] = running
+    return _InFlight(running) if running else None
+
+
+def start_early(graph) -> None:
+    """``start`` from ``load`` (reader.DECODED_HOOKS), for the current device, when this process has
+    set CUDA up already (a process that has not may never use it: no context is made for it here), so the
+    warm-up overlaps the load's own work (the weights' hash) as well as the compile's; ``compile`` on that
+    device joins it. A program loaded and never compiled leaves a thread that ends by itself."""
+    if enabled() and torch.cuda.is_available() and torch.cuda.is_initialized():
+        start(graph, torch.device("cuda", torch.cuda.current_device()))
