@@ -25,12 +25,13 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def profile_once(cfg_dir: str, name: str, out_prefix: str, top: int) -> dict:
+def profile_once(cfg_dir: str, name: str, out_prefix: str, top: int, profile: bool = True) -> dict:
     prof = out_prefix + ".prof"
     env = dict(os.environ, OSTINATO_CACHE_DIR=os.path.join(cfg_dir, "ostinato-cache"),
                TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-warm-profile-"))
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), ROOT, env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "cProfile", "-o", prof, "-m", "bench.suite.child", "ostinato_warm", name, cfg_dir]
+    cmd = [sys.executable, *(["-m", "cProfile", "-o", prof] if profile else []), "-m", "bench.suite.child",
+           "ostinato_warm", name, cfg_dir]
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     rec: dict = {"returncode": p.returncode}
     lines = p.stdout.strip().splitlines()
@@ -39,7 +40,7 @@ def profile_once(cfg_dir: str, name: str, out_prefix: str, top: int) -> dict:
     except (IndexError, ValueError):
         rec["stderr_tail"] = p.stderr.strip().splitlines()[-20:]
         return rec
-    if os.path.exists(prof):
+    if profile and os.path.exists(prof):
         text = io.StringIO()
         stats = pstats.Stats(prof, stream=text)
         stats.sort_stats("cumulative").print_stats("ostinato/", top)   # import torch is outside the clocks
@@ -56,6 +57,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--top", type=int, default=45)
+    ap.add_argument("--no-profile", action="store_true", help="time the warm processes without cProfile")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     report = {}
@@ -66,10 +68,12 @@ def main() -> int:
         name = torch.load(os.path.join(cfg_dir, "io.pt"), weights_only=True)["config"]["name"]
         runs = []
         for i in range(a.repeats):
-            rec = profile_once(cfg_dir, name, os.path.join(a.out, f"{os.path.basename(cfg_dir)}-{i}"), a.top)
+            rec = profile_once(cfg_dir, name, os.path.join(a.out, f"{os.path.basename(cfg_dir)}-{i}"), a.top,
+                               not a.no_profile)
             runs.append(rec)
             c = rec.get("child", {})
-            print(f"{name} #{i}: " + ", ".join(f"{k} {c[k]:.3f}" for k in ("load_s", "first_output_s", "total_s") if k in c)
+            print(f"{name} #{i}: " + ", ".join(f"{k} {c[k]:.3f}" for k in ("load_s", "compile_s", "first_output_s", "total_s") if k in c)
+                  + " " + ", ".join(f"{k} {v:.3f}" for k, v in c.get("phases", {}).items())
                   + (f" (rc {rec['returncode']})" if rec["returncode"] else ""), flush=True)
         report[name] = runs
     with open(os.path.join(a.out, "warm_profile.json"), "w") as f:

@@ -53,7 +53,11 @@ def main(mode: str, name: str, workdir: str) -> dict:
         import ostinato
         prog = ostinato.load(path, verify="checksums")
         out["load_s"] = time.perf_counter() - t0
-        _first_output(ostinato.compile(prog, device=device, replay=True), steps[0], device, out, t0)
+        t1 = time.perf_counter()
+        exe = ostinato.compile(prog, device=device, replay=True)
+        out["compile_s"] = time.perf_counter() - t1
+        _first_output(exe, steps[0], device, out, t0)
+        out["phases"] = {**prog.timings, **{f"compile_{k}": v for k, v in exe.compile_timings.items()}}
         out["cache"] = ostinato.cache.stats()
         return out
     if mode in ("aoti_warm", "executorch_warm"):

@@ -55,12 +55,16 @@ class Executable:
         self.num_slots = g.assign_slots()
         t0 = time.perf_counter()
         # CUDA: cuBLAS/cuDNN are set up in a thread while the plan is built, joined before compile returns
+        # Seconds of each part of the compile (the library warm-up: the wait for it at the end).
+        self.compile_timings: dict[str, float] = {}
         warming = backend.warm_libraries(g)
         try:
             keep = self._build(program, backend, cache, placed)
         finally:
             if warming is not None:
+                t1 = time.perf_counter()
                 warming.join()
+                self.compile_timings["warm_up_wait"] = time.perf_counter() - t1
         self.compile_seconds = time.perf_counter() - t0
         # Slots read after a plan runs: its outputs and the values state and inputs must take.
         self.kept_slots = keep
@@ -87,7 +91,9 @@ class Executable:
         self._template: list[Any] = [None] * self.num_slots
         # ``placed``: weights already on the device, by name (a method gets its root's, packed). Sibling
         # projections' weights are packed as they are placed, each byte copied at most once (packing.py).
+        t0 = time.perf_counter()
         place_constants(g, program.weights, backend, self._template, placed)
+        self.compile_timings["place_constants"] = time.perf_counter() - t0
         self._state_slots = [(v.slot, v.name) for v in g.state]
         self._input_slots = [(pos, g.inputs[s.index].slot) for pos, s in enumerate(program.inputs)
                              if s.kind != "constant"]
@@ -117,6 +123,7 @@ class Executable:
             fn.folded = which
             return fn
 
+        t0 = time.perf_counter()
         if cache:
             launches, self._plan, self.plan_source = cached_plan(program, backend, self.num_slots, keep, lower, build)
         else:
@@ -125,6 +132,7 @@ class Executable:
         self.launches, which = fold(launches)
         if getattr(self._plan, "folded", frozenset()) != which:
             self._plan = build(launches, keep)
+        self.compile_timings["plan"] = time.perf_counter() - t0
         self.folded_launches = len(which)
         return keep
 
