@@ -23,15 +23,31 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "src")]
 
 
-def profile_once(cfg_dir: str, name: str, out_prefix: str, top: int, profile: bool = True) -> dict:
+PRELUDE = """import importlib, runpy, sys
+import ostinato  # every variant alike: imported before the clock
+for spec in {sets!r}:
+    target, value = spec.split("=", 1)
+    module, attr = target.split(":")
+    setattr(importlib.import_module(module), attr, eval(value))
+sys.argv = ["bench.suite.child"] + sys.argv[1:]
+runpy.run_module("bench.suite.child", run_name="__main__", alter_sys=True)
+"""
+
+
+def profile_once(cfg_dir: str, name: str, out_prefix: str, top: int, profile: bool = True,
+                 sets: list[str] | None = None) -> dict:
     prof = out_prefix + ".prof"
-    env = dict(os.environ, OSTINATO_CACHE_DIR=os.path.join(cfg_dir, "ostinato-cache"),
+    from bench.suite.startup import _env      # as the suite's children: Python's bytecode primed
+    env = _env(OSTINATO_CACHE_DIR=os.path.join(cfg_dir, "ostinato-cache"),
                TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-warm-profile-"))
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), ROOT, env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, *(["-m", "cProfile", "-o", prof] if profile else []), "-m", "bench.suite.child",
-           "ostinato_warm", name, cfg_dir]
+    if sets is not None:      # a variant: ostinato imported (outside the child's clock) and patched first
+        cmd = [sys.executable, "-c", PRELUDE.format(sets=sets), "ostinato_warm", name, cfg_dir]
+    else:
+        cmd = [sys.executable, *(["-m", "cProfile", "-o", prof] if profile else []), "-m", "bench.suite.child",
+               "ostinato_warm", name, cfg_dir]
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     rec: dict = {"returncode": p.returncode}
     lines = p.stdout.strip().splitlines()
@@ -58,6 +74,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--top", type=int, default=45)
     ap.add_argument("--no-profile", action="store_true", help="time the warm processes without cProfile")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=MODULE:ATTR=VALUE[;...]",
+                    help="instead: unprofiled warm processes with these module attributes set first (each "
+                         "variant --repeats times, interleaved; 'NAME=' sets nothing)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     report = {}
@@ -67,14 +86,18 @@ def main() -> int:
         import torch
         name = torch.load(os.path.join(cfg_dir, "io.pt"), weights_only=True)["config"]["name"]
         runs = []
+        variants = [(v.split("=", 1)[0], [x for x in v.split("=", 1)[1].split(";") if x]) for v in a.variant]
         for i in range(a.repeats):
-            rec = profile_once(cfg_dir, name, os.path.join(a.out, f"{os.path.basename(cfg_dir)}-{i}"), a.top,
-                               not a.no_profile)
-            runs.append(rec)
-            c = rec.get("child", {})
-            print(f"{name} #{i}: " + ", ".join(f"{k} {c[k]:.3f}" for k in ("load_s", "compile_s", "first_output_s", "total_s") if k in c)
-                  + " " + ", ".join(f"{k} {v:.3f}" for k, v in c.get("phases", {}).items())
-                  + (f" (rc {rec['returncode']})" if rec["returncode"] else ""), flush=True)
+            for vname, sets in (variants or [(None, None)]):
+                tag = f"{os.path.basename(cfg_dir)}-{vname + '-' if vname else ''}{i}"
+                rec = profile_once(cfg_dir, name, os.path.join(a.out, tag), a.top, not a.no_profile and not variants,
+                                   sets)
+                rec["variant"] = vname
+                runs.append(rec)
+                c = rec.get("child", {})
+                print(f"{name} {vname or ''} #{i}: " + ", ".join(f"{k} {c[k]:.3f}" for k in ("load_s", "compile_s", "first_output_s", "total_s") if k in c)
+                      + " " + ", ".join(f"{k} {v:.3f}" for k, v in c.get("phases", {}).items())
+                      + (f" (rc {rec['returncode']}: {rec.get('stderr_tail', [''])[-1]})" if rec["returncode"] else ""), flush=True)
         report[name] = runs
     with open(os.path.join(a.out, "warm_profile.json"), "w") as f:
         json.dump(report, f, indent=1)
