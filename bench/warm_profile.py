@@ -76,7 +76,9 @@ def main() -> int:
     ap.add_argument("--no-profile", action="store_true", help="time the warm processes without cProfile")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=MODULE:ATTR=VALUE[;...]",
                     help="instead: unprofiled warm processes with these module attributes set first (each "
-                         "variant --repeats times, interleaved; 'NAME=' sets nothing)")
+                         "variant --repeats times, interleaved; 'NAME=' sets nothing). Every variant imports "
+                         "ostinato before the child's clock starts, so their load_s compare with each other, "
+                         "not with the suite's ostinato_warm")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     report = {}

@@ -124,22 +124,26 @@ def test_a_later_start_joins_the_warm_up_still_running(monkeypatch):
     monkeypatch.setattr(warm, "_started", set())
     monkeypatch.setattr(warm, "_in_flight", {})
     monkeypatch.setattr(warm, "enabled", lambda: True)
-    ran = []
-    monkeypatch.setattr(warm, "_run", lambda jobs, device: (time.sleep(0.2), ran.append(jobs)))
+    ran, release = [], threading.Event()
+    monkeypatch.setattr(warm, "_run", lambda jobs, device: (release.wait(30), ran.append(jobs)))
     prog = ostinato.export(nn.Linear(4, 4), (torch.randn(2, 4),))
     device = torch.device("cuda", 99)
     first = warm.start(prog.graph, device)
     assert first is not None and len(first.threads) == 1
     again = warm.start(prog.graph, device)            # nothing new to warm: the running one
     assert again is not None and again.threads == first.threads and first.threads[0].is_alive()
+    release.set()
     again.join()
     assert ran == [[("gemm", torch.float32)]]
     assert warm.start(prog.graph, device) is None
 
 
 def test_load_hands_the_decoded_graph_to_its_hooks(tmp_path, monkeypatch):
-    """load calls each of reader.DECODED_HOOKS with the program's graph (before the weights' hash, which
-    still refuses a damaged file); a hook that raises does not stop the load."""
+    """load calls each of reader.DECODED_HOOKS with the program's graph, before the weights' hash: a file
+    with a damaged data segment reaches the hooks and is still refused; a hook that raises does not stop
+    the load."""
+    from ostinato.program.format import ChecksumError
+    from ostinato.program.reader import read_header
     from ostinato.program import reader
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
@@ -152,3 +156,11 @@ def test_load_hands_the_decoded_graph_to_its_hooks(tmp_path, monkeypatch):
     monkeypatch.setattr(reader, "DECODED_HOOKS", [broken, lambda g: seen.append(g)])
     prog = ostinato.load(path)
     assert seen == [prog.graph]
+    header, _ = read_header(path)
+    data = bytearray(open(path, "rb").read())
+    data[header.data_offset + int(torch.randint(0, header.data_size, ()).item())] ^= 0x40
+    damaged = tmp_path / "damaged.ost"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(ChecksumError, match="data segment"):
+        ostinato.load(damaged)
+    assert len(seen) == 2 and seen[1] is not prog.graph

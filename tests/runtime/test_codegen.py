@@ -62,3 +62,30 @@ def test_interpreted_and_generated_runs_leave_the_same_environment(seed, monkeyp
         for env in envs[1:]:
             torch.testing.assert_close(env[j], envs[0][j], rtol=0, atol=0)
     assert plan.source.startswith("def plan(env):")
+
+
+def _env(slots: int) -> list:
+    return [torch.randn(4) if j < 2 else None for j in range(slots)]
+
+
+@pytest.mark.parametrize("runs", [0, 2], ids=["generated", "interpreted"])
+def test_unused_results_and_bad_unpacking_behave_alike(runs, monkeypatch):
+    """A launch whose only result is unused runs for its effect in both forms; a launch that returns
+    fewer results than it unpacks raises in both (nothing written to the environment); a slot listed
+    twice among the results is released once."""
+    monkeypatch.setattr(codegen, "INTERPRETED_RUNS", runs)
+    calls = []
+    side = Launch.of(lambda x: calls.append(x.clone()), "ost.effect", "effect", (_Slot(0),), {}, (-1,), False)
+    add = Launch.of(torch.add, "aten.add", "add", (_Slot(0), _Slot(1)), {}, (2,), False)
+    twice = Launch.of(lambda x: (x, x + 1), "ost.pair", "pair", (_Slot(2),), {}, (3, 3), True)
+    out = Launch.of(torch.neg, "aten.neg", "neg", (_Slot(3),), {}, (4,), False)
+    env = _env(5)
+    codegen.compile_launches([side, add, twice, out], {4})(env)
+    assert len(calls) == 1 and torch.equal(calls[0], env[0])
+    assert env[2] is None and env[3] is None
+    torch.testing.assert_close(env[4], -(env[0] + env[1] + 1))
+    short = Launch.of(lambda x: (x,), "ost.one", "one", (_Slot(0),), {}, (2, 3), True)
+    env = _env(4)
+    with pytest.raises(ValueError):
+        codegen.compile_launches([short], {2, 3})(env)
+    assert env[2] is None and env[3] is None

@@ -58,7 +58,7 @@ def _bind(a: Any) -> Any:
 class Launch:
     """One kernel call, ``fn(*args, **kwargs)``, with Values bound to slots and results stored into
     ``outs`` (-1 where a result is unused). The runtime compiles a Plan's Launches into one function
-    (runtime/codegen.py)."""
+    (runtime/codegen.py; a plan's first runs loop over them instead)."""
 
     __slots__ = ("fn", "args", "kwargs", "outs", "unpack", "name", "op")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import hashlib
 import mmap
 import os
@@ -200,12 +201,16 @@ def populate(address: int, nbytes: int) -> bool:
         return False
     page = mmap.PAGESIZE
     start = address - address % page
-    return _madvise(start, nbytes + (address - start), MADV_POPULATE_READ) == 0
+    if _madvise(start, nbytes + (address - start), MADV_POPULATE_READ) == 0:
+        return True
+    if ctypes.get_errno() == errno.EINVAL:      # a kernel without MADV_POPULATE_READ: not asked again
+        _madvise = False
+    return False
 
 
 def _address(view: memoryview) -> int | None:
-    """The address of a writable buffer's first byte (a copy-on-write mapping's); None for read-only
-    buffers (bytes), which are in memory already."""
+    """The address of a writable buffer's first byte (a copy-on-write mapping's, as load makes); None for
+    read-only buffers (bytes; a read-only mapping, whose pages then fault in as they are read)."""
     if view.readonly or not len(view):
         return None
     return ctypes.addressof(ctypes.c_char.from_buffer(view))

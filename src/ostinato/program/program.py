@@ -30,7 +30,7 @@ class Program:
     inputs: list[InputSlot]
     hints: dict[str, int] = field(default_factory=dict)   # example size of each symbol
     info: dict[str, Any] = field(default_factory=dict)    # model name, exporter versions (saved)
-    timings: dict[str, float] = field(default_factory=dict)  # seconds spent exporting (not saved)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds spent exporting or loading (not saved)
     source: Any = None  # reader.FileInfo of the file it was loaded from, if any
     # Named entry points besides this graph (a causal LM's "prefill"; this graph is its "decode"): each a
     # Program over the same weights and state_init dicts, saved in the same file (schema: Method).

@@ -292,7 +292,8 @@ def _tensors_from(mapped: mmap.mmap, data_offset: int, data_size: int, entries, 
     return weights, state
 
 
-# Called with each loaded program's graph once its FlatBuffer is decoded, before the weights are hashed
+# Called with each loaded program's graph once its FlatBuffer is decoded (its sha256 checked), before the
+# weights are hashed and before the graph is verified: a hook may only read it, and must not trust it
 # (runtime/executable.py registers the start of CUDA's library warm-up). A hook that raises is logged.
 DECODED_HOOKS: list = []
 

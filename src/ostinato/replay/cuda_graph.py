@@ -39,6 +39,7 @@ import torch
 from ..backends.cuda.compile_workers import wait_for_compiles
 from ..backends.cuda.kernels.split_k import owned_scratch, recording_scratch, reserve_scratch, zero_counters
 from ..backends.cuda.runtime import KernelLibrary, awaiting_compiles
+from ..backends.cuda.warm import join_all
 from .capture import CompilesInFlight
 from .regions import capture_steps, chain, write_back
 from .tape import restore_buffers, snapshot_buffers
@@ -62,6 +63,7 @@ def capture_cuda_graph(exe, env0: list, state: dict[str, torch.Tensor], mutation
     ``wait=False``: raise CompilesInFlight instead of waiting when the warm-up ran op references while
     kernels compiled in workers (nothing captured; the state is as it was before the call)."""
     device = exe.device
+    join_all()                  # a warm-up thread a load started (for another device, say) cannot meet it
     current = torch.cuda.current_stream(device)
     snapshot = snapshot_buffers(state, mutations)      # the state, and inputs written in place
     side = torch.cuda.Stream(device=device)

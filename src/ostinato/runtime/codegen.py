@@ -1,4 +1,5 @@
-"""Turn a list of Launches into one straight-line Python function.
+"""Turn a list of Launches into one straight-line Python function (after a plan's first runs, which loop
+over the launches: ``_Plan``).
 
 Calling Launches one by one costs a Python call, argument resolution and a loop step per kernel; a
 generated function holding every launch as one line (values in local variables, kernels and constant
@@ -53,9 +54,11 @@ def _dead_after(launches: list[Launch], keep: set[int]) -> dict[int, list[int]]:
                 if type(x) is _Slot:
                     last_use[x.i] = i
     dead_after: dict[int, list[int]] = {}
+    seen: set[int] = set()
     for i, launch in enumerate(launches):
         for o in launch.outs:
-            if o >= 0 and o not in keep:
+            if o >= 0 and o not in keep and o not in seen:      # (a slot written twice: released once)
+                seen.add(o)
                 dead_after.setdefault(last_use.get(o, i), []).append(o)
     return dead_after
 
@@ -84,11 +87,12 @@ class _Plan:
             res = launch.fn(*[resolve(a, vals) for a in launch.args],
                             **{k: resolve(a, vals) for k, a in launch.kwargs.items()})
             if launch.unpack:
-                for o, r in zip(launch.outs, res):
+                for o, r in zip(launch.outs, res, strict=True):   # (the generated unpacking raises too)
                     if o >= 0:
                         vals[o] = r
             elif launch.outs[0] >= 0:
                 vals[launch.outs[0]] = res
+            del res                              # an unused result is released now, as in the function
             for o in dead:
                 vals[o] = None
         for o in self._kept:
@@ -135,8 +139,10 @@ def _generate(launches: list[Launch], keep: set[int], name: str) -> Callable[[li
         if launch.unpack:
             targets = ", ".join("_" if i < 0 else f"v{i}" for i in launch.outs)
             body.append(f"    ({targets},) = {call}  # {note}")
-        else:
+        elif launch.outs[0] >= 0:
             body.append(f"    v{launch.outs[0]} = {call}  # {note}")
+        else:
+            body.append(f"    {call}  # {note}")
         produced.update(i for i in launch.outs if i >= 0)
         if index in dead_after:
             body.append(f"    del {', '.join(f'v{i}' for i in dead_after[index])}")

@@ -54,9 +54,9 @@ class Executable:
         g = program.graph
         self.num_slots = g.assign_slots()
         t0 = time.perf_counter()
-        # CUDA: cuBLAS/cuDNN are set up in a thread while the plan is built, joined before compile returns
         # Seconds of each part of the compile (the library warm-up: the wait for it at the end).
         self.compile_timings: dict[str, float] = {}
+        # CUDA: cuBLAS/cuDNN are set up in a thread while the plan is built, joined before compile returns
         warming = backend.warm_libraries(g)
         try:
             keep = self._build(program, backend, cache, placed)
@@ -294,7 +294,7 @@ def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool
 
 def _warm_early(graph) -> None:
     """reader.DECODED_HOOKS: CUDA's library warm-up started by ``load`` (backends/cuda/warm.start_early)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():         # (else backends.cuda is not imported: a CPU process)
         from ..backends.cuda import warm
         warm.start_early(graph)
 

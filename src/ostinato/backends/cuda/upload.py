@@ -45,4 +45,3 @@ def upload(src: torch.Tensor, device: torch.device) -> torch.Tensor:
             done[b].record(stream)
     stream.synchronize()
     return dst
-

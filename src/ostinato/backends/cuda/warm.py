@@ -15,13 +15,14 @@ modules (once per process, device, dtype and kind of library op), and returns it
 earlier still (``start_early``), once the graph is decoded and before the weights are hashed, where the
 process has CUDA set up already. ``compile`` joins every such thread of its device before it returns
 (in a ``finally``), so the set-up overlaps the load's hash and the plan's decoding and building and
-nothing of it outlives ``compile``: no capture, ours or a user's ``torch.cuda.graph`` right after
+nothing of it outlives ``compile`` (a load's thread with no compile after it: ``start_early``): no capture, ours or a user's ``torch.cuda.graph`` right after
 ``compile``, can meet it. The thread works on the device's
 default stream (cuBLAS keeps one workspace per stream: a stream of its own would leave a second one
 allocated for good). ``OSTINATO_WARM_LIBRARIES=0`` turns it off.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -122,6 +123,21 @@ def start_early(graph) -> None:
     """``start`` from ``load`` (reader.DECODED_HOOKS), for the current device, when this process has
     set CUDA up already (a process that has not may never use it: no context is made for it here), so the
     warm-up overlaps the load's own work (the weights' hash) as well as the compile's; ``compile`` on that
-    device joins it. A program loaded and never compiled leaves a thread that ends by itself."""
-    if enabled() and torch.cuda.is_available() and torch.cuda.is_initialized():
+    device joins it. When no such compile follows (a program loaded and not compiled, or compiled for
+    another device, or a load that failed after the hook), the thread ends by itself within a few tenths
+    of a second; ostinato's own captures join it first (``join_all``), and so does the interpreter's
+    exit. A CUDA graph a user captures right after a load, with no compile between, could meet it: compile
+    first, or set ``OSTINATO_WARM_LIBRARIES=0``."""
+    if enabled() and torch.cuda.is_initialized():
         start(graph, torch.device("cuda", torch.cuda.current_device()))
+
+
+def join_all() -> None:
+    """Wait for every warm-up thread still running, on any device (before a capture; at exit)."""
+    with _lock:
+        threads = [t for ts in _in_flight.values() for t in ts]
+    for t in threads:
+        t.join()
+
+
+atexit.register(join_all)
