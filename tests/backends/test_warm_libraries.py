@@ -164,3 +164,19 @@ def test_load_hands_the_decoded_graph_to_its_hooks(tmp_path, monkeypatch):
     with pytest.raises(ChecksumError, match="data segment"):
         ostinato.load(damaged)
     assert len(seen) == 2 and seen[1] is not prog.graph
+
+
+def test_a_process_without_cuda_loads_with_no_warm_up(tmp_path):
+    """load's hook starts nothing where CUDA is not set up (a CPU process, or one that has not touched
+    the GPU yet): no warm-up thread, and CUDA's backend modules are not even imported."""
+    import subprocess
+    import sys
+    torch.manual_seed(0)
+    path = str(tmp_path / "m.ost")
+    ostinato.export(nn.Sequential(nn.Linear(8, 8), nn.GELU()), (torch.randn(2, 8),)).save(path)
+    code = ("import sys, threading, torch, ostinato; ostinato.load(sys.argv[1]); "
+            "print(torch.cuda.is_initialized(), 'ostinato.backends.cuda.warm' in sys.modules, "
+            "any(t.name == 'ostinato-warm-libraries' for t in threading.enumerate()))")
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False", "False"]
