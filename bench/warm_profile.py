@@ -18,7 +18,6 @@ import io
 import json
 import os
 import pstats
-import subprocess
 import sys
 import tempfile
 
@@ -40,7 +39,7 @@ runpy.run_module("bench.suite.child", run_name="__main__", alter_sys=True)
 def profile_once(cfg_dir: str, name: str, out_prefix: str, top: int, profile: bool = True,
                  sets: list[str] | None = None) -> dict:
     prof = out_prefix + ".prof"
-    from bench.suite.startup import _env      # as the suite's children: Python's bytecode primed
+    from bench.suite.startup import _env, _run      # as the suite's children: Python's bytecode primed
     env = _env(OSTINATO_CACHE_DIR=os.path.join(cfg_dir, "ostinato-cache"),
                TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-warm-profile-"))
     if sets is not None:      # a variant: ostinato imported (outside the child's clock) and patched first
@@ -48,14 +47,10 @@ def profile_once(cfg_dir: str, name: str, out_prefix: str, top: int, profile: bo
     else:
         cmd = [sys.executable, *(["-m", "cProfile", "-o", prof] if profile else []), "-m", "bench.suite.child",
                "ostinato_warm", name, cfg_dir]
-    p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    rec: dict = {"returncode": p.returncode}
-    lines = p.stdout.strip().splitlines()
-    try:
-        rec["child"] = json.loads(lines[-1])
-    except (IndexError, ValueError):
-        rec["stderr_tail"] = p.stderr.strip().splitlines()[-20:]
-        return rec
+    p, failure = _run(cmd, env, 600)         # the suite's runner of children: its errors, its crash sites
+    if failure is not None:
+        return failure
+    rec: dict = {"status": "ok", "child": json.loads(p.stdout.strip().splitlines()[-1])}
     if profile and os.path.exists(prof):
         text = io.StringIO()
         stats = pstats.Stats(prof, stream=text)
@@ -65,6 +60,15 @@ def profile_once(cfg_dir: str, name: str, out_prefix: str, top: int, profile: bo
         with open(out_prefix + ".txt", "w") as f:
             f.write(text.getvalue())
     return rec
+
+
+def _summary(rec: dict) -> str:
+    """One warm process's times and phases, or its error."""
+    if rec.get("status") != "ok":
+        return f"failed: {rec.get('error')}"
+    c = rec["child"]
+    times = [f"{k} {c[k]:.3f}" for k in ("load_s", "compile_s", "first_output_s", "total_s") if k in c]
+    return ", ".join(times + [f"{k} {v:.3f}" for k, v in c.get("phases", {}).items()])
 
 
 def main() -> int:
@@ -96,10 +100,7 @@ def main() -> int:
                                    sets)
                 rec["variant"] = vname
                 runs.append(rec)
-                c = rec.get("child", {})
-                print(f"{name} {vname or ''} #{i}: " + ", ".join(f"{k} {c[k]:.3f}" for k in ("load_s", "compile_s", "first_output_s", "total_s") if k in c)
-                      + " " + ", ".join(f"{k} {v:.3f}" for k, v in c.get("phases", {}).items())
-                      + (f" (rc {rec['returncode']}: {rec.get('stderr_tail', [''])[-1]})" if rec["returncode"] else ""), flush=True)
+                print(f"{name} {vname or ''} #{i}: {_summary(rec)}", flush=True)
         report[name] = runs
     with open(os.path.join(a.out, "warm_profile.json"), "w") as f:
         json.dump(report, f, indent=1)

@@ -71,8 +71,8 @@ class _Plan:
         self.launches, self.keep, self.name = launches, keep, name
         self.runs = 0
         self._fn: Callable[[list], None] | None = None
-        dead = _dead_after(launches, keep)
-        self._steps = [(launch, tuple(dead.get(i, ()))) for i, launch in enumerate(launches)]
+        self._dead = _dead_after(launches, keep)
+        self._steps = [(launch, tuple(self._dead.get(i, ()))) for i, launch in enumerate(launches)]
         self._kept = sorted(keep & {o for launch in launches for o in launch.outs if o >= 0})
 
     def __call__(self, env: list) -> None:
@@ -80,7 +80,7 @@ class _Plan:
             return self._fn(env)
         self.runs += 1
         if self.runs > INTERPRETED_RUNS:
-            self._fn = _generate(self.launches, self.keep, self.name)
+            self._fn = _generate(self.launches, self.keep, self.name, self._dead)
             return self._fn(env)
         vals = list(env)
         for launch, dead in self._steps:
@@ -103,12 +103,13 @@ class _Plan:
     def source(self) -> str:
         """The generated function's source (generated now if the plan has not yet run often enough)."""
         if self._fn is None:
-            self._fn = _generate(self.launches, self.keep, self.name)
+            self._fn = _generate(self.launches, self.keep, self.name, self._dead)
         return self._fn.source
 
 
-def _generate(launches: list[Launch], keep: set[int], name: str) -> Callable[[list], None]:
-    """The straight-line function of ``launches`` (see the module)."""
+def _generate(launches: list[Launch], keep: set[int], name: str,
+              dead_after: dict[int, list[int]]) -> Callable[[list], None]:
+    """The straight-line function of ``launches`` (see the module); ``dead_after``: ``_dead_after``'s."""
     namespace: dict[str, Any] = {}
     produced: set[int] = set()
     loads: set[int] = set()
@@ -129,7 +130,6 @@ def _generate(launches: list[Launch], keep: set[int], name: str) -> Callable[[li
         lit = _literal(a)
         return lit if lit is not None else bind(a, "k")
 
-    dead_after = _dead_after(launches, keep)
     for index, launch in enumerate(launches):
         fn = bind(launch.fn, "f")
         args = [ref(a) for a in launch.args] + [f"{k}={ref(a)}" for k, a in launch.kwargs.items()]

@@ -15,8 +15,9 @@ modules (once per process, device, dtype and kind of library op), and returns it
 earlier still (``start_early``), once the graph is decoded and before the weights are hashed, where the
 process has CUDA set up already. ``compile`` joins every such thread of its device before it returns
 (in a ``finally``), so the set-up overlaps the load's hash and the plan's decoding and building and
-nothing of it outlives ``compile`` (a load's thread with no compile after it: ``start_early``): no capture, ours or a user's ``torch.cuda.graph`` right after
-``compile``, can meet it. The thread works on the device's
+nothing of it outlives ``compile`` (a load's thread with no compile after it: ``start_early``): no
+capture, ours or a user's ``torch.cuda.graph`` right after ``compile``, can meet it. The thread works
+on the device's
 default stream (cuBLAS keeps one workspace per stream: a stream of its own would leave a second one
 allocated for good). ``OSTINATO_WARM_LIBRARIES=0`` turns it off.
 """
