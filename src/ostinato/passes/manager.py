@@ -17,7 +17,7 @@ from .canonicalize import canonicalize
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .patterns import (fuse_add_rms_norm, fuse_eager_attention, fuse_gated_mlp, fuse_kv_update, fuse_layer_norm, fuse_linear,
-                       fuse_multi_linear, fuse_rms_norm, fuse_rope, fuse_sdpa, rewrite_matmul_linears)
+                       fuse_moe, fuse_multi_linear, fuse_rms_norm, fuse_rope, fuse_sdpa, rewrite_matmul_linears)
 from .matvec import rewrite_small_matvecs
 from .reinplace import reinplace_state_writes
 from .sink_permutes import sink_permutes
@@ -32,7 +32,9 @@ Pass = Callable[[Graph], Graph]
 # take another's nodes: kv_update before sdpa (sdpa reads the updated cache), eager_attention just before
 # sdpa (it leaves attention nodes for sdpa to take), multi_linear before
 # gated_mlp and linear (sibling projections become one matmul; their activations stay), gated_mlp before
-# linear (the gate's activation belongs to the gated MLP, not to a linear epilogue); small matrix-vector
+# linear (the gate's activation belongs to the gated MLP, not to a linear epilogue); moe after gated_mlp (a
+# mixture of experts' gating is the packed gated activation it made) and before small_matvec (which would
+# turn its expert products into multiplies and sums); small matrix-vector
 # products become a multiply and a sum (matvec.py) once the patterns have taken theirs; the second DCE
 # clears what patterns left unread (a mask no attention reads any more). Canonicalize runs again after the
 # patterns: a no-op it had to keep because a layout-sensitive op read it may be free once a pattern took
@@ -55,6 +57,7 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("sdpa", fuse_sdpa),
     ("multi_linear", fuse_multi_linear),
     ("gated_mlp", fuse_gated_mlp),
+    ("moe", fuse_moe),
     ("linear", fuse_linear),
     ("small_matvec", rewrite_small_matvecs),
     ("canonicalize_after_fusion", canonicalize),
@@ -82,7 +85,7 @@ def default_pipeline(example) -> list[tuple[str, Pass]]:
 
 # The pipeline without the fused patterns: every ATen op the exporter kept stays an ATen op (op
 # tests use it to exercise the op a row claims, not the fused op that replaces it).
-_PATTERNS = {"matmul_linear", "rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "linear",
+_PATTERNS = {"matmul_linear", "rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "moe", "linear",
              "small_matvec", "canonicalize_after_fusion", "dce_after_fusion"}
 GENERIC_PIPELINE: list[tuple[str, Pass]] = [p for p in DEFAULT_PIPELINE if p[0] not in _PATTERNS]
 

@@ -1,0 +1,255 @@
+"""``ost.moe_up`` / ``ost.moe_down``: a mixture of experts' MLP in a decode step, two launches.
+
+transformers' experts (``integrations/moe.py``) route each token to its top-k experts and run every chosen
+expert's gated MLP on it. The exported graph is a softmax over the router's logits, a ``topk``, the
+values normalized (optionally) and cast (optionally), and then, for the ``batched_mm`` experts:
+
+    rows  = repeat_interleave(x, k, 0)                   # [T*k, K], token t's rows t*k .. t*k+k-1
+    ids   = view(topk.ids, [-1])                          # (5.17 clamps them to [0, E-1], a no-op)
+    up    = squeeze(bmm(W_gate_up[ids], unsqueeze(rows, -1)), -1)
+    h     = swiglu_packed(up)                            # (ost.geglu_packed alike)
+    down  = squeeze(bmm(W_down[ids], unsqueeze(h, -1)), -1)
+    out   = sum(view(down * unsqueeze(view(weights, [-1]), -1), [T, k, H]), 1)   # then an optional cast
+
+The gathers copy every chosen expert's weight before the product reads it again, and routing alone is
+four launches. ``ost.moe_up(x, logits, W_gate_up, k, ...)`` takes the route, the gather, the product
+and the gating; ``ost.moe_down(h, logits, W_down, k, ...)`` the route again (recomputed from the logits:
+E values a token), the gather, the product, the routing weights and the sum over the k choices. On CUDA
+each is one kernel reading only the chosen experts' weights (backends/cuda/kernels/moe.py).
+
+The references compute what the chain computes, op by op; the pattern checks every intermediate is
+read only inside the chain. Only decode-shaped steps are taken (T * k at most MAX_ROWS, static sizes):
+a prefill multiplies many rows by each expert, a grouped GEMM's work, left to the graph's own ops.
+This is one of the hand-written patterns the fusion issue allows (like attention): routing is a
+data-dependent choice of weights, which the generic code generator's pointwise and reduction groups
+cannot express.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...ir import Graph, Node, TensorMeta, Value
+from ..dce import eliminate_dead_code
+from ..rewrite import is_dtype_cast, pinned_values
+
+MAX_ROWS = 64      # T * k: tokens times chosen experts a step
+_GATES = {"ost.swiglu_packed": "silu", "ost.geglu_packed": "gelu"}
+
+
+def _static(v) -> bool:
+    return isinstance(v, Value) and isinstance(v.meta, TensorMeta) and all(isinstance(d, int) for d in v.meta.shape)
+
+
+def _make(v) -> Node | None:
+    return v.producer if isinstance(v, Value) else None
+
+
+def _ints(x) -> list | None:
+    return list(x) if isinstance(x, (list, tuple)) and all(isinstance(i, int) for i in x) else None
+
+
+class _Chain:
+    """Reads of one chain: each step must be the only reader of the value before it."""
+
+    def __init__(self, users: dict, pinned: set[int]):
+        self.users, self.pinned = users, pinned
+
+    def only_reader(self, v: Value, op: str | tuple) -> Node | None:
+        readers = self.users.get(v.id, [])
+        ops = (op,) if isinstance(op, str) else op
+        if v.id in self.pinned or len(readers) != 1 or readers[0].op not in ops:
+            return None
+        return readers[0]
+
+
+def _last(dim, rank: int) -> bool:
+    return isinstance(dim, int) and dim in (-1, rank - 1)
+
+
+def _route(topk: Node) -> tuple[Value, int, torch.dtype] | None:
+    """(logits [T, E], k, the softmax's dtype) of ``topk(softmax(logits or its cast), k)`` over the last dim."""
+    probs = topk.args[0]
+    k = topk.args[1] if len(topk.args) > 1 else topk.kwargs.get("k")
+    dim = topk.args[2] if len(topk.args) > 2 else topk.kwargs.get("dim", -1)
+    largest = topk.args[3] if len(topk.args) > 3 else topk.kwargs.get("largest", True)
+    sm = _make(probs)
+    if not isinstance(k, int) or not largest or sm is None or sm.op != "aten._softmax" or not _static(probs) \
+            or probs.meta.rank != 2 or not _last(dim, 2) or not _last(sm.args[1], 2) or sm.args[2]:
+        return None
+    src = sm.args[0]
+    cast = _make(src)
+    logits = cast.args[0] if is_dtype_cast(cast) else src
+    if not _static(logits) or not isinstance(src, Value):
+        return None
+    return logits, k, src.meta.dtype
+
+
+def _weights(vals: Value, chain: _Chain, users: dict) -> tuple[Value, bool, torch.dtype | None] | None:
+    """(the routing weights the experts read, normalized?, the dtype they were cast to or None)."""
+    readers = users.get(vals.id, [])
+    normalize, w = False, vals
+    if len(readers) == 2 and vals.id not in chain.pinned:
+        sums = [n for n in readers if n.op == "aten.sum.dim_IntList"]
+        divs = [n for n in readers if n.op == "aten.div.Tensor"]
+        if len(sums) != 1 or len(divs) != 1:
+            return None
+        s, d = sums[0], divs[0]
+        if _ints(s.args[1]) not in ([-1], [1]) or not (len(s.args) > 2 and s.args[2]) or s.kwargs.get("dtype") \
+                or d.args != (vals, s.outputs[0]) or len(chain.users.get(s.outputs[0].id, [])) != 1:
+            return None
+        normalize, w = True, d.outputs[0]
+    elif len(readers) != 1:
+        return None
+    readers = users.get(w.id, [])
+    if len(readers) == 1 and is_dtype_cast(readers[0]) and w.id not in chain.pinned:
+        return readers[0].outputs[0], normalize, readers[0].outputs[0].meta.dtype
+    return w, normalize, None
+
+
+def _expert_product(gather: Node, chain: _Chain) -> tuple[Value, Value, Value] | None:
+    """(weight [E, N, K], rows [S, K], result [S, N]) of ``squeeze(bmm(weight[ids], unsqueeze(rows, -1)), -1)``."""
+    weight = gather.args[0]
+    if not _static(weight) or weight.meta.rank != 3:
+        return None
+    bmm = chain.only_reader(gather.outputs[0], "aten.bmm")
+    if bmm is None or bmm.args[0] is not gather.outputs[0]:
+        return None
+    unsq = _make(bmm.args[1])
+    if unsq is None or unsq.op != "aten.unsqueeze" or not _last(unsq.args[1], 3) \
+            or len(chain.users.get(unsq.outputs[0].id, [])) != 1:
+        return None
+    rows = unsq.args[0]
+    sq = chain.only_reader(bmm.outputs[0], ("aten.squeeze.dims", "aten.squeeze.dim"))
+    if sq is None or not _static(rows) or rows.meta.rank != 2:
+        return None
+    dims = sq.args[1]
+    if not (_ints(dims) in ([-1], [2]) or _last(dims, 3)):
+        return None
+    return weight, rows, sq.outputs[0]
+
+
+def _weighted_sum(down: Value, weights: Value, t: int, k: int, chain: _Chain) -> Value | None:
+    """The result of ``sum(view(down * unsqueeze(view(weights, [-1]), -1), [T, k, H]), 1)`` (and its cast)."""
+    mul = chain.only_reader(down, "aten.mul.Tensor")
+    if mul is None:
+        return None
+    other = mul.args[1] if mul.args[0] is down else mul.args[0]
+    unsq = _make(other)
+    flat = _make(unsq.args[0]) if unsq is not None and unsq.op == "aten.unsqueeze" and _last(unsq.args[1], 2) else None
+    if flat is None or flat.op not in ("aten.view", "aten.reshape") or flat.args[0] is not weights:
+        return None
+    view = chain.only_reader(mul.outputs[0], ("aten.view", "aten.reshape"))
+    hidden = down.meta.shape[-1]
+    if view is None or _ints(view.args[1]) not in ([t, k, hidden], [t, k, -1], [-1, k, hidden]):
+        return None
+    total = chain.only_reader(view.outputs[0], "aten.sum.dim_IntList")
+    if total is None or _ints(total.args[1]) != [1] or (len(total.args) > 2 and total.args[2]) \
+            or total.kwargs.get("dtype"):
+        return None
+    out = total.outputs[0]
+    cast = chain.only_reader(out, "aten._to_copy")
+    return cast.outputs[0] if cast is not None and is_dtype_cast(cast) else out
+
+
+def _expert_ids(ids: Value, n_experts: int, chain: _Chain, users: dict) -> list[Node] | None:
+    """The gathers ``W[view(ids, [-1])]`` (through a clamp to [0, E-1]) reading the top-k ids."""
+    flat = chain.only_reader(ids, ("aten.view", "aten.reshape"))
+    if flat is None or _ints(flat.args[1]) != [-1]:
+        return None
+    v = flat.outputs[0]
+    readers = users.get(v.id, [])
+    if len(readers) == 1 and readers[0].op == "aten.clamp":
+        c = readers[0]
+        lo = c.args[1] if len(c.args) > 1 else c.kwargs.get("min")
+        hi = c.args[2] if len(c.args) > 2 else c.kwargs.get("max")
+        if lo != 0 or hi != n_experts - 1:
+            return None
+        v = c.outputs[0]
+        readers = users.get(v.id, [])
+    if v.id in chain.pinned or not readers or any(n.op != "aten.index.Tensor" or len(n.args) != 2
+                                                   or list(n.args[1]) != [v] for n in readers):
+        return None
+    return readers
+
+
+def _router_on_rows(g: Graph, logits: Value, up: Node) -> None:
+    """The router's ``linear(view(a, [-1, K]), W)`` as ``view(linear(a, W), [-1, E])``, and the flattening
+    view moved to just before ``up`` (its other reader): the projection then reads the norm's result
+    itself, so the code generator can take the norm as its prologue (codegen/linear.py), one launch for
+    both, with no read of that result between the norm and the projection."""
+    lin = _make(logits)
+    flat = _make(lin.args[0]) if lin is not None and lin.op == "aten.linear" and lin.args else None
+    if flat is None or flat.op not in ("aten.view", "aten.reshape") or lin.kwargs:
+        return
+    a, v = flat.args[0], flat.outputs[0]
+    if not _static(a) or a.meta.shape[-1] != v.meta.shape[-1] or a.meta.rank < 2 or logits.id in pinned_values(g):
+        return
+    rest = [n for n in g.nodes if n is not lin and any(x is v for x in n.inputs)]
+    if any(n is not up and n.op not in ("ost.moe_up", "ost.moe_down") for n in rest):
+        return
+    meta = TensorMeta(logits.meta.dtype, (*a.meta.shape[:-1], logits.meta.shape[-1]))
+    rows = g.new_value(f"{lin.name}_rows", meta, "temp", lin)
+    lin.args = (a, *lin.args[1:])
+    lin.outputs = [rows]
+    back = Node("aten.view", (rows, list(logits.meta.shape)), {}, f"{lin.name}_view", lin.source)
+    back.outputs, logits.producer = [logits], back
+    nodes = [n for n in g.nodes if n is not flat]
+    at = nodes.index(lin) + 1
+    nodes.insert(at, back)
+    nodes.insert(nodes.index(up), flat)
+    g.nodes = nodes
+
+
+def fuse_moe(g: Graph) -> Graph:
+    users = g.users()
+    chain = _Chain(users, pinned_values(g))
+    replaced: dict[int, Node] = {}
+    for topk in g.nodes:
+        if topk.op != "aten.topk":
+            continue
+        found = _route(topk)
+        if found is None:
+            continue
+        logits, k, route_dtype = found
+        t, n_experts = logits.meta.shape
+        if not 0 < t * k <= MAX_ROWS:
+            continue
+        vals, ids = topk.outputs
+        weights = _weights(vals, chain, users)
+        gathers = _expert_ids(ids, n_experts, chain, users)
+        if weights is None or gathers is None or len(gathers) != 2:
+            continue
+        products = [_expert_product(n, chain) for n in gathers]
+        if None in products or any(p[0].meta.shape[0] != n_experts for p in products):
+            continue
+        # the up projection reads the repeated tokens, the down projection its gating's result
+        ups = [p for p in products if _make(p[1]) is not None and _make(p[1]).op == "aten.repeat_interleave.self_int"]
+        if len(ups) != 1:
+            continue
+        (w_up, rows, up_out), = ups
+        w_down, h, down_out = products[1] if products[0] is ups[0] else products[0]
+        rep = _make(rows)
+        x = rep.args[0]
+        if rep.args[1:3] != (k, 0) or not _static(x) or x.meta.rank != 2 or x.meta.shape[0] != t \
+                or len(users.get(rows.id, [])) != 1:
+            continue
+        gate = chain.only_reader(up_out, tuple(_GATES))
+        if gate is None or gate.outputs[0] is not h or gate.args[1:] not in ((), ("none",)):
+            continue
+        result = _weighted_sum(down_out, weights[0], t, k, chain)
+        if result is None:
+            continue
+        normalize, weights_dtype = weights[1], weights[2]
+        up = Node("ost.moe_up", (x, logits, w_up, k, route_dtype, _GATES[gate.op]), {}, gate.name, gate.source)
+        up.outputs, h.producer = [h], up
+        down = Node("ost.moe_down", (h, logits, w_down, k, route_dtype, normalize, weights_dtype, result.meta.dtype),
+                    {}, result.producer.name, result.producer.source)
+        replaced[id(gate)], replaced[id(result.producer)] = up, down
+        down.outputs, result.producer = [result], down
+    if replaced:
+        g.nodes = [replaced.get(id(n), n) for n in g.nodes]
+        g = eliminate_dead_code(g)     # the rest of each chain, before later passes rewrite its products
+        made = {id(r) for r in replaced.values()}
+        for up in [n for n in g.nodes if n.op == "ost.moe_up" and id(n) in made]:
+            _router_on_rows(g, up.args[1], up)
+    return g
