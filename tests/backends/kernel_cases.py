@@ -352,6 +352,21 @@ CASES = [
     KernelCase("ost.decode_attention_", "two-rows-fallback", lambda g, dt, dev: (
         (_r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 8, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev),
          _r(g, (1, 2, 2, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev), torch.tensor([3, 4], device=dev), 2), {})),
+    # a mixture of experts' decode step: 3 tokens, 8 experts, top 2 (Mixtral's routing: fp32 softmax,
+    # normalized, fp32 weights) and top 3 of 6 (Qwen-MoE's: weights cast back to the logits' dtype); K, I
+    # and H off the blocks; logits spread wide so no two of a token's probabilities tie
+    KernelCase("ost.moe_up", "top2-silu", lambda g, dt, dev: (
+        (_r(g, (3, 72), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 2 * 40, 72), dt, dev, 0.2), 2,
+         torch.float32), {})),
+    KernelCase("ost.moe_up", "top3-gelu", lambda g, dt, dev: (
+        (_r(g, (2, 33), dt, dev), _r(g, (2, 6), dt, dev, 3.0), _r(g, (6, 2 * 24, 33), dt, dev, 0.2), 3,
+         torch.float32, "gelu"), {})),
+    KernelCase("ost.moe_down", "top2-normalized", lambda g, dt, dev: (
+        (_r(g, (6, 40), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 72, 40), dt, dev, 0.2), 2,
+         torch.float32, True, None, dt), {})),
+    KernelCase("ost.moe_down", "top3-cast-weights", lambda g, dt, dev: (
+        (_r(g, (6, 24), dt, dev), _r(g, (2, 6), dt, dev, 3.0), _r(g, (6, 33, 24), dt, dev, 0.2), 3,
+         torch.float32, False, dt, dt), {})),
 ]
 
 

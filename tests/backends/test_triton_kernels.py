@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _compile_specs():
-    from ostinato.backends.cuda.kernels.source import attention, elementwise, norms
+    from ostinato.backends.cuda.kernels.source import attention, elementwise, moe, norms
     ptr = lambda dt: f"*{dt}"  # noqa: E731
     specs = []
     for dt in ("fp32", "fp16", "bf16"):
@@ -78,6 +78,19 @@ def _compile_specs():
               "RING": dt == "fp32", "NORM": {"fp32": 0, "fp16": 1, "bf16": 2}[dt], "WHOLE": dt == "bf16",
               "WIDE": dt != "fp16", "BLOCK_N": 64,
               "BLOCK_D": 128}),
+            ("moe_up", moe.moe_up_kernel,
+             {"x_ptr": ptr(dt), "logits_ptr": ptr(dt), "w_ptr": ptr(dt), "out_ptr": ptr(dt),
+              **{k: "i32" for k in ("n_experts", "k_dim", "n_inter", "x_stride", "w_se", "w_sn")},
+              **{k: "constexpr" for k in ("LOGIT_ROUND", "TOPK", "ACT", "BLOCK_E", "BLOCK_TOPK", "BLOCK_N", "BLOCK_K")}},
+             {"LOGIT_ROUND": dt == "bf16", "TOPK": 2, "ACT": int(dt == "fp16"), "BLOCK_E": 8, "BLOCK_TOPK": 2,
+              "BLOCK_N": 16, "BLOCK_K": 256}),
+            ("moe_down", moe.moe_down_kernel,
+             {"h_ptr": ptr(dt), "logits_ptr": ptr(dt), "w_ptr": ptr(dt), "out_ptr": ptr(dt),
+              **{k: "i32" for k in ("n_experts", "k_dim", "n_out", "w_se", "w_sn")},
+              **{k: "constexpr" for k in ("LOGIT_ROUND", "TOPK", "NORMALIZE", "WEIGHT_ROUND", "BLOCK_E", "BLOCK_TOPK",
+                                          "BLOCK_N", "BLOCK_K")}},
+             {"LOGIT_ROUND": False, "TOPK": 8, "NORMALIZE": dt != "fp32", "WEIGHT_ROUND": dt == "bf16", "BLOCK_E": 128,
+              "BLOCK_TOPK": 8, "BLOCK_N": 8, "BLOCK_K": 512}),
         ]
     return [pytest.param(fn, sig, const, id=f"{name}-{sig[next(iter(sig))][1:]}") for name, fn, sig, const in specs]
 

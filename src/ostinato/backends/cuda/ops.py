@@ -22,7 +22,7 @@ def triton_kernels() -> dict[str, Callable]:
         log.warning("ostinato: Triton is not installed; fused ops run their torch references on CUDA")
         return {}
     from ...ir import get_op
-    from .kernels import attention, elementwise, fused, norms
+    from .kernels import attention, elementwise, fused, moe, norms
     from .runtime import deferring
     launchers = {
         "ost.fused": fused.run_fused,
@@ -39,6 +39,8 @@ def triton_kernels() -> dict[str, Callable]:
         "ost.sdpa": attention.sdpa,
         "ost.decode_attention_": attention.decode_attention_,
         "ost.linear": elementwise.linear,
+        "ost.moe_up": moe.moe_up,
+        "ost.moe_down": moe.moe_down,
     }
     # While a cold kernel compiles in a worker process, its op runs its torch reference (runtime.py).
     return {op: deferring(fn, get_op(op).target) for op, fn in launchers.items()}

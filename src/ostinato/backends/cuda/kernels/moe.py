@@ -1,0 +1,83 @@
+"""ost.moe_up and ost.moe_down on CUDA (see ir/fused_ops.py and passes/patterns/moe.py): one program per
+(token's choice, block of output columns) for the up projection, per (token, block of output columns)
+for the down projection, each routing its token again from the logits (E values) and reading only its
+chosen experts' weight rows, where they lie: no gathered copy of them. Cases the kernels do not take
+(a weight whose last dim is not dense, more experts than MAX_EXPERTS, an fp64 tensor) run the reference."""
+from __future__ import annotations
+
+import torch
+
+from ....ir import fused_ops
+from ..runtime import KernelLibrary
+from .common import cdiv, pow2
+
+MAX_EXPERTS = 1024
+MAX_TOPK = 64
+_PROGRAMS = 512         # aim for at least this many programs (an H100/H200 has 132 SMs)
+_TILE = 4096            # elements of W a program reads per step of its K loop
+_LOW = (torch.float16, torch.bfloat16)
+_DTYPES = (torch.float32, *_LOW)
+
+
+def _blocks(columns: int, rows: int, k_dim: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): column blocks narrow enough that ``rows`` x the blocks make _PROGRAMS programs
+    (a decode step has one or a few rows: a GEMV needs many programs to stream its weight), 8 to 64 wide."""
+    block_n = 64
+    while block_n > 8 and rows * cdiv(columns, block_n) < _PROGRAMS:
+        block_n //= 2
+    return block_n, max(16, min(pow2(k_dim), _TILE // block_n))
+
+
+def _takes(x: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor, top_k: int, route_dtype) -> bool:
+    return (x.dim() == 2 and logits.dim() == 2 and weight.dim() == 3 and x.dtype in _DTYPES
+            and weight.dtype in _DTYPES and logits.dtype in _DTYPES and route_dtype in _DTYPES
+            and 0 < top_k <= min(MAX_TOPK, logits.shape[1]) and logits.shape[1] <= MAX_EXPERTS
+            and weight.shape[0] == logits.shape[1] and weight.stride(-1) == 1 and x.shape[0] == logits.shape[0])
+
+
+def _logit_round(logits: torch.Tensor, route_dtype: torch.dtype) -> bool:
+    """Whether the softmax ran in the logits' own low precision (its result rounded to it)."""
+    return route_dtype in _LOW and logits.dtype == route_dtype
+
+
+def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu", *, out=None):
+    if not (_takes(x, logits, weight, top_k, route_dtype) and activation in ("silu", "gelu")
+            and weight.shape[1] % 2 == 0 and weight.shape[2] == x.shape[1]):
+        return fused_ops.moe_up(x, logits, weight, top_k, route_dtype, activation, out=out)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    logits = logits.contiguous()
+    rows, inter, k_dim = x.shape[0] * top_k, weight.shape[1] // 2, weight.shape[2]
+    result = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
+    if result.numel():
+        block_n, block_k = _blocks(inter, rows, k_dim)
+        LIBRARY.kernel("moe_up", LOGIT_ROUND=_logit_round(logits, route_dtype), TOPK=top_k,
+                       ACT=0 if activation == "silu" else 1, BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k),
+                       BLOCK_N=block_n, BLOCK_K=block_k)(
+            x, logits, weight, result, logits.shape[1], k_dim, inter, x.stride(0), weight.stride(0), weight.stride(1),
+            grid=(rows, cdiv(inter, block_n)))
+    return result if out is None else out.copy_(result)
+
+
+def moe_down(h, logits, weight, top_k: int, route_dtype, normalize: bool, weights_dtype, out_dtype, *, out=None):
+    tokens = logits.shape[0] if logits.dim() == 2 else -1
+    # the product is computed in the promotion of h's dtype and the routing weights' (fp32 unless cast)
+    product = torch.promote_types(h.dtype, weights_dtype or route_dtype)
+    fits = (h.dim() == 2 and h.shape[0] == tokens * top_k and out_dtype in _DTYPES
+            and (product == torch.float32 or product == h.dtype)
+            and _takes(h[::top_k], logits, weight, top_k, route_dtype) and weight.shape[2] == h.shape[1])
+    if not fits:
+        return fused_ops.moe_down(h, logits, weight, top_k, route_dtype, normalize, weights_dtype, out_dtype, out=out)
+    h, logits = h.contiguous(), logits.contiguous()
+    n_out, k_dim = weight.shape[1], weight.shape[2]
+    result = torch.empty((tokens, n_out), dtype=out_dtype, device=h.device)
+    if result.numel():
+        block_n, block_k = _blocks(n_out, tokens, k_dim)
+        LIBRARY.kernel("moe_down", LOGIT_ROUND=_logit_round(logits, route_dtype), TOPK=top_k,
+                       NORMALIZE=bool(normalize), WEIGHT_ROUND=product != torch.float32,
+                       BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k), BLOCK_N=block_n, BLOCK_K=block_k)(
+            h, logits, weight, result, logits.shape[1], k_dim, n_out, weight.stride(0), weight.stride(1),
+            grid=(tokens, cdiv(n_out, block_n)))
+    return result if out is None else out.copy_(result)
+
+
+LIBRARY = KernelLibrary("moe", {"moe_up": "moe_up_kernel", "moe_down": "moe_down_kernel"})

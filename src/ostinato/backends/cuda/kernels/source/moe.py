@@ -1,0 +1,113 @@
+"""A mixture of experts' decode step: routing recomputed per program, products with the chosen experts'
+weights read where they lie. Only Triton source: the launchers (../moe.py) never import this module
+unless a kernel must be compiled."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gelu(g):
+    return 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
+
+
+@triton.jit
+def _route(logits_ptr, t, n_experts, LOGIT_ROUND: tl.constexpr, TOPK: tl.constexpr, BLOCK_E: tl.constexpr,
+           BLOCK_TOPK: tl.constexpr):
+    """(expert ids, their softmax probabilities, the probabilities' sum) of token ``t``'s TOPK choices, as
+    [BLOCK_TOPK] vectors (choice j at j, largest first; ties to the lower expert id). The softmax is
+    computed in fp32; LOGIT_ROUND rounds its result to the logits' dtype (a softmax run in bf16)."""
+    e = tl.arange(0, BLOCK_E)
+    logit = tl.load(logits_ptr + t * n_experts + e, mask=e < n_experts, other=float("-inf")).to(tl.float32)
+    p = tl.exp(logit - tl.max(logit, 0))
+    p = p / tl.sum(p, 0)
+    if LOGIT_ROUND:
+        p = p.to(logits_ptr.dtype.element_ty).to(tl.float32)
+    p = tl.where(e < n_experts, p, -1.0)
+    slot = tl.arange(0, BLOCK_TOPK)
+    ids = tl.zeros([BLOCK_TOPK], dtype=tl.int64)
+    vals = tl.zeros([BLOCK_TOPK], dtype=tl.float32)
+    total = 0.0
+    for i in tl.static_range(TOPK):
+        best = tl.max(p, 0)
+        idx = tl.min(tl.where(p == best, e, BLOCK_E), 0)
+        ids = tl.where(slot == i, idx.to(tl.int64), ids)
+        vals = tl.where(slot == i, best, vals)
+        total += best
+        p = tl.where(e == idx, -1.0, p)
+    return ids, vals, total
+
+
+@triton.jit
+def moe_up_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_inter, x_stride, w_se, w_sn,
+                  LOGIT_ROUND: tl.constexpr, TOPK: tl.constexpr, ACT: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[t * TOPK + j, n] = act(g) * u for token t's j-th expert e, g = W[e, n] . x[t] and
+    u = W[e, n_inter + n] . x[t] (W [E, 2 * n_inter, k_dim], its rows at w_sn, the last dim dense), each
+    rounded to out's dtype as a batched product's result is, then the activation (0 silu, 1 exact gelu)
+    rounded before the product, as ost.swiglu_packed computes them."""
+    s = tl.program_id(0)
+    t = s // TOPK
+    j = s % TOPK
+    ids, _, _ = _route(logits_ptr, t, n_experts, LOGIT_ROUND, TOPK, BLOCK_E, BLOCK_TOPK)
+    e = tl.sum(tl.where(tl.arange(0, BLOCK_TOPK) == j, ids, 0), 0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < n_inter
+    w_rows = w_ptr + e * w_se + n.to(tl.int64)[:, None] * w_sn
+    up_rows = w_rows + n_inter * w_sn
+    acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, k_dim, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < k_dim
+        xv = tl.load(x_ptr + t * x_stride + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        m = n_ok[:, None] & k_ok[None, :]
+        acc_g += tl.sum(tl.load(w_rows + kk[None, :], mask=m, other=0.0).to(tl.float32) * xv, 1)
+        acc_u += tl.sum(tl.load(up_rows + kk[None, :], mask=m, other=0.0).to(tl.float32) * xv, 1)
+    dt = out_ptr.dtype.element_ty
+    g = acc_g.to(dt).to(tl.float32)
+    u = acc_u.to(dt).to(tl.float32)
+    if ACT == 0:
+        a = g * tl.sigmoid(g)
+    else:
+        a = _gelu(g)
+    a = a.to(dt).to(tl.float32)
+    tl.store(out_ptr + s.to(tl.int64) * n_inter + n, (a * u).to(dt), mask=n_ok)
+
+
+@triton.jit
+def moe_down_kernel(h_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_out, w_se, w_sn,
+                    LOGIT_ROUND: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
+                    WEIGHT_ROUND: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[t, n] = sum over token t's choices j of r_j * (W[e_j, n] . h[t * TOPK + j]) (W [E, n_out, k_dim],
+    h dense [T * TOPK, k_dim]): each product rounded to h's dtype, r_j the routing weight (divided by the
+    chosen probabilities' sum when NORMALIZE, rounded to h's dtype when WEIGHT_ROUND, the product then
+    rounded too), the sum in fp32, stored in out's dtype."""
+    t = tl.program_id(0)
+    ids, vals, total = _route(logits_ptr, t, n_experts, LOGIT_ROUND, TOPK, BLOCK_E, BLOCK_TOPK)
+    if NORMALIZE:
+        vals = vals / total
+    hdt = h_ptr.dtype.element_ty
+    if WEIGHT_ROUND:
+        vals = vals.to(hdt).to(tl.float32)
+    slot = tl.arange(0, BLOCK_TOPK)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < n_out
+    result = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        e = tl.sum(tl.where(slot == j, ids, 0), 0)
+        r = tl.sum(tl.where(slot == j, vals, 0.0), 0)
+        w_rows = w_ptr + e * w_se + n.to(tl.int64)[:, None] * w_sn
+        h_row = h_ptr + (t * TOPK + j).to(tl.int64) * k_dim
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < k_dim
+            hv = tl.load(h_row + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            acc += tl.sum(tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                          .to(tl.float32) * hv, 1)
+        prod = acc.to(hdt).to(tl.float32) * r
+        if WEIGHT_ROUND:
+            prod = prod.to(hdt).to(tl.float32)
+        result += prod
+    tl.store(out_ptr + t.to(tl.int64) * n_out + n, result.to(out_ptr.dtype.element_ty), mask=n_ok)
