@@ -128,18 +128,10 @@ def _expert_product(gather: Node, chain: _Chain) -> tuple[Value, Value, Value] |
     return weight, rows, sq.outputs[0]
 
 
-def _weighted_sum(down: Value, weights: Value, t: int, k: int, chain: _Chain) -> Value | None:
-    """The result of ``sum(view(down * unsqueeze(view(weights, [-1]), -1), [T, k, H]), 1)`` (and its cast)."""
-    mul = chain.only_reader(down, "aten.mul.Tensor")
-    if mul is None:
-        return None
-    other = mul.args[1] if mul.args[0] is down else mul.args[0]
-    unsq = _make(other)
-    flat = _make(unsq.args[0]) if unsq is not None and unsq.op == "aten.unsqueeze" and _last(unsq.args[1], 2) else None
-    if flat is None or flat.op not in ("aten.view", "aten.reshape") or flat.args[0] is not weights:
-        return None
-    view = chain.only_reader(mul.outputs[0], ("aten.view", "aten.reshape"))
-    hidden = down.meta.shape[-1]
+def _token_sum(v: Value, t: int, k: int, chain: _Chain) -> Value | None:
+    """The result of ``sum(view(v, [T, k, H]), 1)`` and its optional cast: the k choices of each token summed."""
+    view = chain.only_reader(v, ("aten.view", "aten.reshape"))
+    hidden = v.meta.shape[-1]
     if view is None or _ints(view.args[1]) not in ([t, k, hidden], [t, k, -1], [-1, k, hidden]):
         return None
     total = chain.only_reader(view.outputs[0], "aten.sum.dim_IntList")
@@ -149,6 +141,33 @@ def _weighted_sum(down: Value, weights: Value, t: int, k: int, chain: _Chain) ->
     out = total.outputs[0]
     cast = chain.only_reader(out, "aten._to_copy")
     return cast.outputs[0] if cast is not None and is_dtype_cast(cast) else out
+
+
+def _scaled(down: Value, chain: _Chain) -> tuple[Node, Value] | None:
+    """(the multiply, the [S] vector) of ``down * unsqueeze(vector, -1)``."""
+    mul = chain.only_reader(down, "aten.mul.Tensor")
+    if mul is None:
+        return None
+    other = mul.args[1] if mul.args[0] is down else mul.args[0]
+    unsq = _make(other)
+    if unsq is None or unsq.op != "aten.unsqueeze" or not _last(unsq.args[1], 2):
+        return None
+    return mul, unsq.args[0]
+
+
+def _flat(v, of: Value) -> bool:
+    """Whether ``v`` is ``view(of, [-1])``."""
+    node = _make(v)
+    return node is not None and node.op in ("aten.view", "aten.reshape") and node.args[0] is of \
+        and _ints(node.args[1]) == [-1]
+
+
+def _weighted_sum(down: Value, weights: Value, t: int, k: int, chain: _Chain) -> Value | None:
+    """The result of ``sum(view(down * unsqueeze(view(weights, [-1]), -1), [T, k, H]), 1)`` (and its cast)."""
+    found = _scaled(down, chain)
+    if found is None or not _flat(found[1], weights):
+        return None
+    return _token_sum(found[0].outputs[0], t, k, chain)
 
 
 def _expert_ids(ids: Value, n_experts: int, chain: _Chain, users: dict) -> list[Node] | None:
@@ -200,6 +219,108 @@ def _router_on_rows(g: Graph, logits: Value, up: Node) -> None:
     g.nodes = nodes
 
 
+def _batched(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, users: dict):
+    """(x, W_up, the gating node, W_down, the result) of the batched_mm experts (the module's note)."""
+    t, n_experts = logits.meta.shape
+    gathers = _expert_ids(ids, n_experts, chain, users)
+    if gathers is None or len(gathers) != 2:
+        return None
+    products = [_expert_product(n, chain) for n in gathers]
+    if None in products or any(p[0].meta.shape[0] != n_experts for p in products):
+        return None
+    # the up projection reads the repeated tokens, the down projection its gating's result
+    ups = [p for p in products if _make(p[1]) is not None and _make(p[1]).op == "aten.repeat_interleave.self_int"]
+    if len(ups) != 1:
+        return None
+    (w_up, rows, up_out), = ups
+    w_down, h, down_out = products[1] if products[0] is ups[0] else products[0]
+    rep = _make(rows)
+    x = rep.args[0]
+    if rep.args[1:3] != (k, 0) or not _static(x) or x.meta.rank != 2 or x.meta.shape[0] != t \
+            or len(users.get(rows.id, [])) != 1:
+        return None
+    gate = chain.only_reader(up_out, tuple(_GATES))
+    if gate is None or gate.outputs[0] is not h:
+        return None
+    result = _weighted_sum(down_out, weights, t, k, chain)
+    return None if result is None else (x, w_up, gate, w_down, result)
+
+
+_GROUPED_MM = ("aten._grouped_mm", "fallback.aten._grouped_mm")
+
+
+def _grouped_product(node: Node, offs: Value) -> tuple[Value, Value] | None:
+    """(rows, W [E, N, K]) of ``_grouped_mm(rows, permute(W, [0, 2, 1]), offs)``."""
+    args = list(node.args) + ([node.kwargs["offs"]] if "offs" in node.kwargs else [])
+    if node.op not in _GROUPED_MM or len(args) != 3 or args[2] is not offs \
+            or any(node.kwargs.get(key) is not None for key in ("bias", "out_dtype")):
+        return None
+    perm = _make(args[1])
+    if perm is None or perm.op != "aten.permute" or _ints(perm.args[1]) != [0, 2, 1] or not _static(perm.args[0]):
+        return None
+    return args[0], perm.args[0]
+
+
+def _grouped(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, users: dict):
+    """The same for the grouped_mm experts: the choices sorted by expert (``sort``), the tokens gathered in
+    that order, offsets from ``cumsum(histc(sorted ids))``, two ``_grouped_mm``, the routing weights gathered
+    in that order, and the rows put back in the choices' order (``index`` by the inverse permutation, made by
+    ``index_put(empty, [perm], arange(S))``) before the sum. Every row is its choice's product whatever the
+    order, so the result is the batched form's; the order never leaves the chain."""
+    t, n_experts = logits.meta.shape
+    flat = chain.only_reader(ids, ("aten.view", "aten.reshape"))
+    srt = chain.only_reader(flat.outputs[0], "aten.sort") if flat is not None and _ints(flat.args[1]) == [-1] else None
+    if srt is None or any(a not in (0, -1, False) for a in srt.args[1:]) or srt.kwargs.get("descending"):
+        return None
+    sorted_ids, perm = srt.outputs
+    cast = chain.only_reader(sorted_ids, "aten._to_copy")
+    hist = chain.only_reader(cast.outputs[0], ("aten.histc", "fallback.aten.histc")) if is_dtype_cast(cast) else None
+    if hist is None or list(hist.args[1:4]) != [n_experts, 0, n_experts - 1]:
+        return None
+    csum = chain.only_reader(hist.outputs[0], "aten.cumsum")
+    if csum is None or csum.args[1] not in (0, -1) or csum.kwargs.get("dtype") not in (torch.int32, None):
+        return None
+    offs = csum.outputs[0]
+    mms = users.get(offs.id, [])
+    products = [_grouped_product(n, offs) for n in mms]
+    if len(mms) != 2 or None in products or offs.id in chain.pinned:
+        return None
+    readers = users.get(perm.id, [])
+    by_op = {n.op: n for n in readers}
+    tok, gw, inv = by_op.get("aten.div.Tensor_mode"), by_op.get("aten.index.Tensor"), by_op.get("aten.index_put")
+    if len(readers) != 3 or None in (tok, gw, inv) or perm.id in chain.pinned:
+        return None
+    if tok.args[:2] != (perm, k) or tok.kwargs.get("rounding_mode") != "floor" \
+            or list(gw.args[1]) != [perm] or not _flat(gw.args[0], weights):
+        return None
+    arange = _make(inv.args[2]) if len(inv.args) > 2 else None
+    if list(inv.args[1]) != [perm] or (len(inv.args) > 3 and inv.args[3]) or arange is None \
+            or arange.op not in ("aten.arange.start_step", "aten.arange.start", "aten.arange") \
+            or [a for a in arange.args if isinstance(a, int)] not in ([0, t * k], [t * k], [0, t * k, 1]):
+        return None
+    ups = [(n, p) for n, p in zip(mms, products) if _make(p[0]) is not None and _make(p[0]).op == "aten.index.Tensor"]
+    if len(ups) != 1:
+        return None
+    (up_mm, (rows, w_up)), = ups
+    down_mm, (h, w_down) = next((n, p) for n, p in zip(mms, products) if n is not up_mm)
+    gather = _make(rows)
+    x = gather.args[0]
+    if list(gather.args[1]) != [tok.outputs[0]] or not _static(x) or x.meta.rank != 2 or x.meta.shape[0] != t \
+            or any(w.meta.shape[0] != n_experts for w in (w_up, w_down)):
+        return None
+    gate = chain.only_reader(up_mm.outputs[0], tuple(_GATES))
+    if gate is None or gate.outputs[0] is not h:
+        return None
+    found = _scaled(down_mm.outputs[0], chain)
+    if found is None or found[1] is not gw.outputs[0]:
+        return None
+    back = chain.only_reader(found[0].outputs[0], "aten.index.Tensor")
+    if back is None or list(back.args[1]) != [inv.outputs[0]]:
+        return None
+    result = _token_sum(back.outputs[0], t, k, chain)
+    return None if result is None else (x, w_up, gate, w_down, result)
+
+
 def fuse_moe(g: Graph) -> Graph:
     users = g.users()
     chain = _Chain(users, pinned_values(g))
@@ -216,29 +337,15 @@ def fuse_moe(g: Graph) -> Graph:
             continue
         vals, ids = topk.outputs
         weights = _weights(vals, chain, users)
-        gathers = _expert_ids(ids, n_experts, chain, users)
-        if weights is None or gathers is None or len(gathers) != 2:
+        if weights is None:
             continue
-        products = [_expert_product(n, chain) for n in gathers]
-        if None in products or any(p[0].meta.shape[0] != n_experts for p in products):
+        found = _batched(ids, logits, k, weights[0], chain, users) or _grouped(ids, logits, k, weights[0], chain, users)
+        if found is None:
             continue
-        # the up projection reads the repeated tokens, the down projection its gating's result
-        ups = [p for p in products if _make(p[1]) is not None and _make(p[1]).op == "aten.repeat_interleave.self_int"]
-        if len(ups) != 1:
+        x, w_up, gate, w_down, result = found
+        if gate.args[1:] not in ((), ("none",)):
             continue
-        (w_up, rows, up_out), = ups
-        w_down, h, down_out = products[1] if products[0] is ups[0] else products[0]
-        rep = _make(rows)
-        x = rep.args[0]
-        if rep.args[1:3] != (k, 0) or not _static(x) or x.meta.rank != 2 or x.meta.shape[0] != t \
-                or len(users.get(rows.id, [])) != 1:
-            continue
-        gate = chain.only_reader(up_out, tuple(_GATES))
-        if gate is None or gate.outputs[0] is not h or gate.args[1:] not in ((), ("none",)):
-            continue
-        result = _weighted_sum(down_out, weights[0], t, k, chain)
-        if result is None:
-            continue
+        h = gate.outputs[0]
         normalize, weights_dtype = weights[1], weights[2]
         up = Node("ost.moe_up", (x, logits, w_up, k, route_dtype, _GATES[gate.op]), {}, gate.name, gate.source)
         up.outputs, h.producer = [h], up
