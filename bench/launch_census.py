@@ -102,6 +102,12 @@ FAMILIES: dict[str, tuple[str, Callable[[], dict], str, tuple[int, int]]] = {
                            "num_hidden_layers", (2, 3)),
     "mixtral-eager_experts": ("MixtralConfig", lambda: dict(_LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2),
                               "num_hidden_layers", (2, 3)),
+    # other routers: top 4 of 8 normalized, the weights cast back to bf16 (Qwen3-MoE), not normalized (OLMoE)
+    "qwen3_moe": ("Qwen3MoeConfig", lambda: dict(_LLAMA_LIKE, head_dim=16, num_experts=8, num_experts_per_tok=4,
+                                                 moe_intermediate_size=96, norm_topk_prob=True),
+                  "num_hidden_layers", (2, 3)),
+    "olmoe": ("OlmoeConfig", lambda: dict(_LLAMA_LIKE, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False),
+              "num_hidden_layers", (2, 3)),
 }
 # from_config keywords beyond the attention implementation
 MODEL_KW = {"mixtral-batched_mm": {"experts_implementation": "batched_mm"},

@@ -1,0 +1,150 @@
+"""passes/patterns/moe.py: a mixture of experts' decode MLP becomes ost.moe_up + ost.moe_down.
+
+On transformers' own modeling code (from_config, random weights, the static-cache decode step): Mixtral
+with both experts implementations (grouped_mm, the default; batched_mm), Qwen3-MoE (top 4 of 8, weights
+cast back to bf16) and OLMoE (not normalized) make 6 launches a layer and match eager. On modules written
+here in other styles: the forms it takes fuse and match eager on random inputs; the forms it does not take
+(separate gate and up weights, a prefill) stay as they were, and match too.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ostinato
+from ostinato.passes.manager import DEFAULT_PIPELINE
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.filterwarnings("ignore:While compiling, we found certain side effects")
+
+
+def _census():
+    sys.path.insert(0, ROOT)
+    from bench import launch_census
+    return launch_census
+
+
+@pytest.mark.parametrize("family, check", [("mixtral", True), ("mixtral-batched_mm", False), ("qwen3_moe", True),
+                                           ("olmoe", False)])
+def test_transformers_moe_layers_take_six_launches(family, check):
+    r = _census().census_one(family, "sdpa", 1, check=check)
+    assert r["error"] is None, r
+    assert r["per_layer"] == 6 and r["unfused_per_layer"] == {}, r
+    assert r["per_layer_launches"]["ost.moe_up"] == 1 and r["per_layer_launches"]["ost.moe_down"] == 1, r
+    if check:
+        assert r["fp32_ok"] and r["bf16_max_diff"] == 0.0, r   # the CPU runs the references: eager's ops
+
+
+class Experts(torch.nn.Module):
+    """A top-k MoE MLP written as transformers' batched_mm experts are, with the variations its models
+    take: ids clamped (transformers 5.17), routing weights normalized or not, cast to the input's dtype or
+    not; ``packed=False`` writes separate gate and up weights (a form the pattern leaves alone);
+    ``leak`` also returns the routing weights (read outside the chain)."""
+
+    def __init__(self, hidden=48, inter=40, experts=6, k=2, normalize=True, cast=False, clamp=False,
+                 packed=True, leak=False, gelu=False):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.router = torch.nn.Parameter(torch.randn(experts, hidden, generator=g))
+        self.gate_up = torch.nn.Parameter(torch.randn(experts, 2 * inter, hidden, generator=g) * 0.2)
+        self.down = torch.nn.Parameter(torch.randn(experts, hidden, inter, generator=g) * 0.2)
+        self.k, self.normalize, self.cast, self.clamp, self.packed, self.leak = k, normalize, cast, clamp, packed, leak
+        self.act = F.gelu if gelu else F.silu
+        self.experts = experts
+
+    def forward(self, x):
+        t, hidden = x.shape
+        logits = F.linear(x, self.router)
+        probs = F.softmax(logits, dim=-1, dtype=torch.float)
+        vals, ids = torch.topk(probs, self.k, dim=-1)
+        if self.normalize:
+            vals = vals / vals.sum(dim=-1, keepdim=True)
+        weights = vals.to(x.dtype) if self.cast else vals
+        flat = ids.reshape(-1)
+        if self.clamp:
+            flat = flat.clamp(0, self.experts - 1)
+        rows = x.repeat_interleave(self.k, dim=0)
+        up = torch.bmm(self.gate_up[flat], rows.unsqueeze(-1)).squeeze(-1)
+        if self.packed:
+            gate, u = up.chunk(2, dim=-1)
+            h = self.act(gate) * u
+        else:
+            n = up.shape[-1] // 2
+            h = self.act(up[..., :n].clone()) * up[..., n:].contiguous()
+        down = torch.bmm(self.down[flat], h.unsqueeze(-1)).squeeze(-1)
+        out = (down * weights.reshape(-1).unsqueeze(-1)).view(t, self.k, hidden).sum(dim=1).to(x.dtype)
+        return (out, vals) if self.leak else out
+
+
+def _ops(prog) -> list[str]:
+    return [n.op for n in prog.graph.nodes]
+
+
+def _run(model, x, dtype=torch.float32):
+    model = model.to(dtype)
+    x = x.to(dtype)
+    prog = ostinato.export(model, (x,), cache=False, passes=DEFAULT_PIPELINE)
+    exe = ostinato.compile(prog)
+    with torch.no_grad():
+        expected = model(x)
+        got = exe(x)
+    return prog, got, expected
+
+
+def _same(got, expected, tol):
+    got, expected = (got, expected) if isinstance(got, (tuple, list)) else ((got,), (expected,))
+    for a, b in zip(got, expected):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(normalize=False), dict(cast=True, k=3), dict(clamp=True),
+                                dict(gelu=True, k=1)], ids=["mixtral", "olmoe", "qwen-cast-top3", "clamped", "gelu-top1"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_written_moe_fuses_and_matches_eager(kw, tokens):
+    x = torch.randn(tokens, 48, generator=torch.Generator().manual_seed(tokens))
+    prog, got, expected = _run(Experts(**kw), x)
+    ops = _ops(prog)
+    assert ops.count("ost.moe_up") == 1 and ops.count("ost.moe_down") == 1, ops
+    assert not {"aten.topk", "aten.bmm", "aten.index.Tensor"} & set(ops), ops
+    _same(got, expected, 1e-5)
+
+
+def test_written_moe_in_bf16_is_eager_bit_for_bit():
+    """The references repeat eager's ops, so on the CPU the fused program's bf16 result is eager's exactly."""
+    x = torch.randn(2, 48, generator=torch.Generator().manual_seed(5))
+    prog, got, expected = _run(Experts(cast=True), x, torch.bfloat16)
+    assert "ost.moe_up" in _ops(prog)
+    assert torch.equal(got, expected)
+
+
+def test_routing_values_read_outside_stay_computed():
+    """The routing weights are also a result: the experts fuse, the routing that makes them stays."""
+    x = torch.randn(2, 48, generator=torch.Generator().manual_seed(7))
+    prog, got, expected = _run(Experts(leak=True), x)
+    assert {"ost.moe_up", "ost.moe_down", "aten.topk"} <= set(_ops(prog))
+    _same(got, expected, 1e-5)
+
+
+@pytest.mark.parametrize("kw, tokens", [(dict(packed=False), 2), (dict(), 40)], ids=["separate-gate-and-up", "prefill"])
+def test_forms_left_alone_still_match(kw, tokens):
+    x = torch.randn(tokens, 48, generator=torch.Generator().manual_seed(7))
+    prog, got, expected = _run(Experts(**kw), x)
+    assert "ost.moe_up" not in _ops(prog) and "aten.topk" in _ops(prog)
+    _same(got, expected, 1e-5)
+
+
+def test_routing_is_data_dependent():
+    """Different tokens take different experts: a program that routed every token alike would differ."""
+    model = Experts(experts=8, k=2)
+    x = torch.randn(4, 48, generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        ids = torch.topk(F.linear(x, model.router), 2).indices
+    assert len({tuple(sorted(r)) for r in ids.tolist()}) > 1
+    prog, got, expected = _run(model, x)
+    assert "ost.moe_down" in _ops(prog)
+    _same(got, expected, 1e-5)
