@@ -261,6 +261,29 @@ def _grouped_product(node: Node, offs: Value) -> tuple[Value, Value] | None:
     return args[0], perm.args[0]
 
 
+def _sentinel_masking(sentinel: Value, users: dict) -> dict[int, Value] | None:
+    """{masked value id: the value} for every ``where(unsqueeze(sentinel, -1), 0, value)``; None when the
+    mask is read any other way."""
+    out = {}
+    for unsq in users.get(sentinel.id, []):
+        if unsq.op != "aten.unsqueeze" or not _last(unsq.args[1], 2):
+            return None
+        for w in users.get(unsq.outputs[0].id, []):
+            zero = _make(w.args[1]) if w.op == "aten.where.self" and len(w.args) == 3 else None
+            if zero is None or zero.op != "aten.scalar_tensor" or zero.args[0] != 0 or w.args[0] is not unsq.outputs[0]:
+                return None
+            out[w.outputs[0].id] = w.args[2]
+    return out
+
+
+def _past_mask(v: Value, masked: dict[int, Value], chain: _Chain) -> Value | None:
+    """``v``, or the sentinel masking of it that is its only reader."""
+    readers = chain.users.get(v.id, [])
+    if len(readers) == 1 and readers[0].op == "aten.where.self" and masked.get(readers[0].outputs[0].id) is v:
+        return readers[0].outputs[0] if v.id not in chain.pinned else None
+    return v
+
+
 def _grouped(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, users: dict):
     """The same for the grouped_mm experts: the choices sorted by expert (``sort``), the tokens gathered in
     that order, offsets from ``cumsum(histc(sorted ids))``, two ``_grouped_mm``, the routing weights gathered
@@ -273,8 +296,18 @@ def _grouped(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, u
     if srt is None or any(a not in (0, -1, False) for a in srt.args[1:]) or srt.kwargs.get("descending"):
         return None
     sorted_ids, perm = srt.outputs
-    cast = chain.only_reader(sorted_ids, "aten._to_copy")
-    hist = chain.only_reader(cast.outputs[0], ("aten.histc", "fallback.aten.histc")) if is_dtype_cast(cast) else None
+    # transformers 5.17 masks rows of expert ids >= E (expert parallelism's sentinels) at three points:
+    # no id from a top-k over E experts is one, so each such masking is the value itself
+    id_readers = users.get(sorted_ids.id, [])
+    casts = [n for n in id_readers if is_dtype_cast(n)]
+    sentinel = next((n.outputs[0] for n in id_readers if n.op == "aten.ge.Scalar" and n.args[1] == n_experts), None)
+    if len(casts) != 1 or len(id_readers) != 1 + (sentinel is not None) or sorted_ids.id in chain.pinned:
+        return None
+    masked = _sentinel_masking(sentinel, users) if sentinel is not None else {}
+    if masked is None:
+        return None
+    cast = casts[0]
+    hist = chain.only_reader(cast.outputs[0], ("aten.histc", "fallback.aten.histc"))
     if hist is None or list(hist.args[1:4]) != [n_experts, 0, n_experts - 1]:
         return None
     csum = chain.only_reader(hist.outputs[0], "aten.cumsum")
@@ -298,6 +331,7 @@ def _grouped(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, u
             or arange.op not in ("aten.arange.start_step", "aten.arange.start", "aten.arange") \
             or [a for a in arange.args if isinstance(a, int)] not in ([0, t * k], [t * k], [0, t * k, 1]):
         return None
+    products = [(masked.get(rows.id, rows), w) for rows, w in products]
     ups = [(n, p) for n, p in zip(mms, products) if _make(p[0]) is not None and _make(p[0]).op == "aten.index.Tensor"]
     if len(ups) != 1:
         return None
@@ -308,10 +342,11 @@ def _grouped(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, u
     if list(gather.args[1]) != [tok.outputs[0]] or not _static(x) or x.meta.rank != 2 or x.meta.shape[0] != t \
             or any(w.meta.shape[0] != n_experts for w in (w_up, w_down)):
         return None
-    gate = chain.only_reader(up_mm.outputs[0], tuple(_GATES))
-    if gate is None or gate.outputs[0] is not h:
+    up_out, down_out = (_past_mask(mm.outputs[0], masked, chain) for mm in (up_mm, down_mm))
+    gate = chain.only_reader(up_out, tuple(_GATES)) if up_out is not None else None
+    if gate is None or gate.outputs[0] is not h or down_out is None:
         return None
-    found = _scaled(down_mm.outputs[0], chain)
+    found = _scaled(down_out, chain)
     if found is None or found[1] is not gw.outputs[0]:
         return None
     back = chain.only_reader(found[0].outputs[0], "aten.index.Tensor")
