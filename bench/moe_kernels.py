@@ -1,0 +1,117 @@
+"""ost.moe_up and ost.moe_down on the GPU at real models' expert shapes: time per call against the torch
+ops they replace (eager: the chosen experts' weights gathered, a batched product, the gating or the
+weighted sum; the ops' references), and the rate at which each reads its chosen experts' weights.
+
+Shapes (hidden K, expert width I, experts E, chosen k): Mixtral-8x7B (4096, 14336, 8, 2), Qwen3-30B-A3B
+(2048, 768, 128, 8), OLMoE-1B-7B (2048, 1024, 64, 8), at 1 and 4 tokens, bf16, random weights and
+logits. Each result is checked against the reference first (max |difference|). Times: CUDA events
+around 50 calls after 10 warm-up calls, the median of 5 such repeats.
+
+    python3 bench/moe_kernels.py --out moe_kernels.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+
+from ostinato.backends.cuda.kernels import moe  # noqa: E402
+from ostinato.ir import fused_ops  # noqa: E402
+
+SHAPES = {"mixtral-8x7b": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8), "olmoe-1b-7b": (2048, 1024, 64, 8)}
+
+
+def _time(fn, calls: int = 50, repeats: int = 5) -> float:
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls * 1e3)
+    return statistics.median(times)
+
+
+def one(name: str, tokens: int, dtype=torch.bfloat16) -> dict:
+    k_dim, inter, experts, top_k = SHAPES[name]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(tokens, k_dim, device="cuda", generator=g).to(dtype)
+    logits = (torch.randn(tokens, experts, device="cuda", generator=g) * 2).to(dtype)
+    w_up = (torch.randn(experts, 2 * inter, k_dim, device="cuda", generator=g) * 0.02).to(dtype)
+    w_down = (torch.randn(experts, k_dim, inter, device="cuda", generator=g) * 0.02).to(dtype)
+    f32 = torch.float32
+    h_ref = fused_ops.moe_up(x, logits, w_up, top_k, f32)
+    h = moe.moe_up(x, logits, w_up, top_k, f32)
+    o_ref = fused_ops.moe_down(h_ref, logits, w_down, top_k, f32, True, None, dtype)
+    o = moe.moe_down(h_ref, logits, w_down, top_k, f32, True, None, dtype)
+    chosen = len(set(torch.topk(logits.float().softmax(-1), top_k).indices.flatten().tolist()))
+    size = dtype.itemsize
+    up_bytes, down_bytes = chosen * 2 * inter * k_dim * size, chosen * k_dim * inter * size
+    row = {"shape": name, "tokens": tokens, "K": k_dim, "I": inter, "E": experts, "k": top_k, "distinct_experts": chosen,
+           "up_max_diff": (h.float() - h_ref.float()).abs().max().item(),
+           "down_max_diff": (o.float() - o_ref.float()).abs().max().item()}
+    for part, ours, ref, nbytes in (
+            ("up", lambda: moe.moe_up(x, logits, w_up, top_k, f32), lambda: fused_ops.moe_up(x, logits, w_up, top_k, f32),
+             up_bytes),
+            ("down", lambda: moe.moe_down(h, logits, w_down, top_k, f32, True, None, dtype),
+             lambda: fused_ops.moe_down(h, logits, w_down, top_k, f32, True, None, dtype), down_bytes)):
+        t_ours, t_ref = _time(ours), _time(ref)
+        row[f"{part}_us"], row[f"{part}_eager_us"] = round(t_ours, 2), round(t_ref, 2)
+        row[f"{part}_TBps"] = round(nbytes / t_ours / 1e6, 2)
+    return row
+
+
+def sweep(name: str, tokens: int) -> list[dict]:
+    """The kernels' time over their block choices (kernels/moe.py: _PROGRAMS, the programs aimed at, and
+    _TILE, the weight elements a program reads per step)."""
+    saved = moe._PROGRAMS, moe._TILE
+    rows = []
+    try:
+        for programs in (256, 512, 1024, 2048):
+            for tile in (2048, 4096, 8192):
+                moe._PROGRAMS, moe._TILE = programs, tile
+                r = one(name, tokens)
+                rows.append({"programs": programs, "tile": tile, **{k: r[k] for k in ("up_us", "down_us", "up_TBps",
+                                                                                    "down_TBps")}})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        moe._PROGRAMS, moe._TILE = saved
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tokens", default="1,4")
+    ap.add_argument("--out", default="moe_kernels.json")
+    ap.add_argument("--sweep", default=None, help="SHAPE:TOKENS whose block choices to sweep")
+    args = ap.parse_args(argv)
+    rows = []
+    for name in args.shapes.split(","):
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            row = one(name, tokens)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            torch.cuda.empty_cache()
+    swept = []
+    if args.sweep:
+        name, tokens = args.sweep.split(":")
+        swept = sweep(name, int(tokens))
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows, "sweep": swept}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
