@@ -72,20 +72,23 @@ def one(name: str, tokens: int, dtype=torch.bfloat16) -> dict:
 
 
 def sweep(name: str, tokens: int) -> list[dict]:
-    """The kernels' time over their block choices (kernels/moe.py: _PROGRAMS, the programs aimed at, and
-    _TILE, the weight elements a program reads per step)."""
-    saved = moe._PROGRAMS, moe._TILE
+    """The kernels' time over their block choices (kernels/moe.py: _PROGRAMS, the programs aimed at; _TILE,
+    the weight elements a program reads per step; _MIN_BLOCK_N, the narrowest column block; _WARPS)."""
+    saved = moe._PROGRAMS, moe._TILE, moe._MIN_BLOCK_N, moe._WARPS
     rows = []
     try:
-        for programs in (256, 512, 1024, 2048):
-            for tile in (2048, 4096, 8192):
-                moe._PROGRAMS, moe._TILE = programs, tile
-                r = one(name, tokens)
-                rows.append({"programs": programs, "tile": tile, **{k: r[k] for k in ("up_us", "down_us", "up_TBps",
-                                                                                    "down_TBps")}})
-                print(json.dumps(rows[-1]), flush=True)
+        for programs in (1024, 2048):
+            for tile in (8192, 16384):
+                for min_n in (4, 8):
+                    for warps in (4, 8):
+                        moe._PROGRAMS, moe._TILE, moe._MIN_BLOCK_N, moe._WARPS = programs, tile, min_n, warps
+                        r = one(name, tokens)
+                        rows.append({"shape": name, "tokens": tokens, "programs": programs, "tile": tile,
+                                     "min_block_n": min_n, "warps": warps,
+                                     **{k: r[k] for k in ("up_us", "down_us", "up_TBps", "down_TBps")}})
+                        print(json.dumps(rows[-1]), flush=True)
     finally:
-        moe._PROGRAMS, moe._TILE = saved
+        moe._PROGRAMS, moe._TILE, moe._MIN_BLOCK_N, moe._WARPS = saved
     return rows
 
 
@@ -94,7 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tokens", default="1,4")
     ap.add_argument("--out", default="moe_kernels.json")
-    ap.add_argument("--sweep", default=None, help="SHAPE:TOKENS whose block choices to sweep")
+    ap.add_argument("--sweep", default=None, help="SHAPE:TOKENS[,SHAPE:TOKENS] whose block choices to sweep")
     args = ap.parse_args(argv)
     rows = []
     for name in args.shapes.split(","):
@@ -105,8 +108,9 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     swept = []
     if args.sweep:
-        name, tokens = args.sweep.split(":")
-        swept = sweep(name, int(tokens))
+        for item in args.sweep.split(","):
+            name, tokens = item.split(":")
+            swept += sweep(name, int(tokens))
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows, "sweep": swept}, f, indent=1)

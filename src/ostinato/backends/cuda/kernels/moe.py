@@ -13,8 +13,13 @@ from .common import cdiv, pow2
 
 MAX_EXPERTS = 1024
 MAX_TOPK = 64
-_PROGRAMS = 512         # aim for at least this many programs (an H100/H200 has 132 SMs)
-_TILE = 4096            # elements of W a program reads per step of its K loop
+# Block choices, from bench/moe_kernels.py's sweep on an H200 (Mixtral-8x7B's shapes, one token): aiming at
+# 1024 programs with 8192-element steps took the up kernel 121.6 us and the down kernel 82.0 us, against
+# 133.2 and 127.5 us at 512 programs and 4096-element steps (docs/benchmarks/moe_gpu/).
+_PROGRAMS = 1024        # aim for at least this many programs (an H100/H200 has 132 SMs)
+_TILE = 8192            # elements of W a program reads per step of its K loop
+_MIN_BLOCK_N = 8        # the narrowest column block
+_WARPS = 4
 _LOW = (torch.float16, torch.bfloat16)
 _DTYPES = (torch.float32, *_LOW)
 
@@ -23,7 +28,7 @@ def _blocks(columns: int, rows: int, k_dim: int) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_K): column blocks narrow enough that ``rows`` x the blocks make _PROGRAMS programs
     (a decode step has one or a few rows: a GEMV needs many programs to stream its weight), 8 to 64 wide."""
     block_n = 64
-    while block_n > 8 and rows * cdiv(columns, block_n) < _PROGRAMS:
+    while block_n > _MIN_BLOCK_N and rows * cdiv(columns, block_n) < _PROGRAMS:
         block_n //= 2
     return block_n, max(16, min(pow2(k_dim), _TILE // block_n))
 
@@ -52,7 +57,7 @@ def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu",
         block_n, block_k = _blocks(inter, rows, k_dim)
         LIBRARY.kernel("moe_up", LOGIT_ROUND=_logit_round(logits, route_dtype), TOPK=top_k,
                        ACT=0 if activation == "silu" else 1, BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k),
-                       BLOCK_N=block_n, BLOCK_K=block_k)(
+                       BLOCK_N=block_n, BLOCK_K=block_k, num_warps=_WARPS)(
             x, logits, weight, result, logits.shape[1], k_dim, inter, x.stride(0), weight.stride(0), weight.stride(1),
             grid=(rows, cdiv(inter, block_n)))
     return result if out is None else out.copy_(result)
@@ -74,7 +79,8 @@ def moe_down(h, logits, weight, top_k: int, route_dtype, normalize: bool, weight
         block_n, block_k = _blocks(n_out, tokens, k_dim)
         LIBRARY.kernel("moe_down", LOGIT_ROUND=_logit_round(logits, route_dtype), TOPK=top_k,
                        NORMALIZE=bool(normalize), WEIGHT_ROUND=product != torch.float32,
-                       BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k), BLOCK_N=block_n, BLOCK_K=block_k)(
+                       BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k), BLOCK_N=block_n, BLOCK_K=block_k,
+                       num_warps=_WARPS)(
             h, logits, weight, result, logits.shape[1], k_dim, n_out, weight.stride(0), weight.stride(1),
             grid=(tokens, cdiv(n_out, block_n)))
     return result if out is None else out.copy_(result)
