@@ -13,13 +13,15 @@ from .common import cdiv, pow2
 
 MAX_EXPERTS = 1024
 MAX_TOPK = 64
-# Block choices, from bench/moe_kernels.py's sweep on an H200 (Mixtral-8x7B's shapes, one token): aiming at
-# 1024 programs with 8192-element steps took the up kernel 121.6 us and the down kernel 82.0 us, against
-# 133.2 and 127.5 us at 512 programs and 4096-element steps (docs/benchmarks/moe_gpu/).
+# Block choices, from bench/moe_kernels.py's sweeps on an H200 (one token; docs/benchmarks/moe_gpu/): aiming
+# at 1024 programs, 16384-element steps, column blocks down to 4 wide, 8 warps took Mixtral-8x7B's up
+# kernel 120.2 us and its down kernel 66.8 us (3.9 and 3.5 TB/s of the chosen experts' weights), against
+# 133.2 and 127.5 us at 512 programs, 4096-element steps, 8-wide blocks and 4 warps; Qwen3-30B-A3B's
+# 28.0 and 30.6 us (repeats of one choice there varied by up to 1.7x: small kernels).
 _PROGRAMS = 1024        # aim for at least this many programs (an H100/H200 has 132 SMs)
-_TILE = 8192            # elements of W a program reads per step of its K loop
-_MIN_BLOCK_N = 8        # the narrowest column block
-_WARPS = 4
+_TILE = 16384           # elements of W a program reads per step of its K loop
+_MIN_BLOCK_N = 4        # the narrowest column block
+_WARPS = 8
 _LOW = (torch.float16, torch.bfloat16)
 _DTYPES = (torch.float32, *_LOW)
 
