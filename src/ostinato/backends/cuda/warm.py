@@ -44,6 +44,10 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _started: set[tuple] = set()
 _lock = threading.Lock()
 
+# OSTINATO_WARM_AFTER_UPLOAD=1: the thread starts once compile has put the weights on the device, not at
+# load (an A/B switch: on a lent H200 the thread running during the upload made the upload wait).
+AFTER_UPLOAD = os.environ.get("OSTINATO_WARM_AFTER_UPLOAD") == "1"
+
 
 def enabled() -> bool:
     return os.environ.get("OSTINATO_WARM_LIBRARIES", "1") != "0"
@@ -100,11 +104,12 @@ class _InFlight:
 _in_flight: dict[int, list[threading.Thread]] = {}
 
 
-def start(graph, device: torch.device) -> _InFlight | None:
+def start(graph, device: torch.device, after_upload: bool = False) -> _InFlight | None:
     """The warm-up of the libraries ``graph`` will call on ``device`` (see the module), started, with any
     started earlier for that device still running (``start_early``: a load's); None when nothing runs.
-    The caller joins it."""
-    if not enabled():
+    The caller joins it. ``after_upload``: the call compile makes once the weights are placed, the one
+    that starts it under AFTER_UPLOAD (and the only one then)."""
+    if not enabled() or after_upload != AFTER_UPLOAD:
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     with _lock:
@@ -129,7 +134,7 @@ def start_early(graph) -> None:
     of a second; ostinato's own captures join it first (``join_all``), and so does the interpreter's
     exit. A CUDA graph a user captures right after a load, with no compile between, could meet it: compile
     first, or set ``OSTINATO_WARM_LIBRARIES=0``."""
-    if enabled() and torch.cuda.is_initialized():
+    if enabled() and not AFTER_UPLOAD and torch.cuda.is_initialized():
         start(graph, torch.device("cuda", torch.cuda.current_device()))
 
 
