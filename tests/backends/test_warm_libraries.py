@@ -203,3 +203,10 @@ def test_after_upload_moves_the_start(monkeypatch):
     assert warm.start(prog.graph, torch.device("cuda", 0), after_upload=True) is None and started == [0]
     warm.start(prog.graph, torch.device("cuda", 0))
     assert started == [0, 0]
+
+
+def test_kinds_limit_what_is_warmed(monkeypatch):
+    conv = ostinato.export(Conv(), (torch.randn(1, 3, 8, 8),))
+    assert warm.jobs_for(conv.graph, 98) == [("conv", torch.float32)]
+    monkeypatch.setattr(warm, "KINDS", ("gemm", "attention"))
+    assert warm.jobs_for(conv.graph, 98) == []

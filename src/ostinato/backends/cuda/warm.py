@@ -47,6 +47,8 @@ _lock = threading.Lock()
 # OSTINATO_WARM_AFTER_UPLOAD=1: the thread starts once compile has put the weights on the device, not at
 # load (an A/B switch: on a lent H200 the thread running during the upload made the upload wait).
 AFTER_UPLOAD = os.environ.get("OSTINATO_WARM_AFTER_UPLOAD") == "1"
+# The kinds of library warmed (OSTINATO_WARM_KINDS, comma-separated, of gemm, attention, conv).
+KINDS = tuple(os.environ.get("OSTINATO_WARM_KINDS", "gemm,attention,conv").split(","))
 
 
 def enabled() -> bool:
@@ -69,7 +71,7 @@ def jobs_for(graph, device_index: int) -> list[tuple[str, torch.dtype]]:
     dtypes = sorted({v.meta.dtype for v in graph.constants if getattr(v.meta, "dtype", None) in _DTYPES},
                     key=str)
     return [(kind, dt) for dt in dtypes for kind, members in _KINDS
-            if ops & members and (device_index, kind, dt) not in _started]
+            if kind in KINDS and ops & members and (device_index, kind, dt) not in _started]
 
 
 def _run(jobs: list[tuple[str, torch.dtype]], device: torch.device) -> None:
