@@ -101,6 +101,7 @@ def _warm_threads() -> list:
 
 @pytest.mark.cuda
 def test_compile_warms_and_leaves_no_thread(monkeypatch):
+    monkeypatch.setenv("OSTINATO_WARM_LIBRARIES", "1")      # off by default (warm.py's note)
     torch.manual_seed(0)
     from ostinato.backends.cuda.kernels.common import SHORT_QUERIES
     model = Attention().to("cuda", torch.float16).eval()
@@ -191,6 +192,7 @@ def test_after_upload_moves_the_start(monkeypatch):
     weights are placed may (and without it, that call starts nothing)."""
     prog = ostinato.export(nn.Linear(4, 4), (torch.randn(2, 4),))
     started = []
+    monkeypatch.setattr(warm, "enabled", lambda: True)
     monkeypatch.setattr(warm, "jobs_for", lambda graph, index: started.append(index) or [])
     monkeypatch.setattr(warm.torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(warm.torch.cuda, "current_device", lambda: 0)
@@ -210,3 +212,12 @@ def test_kinds_limit_what_is_warmed(monkeypatch):
     assert warm.jobs_for(conv.graph, 98) == [("conv", torch.float32)]
     monkeypatch.setattr(warm, "KINDS", ("gemm", "attention"))
     assert warm.jobs_for(conv.graph, 98) == []
+
+
+def test_the_warm_up_is_off_by_default(monkeypatch):
+    monkeypatch.delenv("OSTINATO_WARM_LIBRARIES", raising=False)
+    assert not warm.enabled()
+    monkeypatch.setenv("OSTINATO_WARM_LIBRARIES", "1")
+    assert warm.enabled()
+    monkeypatch.setenv("OSTINATO_WARM_LIBRARIES", "0")
+    assert not warm.enabled()

@@ -19,7 +19,19 @@ nothing of it outlives ``compile`` (a load's thread with no compile after it: ``
 capture, ours or a user's ``torch.cuda.graph`` right after ``compile``, can meet it. The thread works
 on the device's
 default stream (cuBLAS keeps one workspace per stream: a stream of its own would leave a second one
-allocated for good). ``OSTINATO_WARM_LIBRARIES=0`` turns it off.
+allocated for good).
+
+**Off by default since 2026-11-27** (``OSTINATO_WARM_LIBRARIES=1`` turns it on). Measured on lent H200s
+with ``bench/warm_profile.py --variant`` (the suite's nine start-up representatives, warm processes
+interleaved, two or three of each variant, in three calls: docs/benchmarks/warm_start_gpu_1127b/): with
+the warm-up off, the warm first output (load + compile + first call) was shorter on average for eight of
+the nine. Llama-3.2-1B took 0.26-0.30 s against 0.47-0.59 s: its decode step calls no cuBLAS (generated
+GEMVs) yet waited for the thread's cuBLAS set-up. BERT, DiT, Mamba, Whisper and the two small decoders
+gained 0.05-0.12 s on average. The thread slowed the weights' upload (Mamba's ``place_constants`` took
+0.20-0.21 s with it, 0.03-0.04 s without), and its tiny calls did not spare the first call the set-up of
+the shapes it runs. ResNet-50 alone lost without it (its convolutions' cuDNN set-up: 0.55 s on average
+against 0.50). ``OSTINATO_WARM_KINDS`` limits the kinds warmed and ``OSTINATO_WARM_AFTER_UPLOAD=1`` starts
+the thread once the weights are placed; neither beat no warm-up in those runs.
 """
 from __future__ import annotations
 
@@ -52,7 +64,8 @@ KINDS = tuple(os.environ.get("OSTINATO_WARM_KINDS", "gemm,attention,conv").split
 
 
 def enabled() -> bool:
-    return os.environ.get("OSTINATO_WARM_LIBRARIES", "1") != "0"
+    """Off unless OSTINATO_WARM_LIBRARIES=1 (the module's note says why)."""
+    return os.environ.get("OSTINATO_WARM_LIBRARIES", "0") == "1"
 
 
 def _torch_attention(node) -> bool:
