@@ -16,10 +16,12 @@ def load(path, verify: bool | str = True) -> Program:
     fleet wrote); ``verify=False`` skips both. The bounded decoding and the IR's structural checks
     always run.
     """
+    from ..gc_pause import paused
     from .reader import load as _load
     if verify not in (True, False, "checksums"):
         raise ValueError(f"verify must be True, False or 'checksums', not {verify!r}")
-    return _load(path, verify_checksums=bool(verify), check_shapes=verify is True)
+    with paused():     # a full collection over every object in the process (gc_pause.py)
+        return _load(path, verify_checksums=bool(verify), check_shapes=verify is True)
 
 
 __all__ = ["InputSlot", "Program", "load", "spec_structure"]
