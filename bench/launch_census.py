@@ -108,6 +108,16 @@ FAMILIES: dict[str, tuple[str, Callable[[], dict], str, tuple[int, int]]] = {
                   "num_hidden_layers", (2, 3)),
     "olmoe": ("OlmoeConfig", lambda: dict(_LLAMA_LIKE, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False),
               "num_hidden_layers", (2, 3)),
+    # top 2 of the logits first, then the softmax over them (GraniteMoe); FlexOlmo; Qwen2-MoE's shared
+    # expert beside the routed ones (a gated MLP and a sigmoid gate of its own)
+    "granitemoe": ("GraniteMoeConfig", lambda: dict(_LLAMA_LIKE, num_local_experts=8, num_experts_per_tok=2),
+                   "num_hidden_layers", (2, 3)),
+    "flex_olmo": ("FlexOlmoConfig", lambda: dict(_LLAMA_LIKE, num_experts=8, num_experts_per_tok=2),
+                  "num_hidden_layers", (2, 3)),
+    "qwen2_moe": ("Qwen2MoeConfig", lambda: dict(_LLAMA_LIKE, num_experts=8, num_experts_per_tok=2,
+                                                 moe_intermediate_size=96, shared_expert_intermediate_size=128,
+                                                 norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[]),
+                  "num_hidden_layers", (2, 3)),
 }
 # from_config keywords beyond the attention implementation
 MODEL_KW = {"mixtral-batched_mm": {"experts_implementation": "batched_mm"},

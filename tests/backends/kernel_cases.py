@@ -364,6 +364,13 @@ CASES = [
     KernelCase("ost.moe_down", "top2-normalized", lambda g, dt, dev: (
         (_r(g, (6, 40), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 72, 40), dt, dev, 0.2), 2,
          torch.float32, True, None, dt), {})),
+    # GraniteMoe's routing: the top k of the fp32 logits, the softmax over them, cast to the input's dtype
+    KernelCase("ost.moe_up", "topk-first", lambda g, dt, dev: (
+        (_r(g, (3, 40), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 2 * 24, 40), dt, dev, 0.2), 2,
+         torch.float32, "silu", True), {})),
+    KernelCase("ost.moe_down", "topk-first", lambda g, dt, dev: (
+        (_r(g, (6, 24), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 40, 24), dt, dev, 0.2), 2,
+         torch.float32, False, dt, dt, True), {})),
     KernelCase("ost.moe_down", "top3-cast-weights", lambda g, dt, dev: (
         (_r(g, (6, 24), dt, dev), _r(g, (2, 6), dt, dev, 3.0), _r(g, (6, 33, 24), dt, dev, 0.2), 3,
          torch.float32, False, dt, dt), {})),

@@ -2,7 +2,8 @@
 
 On transformers' own modeling code (from_config, random weights, the static-cache decode step): Mixtral
 with both experts implementations (grouped_mm, the default; batched_mm), Qwen3-MoE (top 4 of 8, weights
-cast back to bf16) and OLMoE (not normalized) make 6 launches a layer and match eager. On modules written
+cast back to bf16), OLMoE (not normalized) and GraniteMoe (top-k of the logits first, then the softmax over
+them) make 6 launches a layer and match eager. On modules written
 here in other styles: the forms it takes fuse and match eager on random inputs; the forms it does not take
 (separate gate and up weights, a prefill) stay as they were, and match too.
 """
@@ -29,7 +30,7 @@ def _census():
 
 
 @pytest.mark.parametrize("family, check", [("mixtral", True), ("mixtral-batched_mm", False), ("qwen3_moe", True),
-                                           ("olmoe", False)])
+                                           ("olmoe", False), ("granitemoe", True)])
 def test_transformers_moe_layers_take_six_launches(family, check):
     r = _census().census_one(family, "sdpa", 1, check=check)
     assert r["error"] is None, r
@@ -46,7 +47,7 @@ class Experts(torch.nn.Module):
     ``leak`` also returns the routing weights (read outside the chain)."""
 
     def __init__(self, hidden=48, inter=40, experts=6, k=2, normalize=True, cast=False, clamp=False,
-                 packed=True, leak=False, gelu=False):
+                 packed=True, leak=False, gelu=False, topk_first=False):
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.router = torch.nn.Parameter(torch.randn(experts, hidden, generator=g))
@@ -54,14 +55,18 @@ class Experts(torch.nn.Module):
         self.down = torch.nn.Parameter(torch.randn(experts, hidden, inter, generator=g) * 0.2)
         self.k, self.normalize, self.cast, self.clamp, self.packed, self.leak = k, normalize, cast, clamp, packed, leak
         self.act = F.gelu if gelu else F.silu
-        self.experts = experts
+        self.experts, self.topk_first = experts, topk_first
 
     def forward(self, x):
         t, hidden = x.shape
         logits = F.linear(x, self.router)
-        probs = F.softmax(logits, dim=-1, dtype=torch.float)
-        vals, ids = torch.topk(probs, self.k, dim=-1)
-        if self.normalize:
+        if self.topk_first:      # GraniteMoe, GPT-OSS: the top k logits, then their softmax
+            vals, ids = torch.topk(logits.float(), self.k, dim=-1)
+            vals = torch.softmax(vals, dim=-1)
+        else:
+            probs = F.softmax(logits, dim=-1, dtype=torch.float)
+            vals, ids = torch.topk(probs, self.k, dim=-1)
+        if self.normalize and not self.topk_first:
             vals = vals / vals.sum(dim=-1, keepdim=True)
         weights = vals.to(x.dtype) if self.cast else vals
         flat = ids.reshape(-1)
@@ -103,7 +108,8 @@ def _same(got, expected, tol):
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(normalize=False), dict(cast=True, k=3), dict(clamp=True),
-                                dict(gelu=True, k=1)], ids=["mixtral", "olmoe", "qwen-cast-top3", "clamped", "gelu-top1"])
+                                dict(gelu=True, k=1), dict(topk_first=True, cast=True)],
+                         ids=["mixtral", "olmoe", "qwen-cast-top3", "clamped", "gelu-top1", "topk-first"])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_written_moe_fuses_and_matches_eager(kw, tokens):
     x = torch.randn(tokens, 48, generator=torch.Generator().manual_seed(tokens))

@@ -2,7 +2,8 @@
 
 transformers' experts (``integrations/moe.py``) route each token to its top-k experts and run every chosen
 expert's gated MLP on it. The exported graph is a softmax over the router's logits, a ``topk``, the
-values normalized (optionally) and cast (optionally), and then, for the ``batched_mm`` experts:
+values normalized (optionally) and cast (optionally) -- or (GraniteMoe) a ``topk`` of the logits and a softmax
+over the values it chose, cast -- and then, for the ``batched_mm`` experts:
 
     rows  = repeat_interleave(x, k, 0)                   # [T*k, K], token t's rows t*k .. t*k+k-1
     ids   = view(topk.ids, [-1])                          # (5.17 clamps them to [0, E-1], a no-op)
@@ -66,29 +67,40 @@ def _last(dim, rank: int) -> bool:
     return isinstance(dim, int) and dim in (-1, rank - 1)
 
 
-def _route(topk: Node) -> tuple[Value, int, torch.dtype] | None:
-    """(logits [T, E], k, the softmax's dtype) of ``topk(softmax(logits or its cast), k)`` over the last dim."""
+def _route(topk: Node) -> tuple[Value, int, torch.dtype, bool] | None:
+    """(logits [T, E], k, the dtype routing ran in, top-k first?) of ``topk(softmax(logits or its cast), k)``
+    over the last dim, or of ``topk(logits or its cast, k)`` whose values a softmax reads (checked by
+    _weights: GraniteMoe's order)."""
     probs = topk.args[0]
     k = topk.args[1] if len(topk.args) > 1 else topk.kwargs.get("k")
     dim = topk.args[2] if len(topk.args) > 2 else topk.kwargs.get("dim", -1)
     largest = topk.args[3] if len(topk.args) > 3 else topk.kwargs.get("largest", True)
-    sm = _make(probs)
-    if not isinstance(k, int) or not largest or sm is None or sm.op != "aten._softmax" or not _static(probs) \
-            or probs.meta.rank != 2 or not _last(dim, 2) or not _last(sm.args[1], 2) or sm.args[2]:
+    if not isinstance(k, int) or not largest or not _static(probs) or probs.meta.rank != 2 or not _last(dim, 2):
         return None
-    src = sm.args[0]
+    sm = _make(probs)
+    topk_first = sm is None or sm.op != "aten._softmax"
+    if not topk_first and (not _last(sm.args[1], 2) or sm.args[2]):
+        return None
+    src = probs if topk_first else sm.args[0]
     cast = _make(src)
     logits = cast.args[0] if is_dtype_cast(cast) else src
     if not _static(logits) or not isinstance(src, Value):
         return None
-    return logits, k, src.meta.dtype
+    return logits, k, src.meta.dtype, topk_first
 
 
-def _weights(vals: Value, chain: _Chain, users: dict) -> tuple[Value, bool, torch.dtype | None] | None:
-    """(the routing weights the experts read, normalized?, the dtype they were cast to or None)."""
+def _weights(vals: Value, chain: _Chain, users: dict, topk_first: bool = False
+             ) -> tuple[Value, bool, torch.dtype | None] | None:
+    """(the routing weights the experts read, normalized?, the dtype they were cast to or None);
+    ``topk_first``: the weights are the softmax of the top-k values."""
     readers = users.get(vals.id, [])
     normalize, w = False, vals
-    if len(readers) == 2 and vals.id not in chain.pinned:
+    if topk_first:
+        sm = chain.only_reader(vals, "aten._softmax")
+        if sm is None or not _last(sm.args[1], 2) or sm.args[2]:
+            return None
+        w = sm.outputs[0]
+    elif len(readers) == 2 and vals.id not in chain.pinned:
         sums = [n for n in readers if n.op == "aten.sum.dim_IntList"]
         divs = [n for n in readers if n.op == "aten.div.Tensor"]
         if len(sums) != 1 or len(divs) != 1:
@@ -366,12 +378,12 @@ def fuse_moe(g: Graph) -> Graph:
         found = _route(topk)
         if found is None:
             continue
-        logits, k, route_dtype = found
+        logits, k, route_dtype, topk_first = found
         t, n_experts = logits.meta.shape
         if not 0 < t * k <= MAX_ROWS:
             continue
         vals, ids = topk.outputs
-        weights = _weights(vals, chain, users)
+        weights = _weights(vals, chain, users, topk_first)
         if weights is None:
             continue
         found = _batched(ids, logits, k, weights[0], chain, users) or _grouped(ids, logits, k, weights[0], chain, users)
@@ -382,10 +394,11 @@ def fuse_moe(g: Graph) -> Graph:
             continue
         h = gate.outputs[0]
         normalize, weights_dtype = weights[1], weights[2]
-        up = Node("ost.moe_up", (x, logits, w_up, k, route_dtype, _GATES[gate.op]), {}, gate.name, gate.source)
+        up = Node("ost.moe_up", (x, logits, w_up, k, route_dtype, _GATES[gate.op], topk_first), {}, gate.name,
+                  gate.source)
         up.outputs, h.producer = [h], up
-        down = Node("ost.moe_down", (h, logits, w_down, k, route_dtype, normalize, weights_dtype, result.meta.dtype),
-                    {}, result.producer.name, result.producer.source)
+        down = Node("ost.moe_down", (h, logits, w_down, k, route_dtype, normalize, weights_dtype, result.meta.dtype,
+                                     topk_first), {}, result.producer.name, result.producer.source)
         replaced[id(gate)], replaced[id(result.producer)] = up, down
         down.outputs, result.producer = [result], down
     if replaced:

@@ -42,22 +42,28 @@ def _takes(x: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor, top_k: i
             and weight.shape[0] == logits.shape[1] and weight.stride(-1) == 1 and x.shape[0] == logits.shape[0])
 
 
-def _logit_round(logits: torch.Tensor, route_dtype: torch.dtype) -> bool:
-    """Whether the softmax ran in the logits' own low precision (its result rounded to it)."""
-    return route_dtype in _LOW and logits.dtype == route_dtype
+def _route(logits: torch.Tensor, route_dtype: torch.dtype, topk_first: bool) -> int | None:
+    """The kernels' ROUTE (source/moe.py: 0 softmax in fp32, 1 softmax rounded to the logits' low
+    precision, 2 top-k of the logits first); None for a routing they do not compute as the reference
+    does (top-k of logits rounded to a precision they are not in)."""
+    if topk_first:
+        return 2 if route_dtype == torch.float32 or route_dtype == logits.dtype else None
+    return 1 if route_dtype in _LOW and logits.dtype == route_dtype else 0
 
 
-def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu", *, out=None):
-    if not (_takes(x, logits, weight, top_k, route_dtype) and activation in ("silu", "gelu")
+def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu", topk_first: bool = False, *,
+           out=None):
+    route = _route(logits, route_dtype, topk_first)
+    if not (_takes(x, logits, weight, top_k, route_dtype) and activation in ("silu", "gelu") and route is not None
             and weight.shape[1] % 2 == 0 and weight.shape[2] == x.shape[1]):
-        return fused_ops.moe_up(x, logits, weight, top_k, route_dtype, activation, out=out)
+        return fused_ops.moe_up(x, logits, weight, top_k, route_dtype, activation, topk_first, out=out)
     x = x if x.stride(-1) == 1 else x.contiguous()
     logits = logits.contiguous()
     rows, inter, k_dim = x.shape[0] * top_k, weight.shape[1] // 2, weight.shape[2]
     result = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     if result.numel():
         block_n, block_k = _blocks(inter, rows, k_dim)
-        LIBRARY.kernel("moe_up", LOGIT_ROUND=_logit_round(logits, route_dtype), TOPK=top_k,
+        LIBRARY.kernel("moe_up", ROUTE=route, TOPK=top_k,
                        ACT=0 if activation == "silu" else 1, BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k),
                        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=_WARPS)(
             x, logits, weight, result, logits.shape[1], k_dim, inter, x.stride(0), weight.stride(0), weight.stride(1),
@@ -65,22 +71,26 @@ def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu",
     return result if out is None else out.copy_(result)
 
 
-def moe_down(h, logits, weight, top_k: int, route_dtype, normalize: bool, weights_dtype, out_dtype, *, out=None):
+def moe_down(h, logits, weight, top_k: int, route_dtype, normalize: bool, weights_dtype, out_dtype,
+             topk_first: bool = False, *, out=None):
     tokens = logits.shape[0] if logits.dim() == 2 else -1
+    route = _route(logits, route_dtype, topk_first)
     # the product is computed in the promotion of h's dtype and the routing weights' (fp32 unless cast)
     product = torch.promote_types(h.dtype, weights_dtype or route_dtype)
     fits = (h.dim() == 2 and h.shape[0] == tokens * top_k and out_dtype in _DTYPES
-            and (product == torch.float32 or product == h.dtype)
+            and (product == torch.float32 or product == h.dtype) and route is not None
             and _takes(h[::top_k], logits, weight, top_k, route_dtype) and weight.shape[2] == h.shape[1])
     if not fits:
-        return fused_ops.moe_down(h, logits, weight, top_k, route_dtype, normalize, weights_dtype, out_dtype, out=out)
+        return fused_ops.moe_down(h, logits, weight, top_k, route_dtype, normalize, weights_dtype, out_dtype,
+                                  topk_first, out=out)
     h, logits = h.contiguous(), logits.contiguous()
     n_out, k_dim = weight.shape[1], weight.shape[2]
     result = torch.empty((tokens, n_out), dtype=out_dtype, device=h.device)
     if result.numel():
         block_n, block_k = _blocks(n_out, tokens, k_dim)
-        LIBRARY.kernel("moe_down", LOGIT_ROUND=_logit_round(logits, route_dtype), TOPK=top_k,
-                       NORMALIZE=bool(normalize), WEIGHT_ROUND=product != torch.float32,
+        LIBRARY.kernel("moe_down", ROUTE=route, TOPK=top_k,
+                       NORMALIZE=bool(normalize) or route == 2,   # (2: the chosen logits' softmax)
+                       WEIGHT_ROUND=product != torch.float32,
                        BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k), BLOCK_N=block_n, BLOCK_K=block_k,
                        num_warps=_WARPS)(
             h, logits, weight, result, logits.shape[1], k_dim, n_out, weight.stride(0), weight.stride(1),

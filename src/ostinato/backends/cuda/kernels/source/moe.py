@@ -11,35 +11,42 @@ def _gelu(g):
 
 
 @triton.jit
-def _route(logits_ptr, t, n_experts, LOGIT_ROUND: tl.constexpr, TOPK: tl.constexpr, BLOCK_E: tl.constexpr,
+def _route(logits_ptr, t, n_experts, ROUTE: tl.constexpr, TOPK: tl.constexpr, BLOCK_E: tl.constexpr,
            BLOCK_TOPK: tl.constexpr):
-    """(expert ids, their softmax probabilities, the probabilities' sum) of token ``t``'s TOPK choices, as
-    [BLOCK_TOPK] vectors (choice j at j, largest first; ties to the lower expert id). The softmax is
-    computed in fp32; LOGIT_ROUND rounds its result to the logits' dtype (a softmax run in bf16)."""
+    """(expert ids, their scores, the scores' sum) of token ``t``'s TOPK choices, as [BLOCK_TOPK] vectors
+    (choice j at j, largest first; ties to the lower expert id). ROUTE 0: the scores are the softmax's
+    probabilities, computed in fp32; 1: the same rounded to the logits' dtype (a softmax run in bf16);
+    2: the choice is made on the logits themselves and the scores are exp(logit - the largest chosen), so
+    that the scores over their sum are the softmax of the chosen logits (top-k first, GraniteMoe)."""
     e = tl.arange(0, BLOCK_E)
     logit = tl.load(logits_ptr + t * n_experts + e, mask=e < n_experts, other=float("-inf")).to(tl.float32)
-    p = tl.exp(logit - tl.max(logit, 0))
-    p = p / tl.sum(p, 0)
-    if LOGIT_ROUND:
-        p = p.to(logits_ptr.dtype.element_ty).to(tl.float32)
-    p = tl.where(e < n_experts, p, -1.0)
+    if ROUTE == 2:
+        score = logit
+    else:
+        p = tl.exp(logit - tl.max(logit, 0))
+        p = p / tl.sum(p, 0)
+        if ROUTE == 1:
+            p = p.to(logits_ptr.dtype.element_ty).to(tl.float32)
+        score = tl.where(e < n_experts, p, float("-inf"))
     slot = tl.arange(0, BLOCK_TOPK)
     ids = tl.zeros([BLOCK_TOPK], dtype=tl.int64)
     vals = tl.zeros([BLOCK_TOPK], dtype=tl.float32)
-    total = 0.0
     for i in tl.static_range(TOPK):
-        best = tl.max(p, 0)
-        idx = tl.min(tl.where(p == best, e, BLOCK_E), 0)
+        best = tl.max(score, 0)
+        idx = tl.min(tl.where(score == best, e, BLOCK_E), 0)
         ids = tl.where(slot == i, idx.to(tl.int64), ids)
         vals = tl.where(slot == i, best, vals)
-        total += best
-        p = tl.where(e == idx, -1.0, p)
+        score = tl.where(e == idx, float("-inf"), score)
+    if ROUTE == 2:
+        first = tl.max(tl.where(slot < TOPK, vals, float("-inf")), 0)
+        vals = tl.where(slot < TOPK, tl.exp(vals - first), 0.0)
+    total = tl.sum(vals, 0)
     return ids, vals, total
 
 
 @triton.jit
 def moe_up_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_inter, x_stride, w_se, w_sn,
-                  LOGIT_ROUND: tl.constexpr, TOPK: tl.constexpr, ACT: tl.constexpr, BLOCK_E: tl.constexpr,
+                  ROUTE: tl.constexpr, TOPK: tl.constexpr, ACT: tl.constexpr, BLOCK_E: tl.constexpr,
                   BLOCK_TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[t * TOPK + j, n] = act(g) * u for token t's j-th expert e, g = W[e, n] . x[t] and
     u = W[e, n_inter + n] . x[t] (W [E, 2 * n_inter, k_dim], its rows at w_sn, the last dim dense), each
@@ -48,7 +55,7 @@ def moe_up_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_inter, 
     s = tl.program_id(0)
     t = s // TOPK
     j = s % TOPK
-    ids, _, _ = _route(logits_ptr, t, n_experts, LOGIT_ROUND, TOPK, BLOCK_E, BLOCK_TOPK)
+    ids, _, _ = _route(logits_ptr, t, n_experts, ROUTE, TOPK, BLOCK_E, BLOCK_TOPK)
     e = tl.sum(tl.where(tl.arange(0, BLOCK_TOPK) == j, ids, 0), 0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < n_inter
@@ -76,7 +83,7 @@ def moe_up_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_inter, 
 
 @triton.jit
 def moe_down_kernel(h_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_out, w_se, w_sn,
-                    LOGIT_ROUND: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
+                    ROUTE: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
                     WEIGHT_ROUND: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[t, n] = sum over token t's choices j of r_j * (W[e_j, n] . h[t * TOPK + j]) (W [E, n_out, k_dim],
@@ -84,7 +91,7 @@ def moe_down_kernel(h_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_out, 
     chosen probabilities' sum when NORMALIZE, rounded to h's dtype when WEIGHT_ROUND, the product then
     rounded too), the sum in fp32, stored in out's dtype."""
     t = tl.program_id(0)
-    ids, vals, total = _route(logits_ptr, t, n_experts, LOGIT_ROUND, TOPK, BLOCK_E, BLOCK_TOPK)
+    ids, vals, total = _route(logits_ptr, t, n_experts, ROUTE, TOPK, BLOCK_E, BLOCK_TOPK)
     if NORMALIZE:
         vals = vals / total
     hdt = h_ptr.dtype.element_ty
