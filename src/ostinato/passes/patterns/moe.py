@@ -204,29 +204,39 @@ def _expert_ids(ids: Value, n_experts: int, chain: _Chain, users: dict) -> list[
 
 
 def _router_on_rows(g: Graph, logits: Value, up: Node) -> None:
-    """The router's ``linear(view(a, [-1, K]), W)`` as ``view(linear(a, W), [-1, E])``, and the flattening
-    view moved to just before ``up`` (its other reader): the projection then reads the norm's result
-    itself, so the code generator can take the norm as its prologue (codegen/linear.py), one launch for
-    both, with no read of that result between the norm and the projection."""
+    """The router's ``linear(view(a, [-1, K]), W)`` as ``view(linear(a, W), [-1, E])`` (an
+    ``ost.multi_linear`` holding the router alike: Qwen2-MoE's router beside its shared expert's
+    projections, each result viewed back), and the flattening view moved to just before ``up`` (its other
+    reader): the projection then reads the norm's result itself, so the code generator can take the norm
+    as its prologue (codegen/linear.py), one launch for both, with no read of that result between the norm
+    and the projection."""
     lin = _make(logits)
-    flat = _make(lin.args[0]) if lin is not None and lin.op == "aten.linear" and lin.args else None
-    if flat is None or flat.op not in ("aten.view", "aten.reshape") or lin.kwargs:
+    ok = lin is not None and lin.op in ("aten.linear", "ost.multi_linear") and lin.args and not lin.kwargs
+    flat = _make(lin.args[0]) if ok else None
+    if flat is None or flat.op not in ("aten.view", "aten.reshape"):
         return
     a, v = flat.args[0], flat.outputs[0]
-    if not _static(a) or a.meta.shape[-1] != v.meta.shape[-1] or a.meta.rank < 2 or logits.id in pinned_values(g):
+    pinned = pinned_values(g)
+    if not _static(a) or a.meta.shape[-1] != v.meta.shape[-1] or a.meta.rank < 2 \
+            or any(o is None or o.id in pinned or not _static(o) for o in lin.outputs):
         return
     rest = [n for n in g.nodes if n is not lin and any(x is v for x in n.inputs)]
     if any(n is not up and n.op not in ("ost.moe_up", "ost.moe_down") for n in rest):
         return
-    meta = TensorMeta(logits.meta.dtype, (*a.meta.shape[:-1], logits.meta.shape[-1]))
-    rows = g.new_value(f"{lin.name}_rows", meta, "temp", lin)
+    backs = []
+    rows = []
+    for o in lin.outputs:
+        meta = TensorMeta(o.meta.dtype, (*a.meta.shape[:-1], o.meta.shape[-1]))
+        r = g.new_value(f"{o.name}_rows", meta, "temp", lin)
+        back = Node("aten.view", (r, list(o.meta.shape)), {}, f"{o.name}_view", lin.source)
+        back.outputs, o.producer = [o], back
+        rows.append(r)
+        backs.append(back)
     lin.args = (a, *lin.args[1:])
-    lin.outputs = [rows]
-    back = Node("aten.view", (rows, list(logits.meta.shape)), {}, f"{lin.name}_view", lin.source)
-    back.outputs, logits.producer = [logits], back
+    lin.outputs = rows
     nodes = [n for n in g.nodes if n is not flat]
     at = nodes.index(lin) + 1
-    nodes.insert(at, back)
+    nodes[at:at] = backs
     nodes.insert(nodes.index(up), flat)
     g.nodes = nodes
 
