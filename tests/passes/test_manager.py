@@ -17,7 +17,7 @@ def test_reinplace_is_the_last_default_pass():
     assert DEFAULT_PIPELINE[-1] == ("reinplace", reinplace_state_writes)
     assert [n for n, _ in DEFAULT_PIPELINE] == ["canonicalize", "cse", "dce", "matmul_linear", "rms_norm", "layer_norm",
                                                  "add_rms_norm", "rope",
-                                                 "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "linear", "small_matvec",
+                                                 "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "moe", "linear", "small_matvec",
                                                  "canonicalize_after_fusion", "sink_permutes",
                                                  "dce_after_fusion",
                                                  "reinplace"]
