@@ -154,3 +154,20 @@ def test_routing_is_data_dependent():
     prog, got, expected = _run(model, x)
     assert "ost.moe_down" in _ops(prog)
     _same(got, expected, 1e-5)
+
+
+def test_moe_ops_survive_save_and_load(tmp_path):
+    """The ops' arguments (dtypes, None, flags) go through the program file; the loaded program re-derives
+    their shapes (load's check) and gives the same result."""
+    model = Experts(cast=True, topk_first=True, k=3).to(torch.bfloat16)
+    x = torch.randn(2, 48, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    prog = ostinato.export(model, (x,), cache=False, passes=DEFAULT_PIPELINE)
+    path = str(tmp_path / "moe.ost")
+    prog.save(path)
+    loaded = ostinato.load(path)
+    saved_args = [n.args[3:] for n in prog.graph.nodes if n.op.startswith("ost.moe")]
+    assert [n.args[3:] for n in loaded.graph.nodes if n.op.startswith("ost.moe")] == saved_args
+    assert saved_args and saved_args[0][-1] is True          # topk_first kept
+    with torch.no_grad():
+        assert torch.equal(ostinato.compile(loaded)(x), model(x))
+
