@@ -1,4 +1,4 @@
-"""Warm load + compile with and without the garbage-collector pause (src/ostinato/gc_pause.py), in fresh
+"""Warm load + compile with and without the garbage-collector pause (src/ostinato/ir/bulk.py), in fresh
 processes, interleaved: each process loads a saved program, compiles it for --device and runs it once,
 and reports its phases and the time Python's collector spent in each (gc.callbacks).
 

@@ -1,4 +1,4 @@
-"""gc_pause.py: load and compile hold Python's cyclic collector off while they run, and leave it as they
+"""ir/bulk.py: load and compile hold Python's cyclic collector off while they run, and leave it as they
 found it (on, off, after an error, or with OSTINATO_GC_PAUSE=0 not touched at all)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import ostinato
-from ostinato.gc_pause import paused
+from ostinato.ir.bulk import paused_gc as paused
 from ostinato.program import reader
 
 

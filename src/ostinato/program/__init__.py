@@ -16,11 +16,11 @@ def load(path, verify: bool | str = True) -> Program:
     fleet wrote); ``verify=False`` skips both. The bounded decoding and the IR's structural checks
     always run.
     """
-    from ..gc_pause import paused
+    from ..ir.bulk import paused_gc
     from .reader import load as _load
     if verify not in (True, False, "checksums"):
         raise ValueError(f"verify must be True, False or 'checksums', not {verify!r}")
-    with paused():     # a full collection over every object in the process (gc_pause.py)
+    with paused_gc():     # a full collection over every object in the process (ir/bulk.py)
         return _load(path, verify_checksums=bool(verify), check_shapes=verify is True)
 
 

@@ -17,7 +17,7 @@ from ..ir.ops import does_device_work
 from ..ir.fallback import is_fallback
 from ..program import Program
 from ..program.reader import DECODED_HOOKS
-from ..gc_pause import paused
+from ..ir.bulk import paused_gc
 from .codegen import compile_launches
 from .folding import fold_constants
 from .inputs import InputChecker
@@ -290,7 +290,7 @@ def compile(program: Program, device: str | torch.device = "cpu", *, cache: bool
     """
     warming = _warm_cuda_libraries(program, device)
     try:
-        with paused():     # a full collection over every object in the process (gc_pause.py)
+        with paused_gc():     # a full collection over every object in the process (ir/bulk.py)
             return Executable(program, get_backend(device, strict=strict), cache=cache)
     finally:
         if warming is not None:
