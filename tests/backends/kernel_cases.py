@@ -371,6 +371,16 @@ CASES = [
     KernelCase("ost.moe_down", "topk-first", lambda g, dt, dev: (
         (_r(g, (6, 24), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 40, 24), dt, dev, 0.2), 2,
          torch.float32, False, dt, dt, True), {})),
+    # the routing in the logits' own precision (ROUTE 1 in fp16/bf16), normalized; weights cast up to fp32
+    KernelCase("ost.moe_down", "route-in-dtype", lambda g, dt, dev: (
+        (_r(g, (6, 24), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 40, 24), dt, dev, 0.2), 2,
+         dt, True, torch.float32, dt), {})),
+    KernelCase("ost.moe_up", "route-in-dtype", lambda g, dt, dev: (
+        (_r(g, (3, 40), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 2 * 24, 40), dt, dev, 0.2), 2, dt), {})),
+    # ties: every logit of a row equal; both ops must choose the same (lowest) experts, kernel or reference
+    KernelCase("ost.moe_up", "ties", lambda g, dt, dev: (
+        (_r(g, (2, 40), dt, dev), torch.zeros(2, 8, dtype=dt, device=dev), _r(g, (8, 2 * 24, 40), dt, dev, 0.2), 3,
+         torch.float32), {})),
     KernelCase("ost.moe_down", "top3-cast-weights", lambda g, dt, dev: (
         (_r(g, (6, 24), dt, dev), _r(g, (2, 6), dt, dev, 3.0), _r(g, (6, 33, 24), dt, dev, 0.2), 3,
          torch.float32, False, dt, dt), {})),

@@ -408,13 +408,19 @@ def moe_route(logits: torch.Tensor, top_k: int, normalize: bool, route_dtype: to
     ``normalize``, then cast to ``weights_dtype`` when given (Qwen-MoE casts them back to the logits'
     dtype; Mixtral keeps fp32). ``topk_first``: the ``top_k`` largest logits (in ``route_dtype``) chosen
     first and the softmax taken over them (GraniteMoe). Not an op of its own: the shared first step of
-    ost.moe_up/ost.moe_down."""
+    ost.moe_up/ost.moe_down.
+
+    Equal scores go to the lower expert id, as in the CUDA kernels: each of the two ops routes on its own,
+    and either may run its kernel while the other runs this (a kernel still compiling, a weight the kernel
+    does not take), so both must choose alike. ``torch.topk`` leaves the order of ties open (the CPU's
+    puts the higher id first); only there may the choice differ from eager's."""
+    scores = logits.to(route_dtype)
+    if not topk_first:
+        scores = torch.softmax(scores, -1)
+    values, ids = torch.sort(scores, dim=-1, descending=True, stable=True)
+    values, ids = values[..., :top_k], ids[..., :top_k]
     if topk_first:
-        values, ids = torch.topk(logits.to(route_dtype), top_k, -1)
         values = torch.softmax(values, -1)
-    else:
-        probs = torch.softmax(logits.to(route_dtype), -1)
-        values, ids = torch.topk(probs, top_k, -1)
     if normalize:
         values = values / values.sum(-1, keepdim=True)
     if weights_dtype is not None:

@@ -217,11 +217,11 @@ def _router_on_rows(g: Graph, logits: Value, up: Node) -> None:
         return
     a, v = flat.args[0], flat.outputs[0]
     pinned = pinned_values(g)
-    if not _static(a) or a.meta.shape[-1] != v.meta.shape[-1] or a.meta.rank < 2 \
+    if not _static(a) or a.meta.rank < 2 or a.meta.shape[-1] != v.meta.shape[-1] \
             or any(o is None or o.id in pinned or not _static(o) for o in lin.outputs):
         return
-    rest = [n for n in g.nodes if n is not lin and any(x is v for x in n.inputs)]
-    if any(n is not up and n.op not in ("ost.moe_up", "ost.moe_down") for n in rest):
+    # the view moves to just before ``up``: no other node may read it (another block's moe_up before it)
+    if v.id in pinned or any(n is not lin and n is not up and any(x is v for x in n.inputs) for n in g.nodes):
         return
     backs = []
     rows = []

@@ -46,9 +46,9 @@ def _route(logits: torch.Tensor, route_dtype: torch.dtype, topk_first: bool) -> 
     """The kernels' ROUTE (source/moe.py: 0 softmax in fp32, 1 softmax rounded to the logits' low
     precision, 2 top-k of the logits first); None for a routing they do not compute as the reference
     does (top-k of logits rounded to a precision they are not in)."""
-    if topk_first:
-        return 2 if route_dtype == torch.float32 or route_dtype == logits.dtype else None
-    return 1 if route_dtype in _LOW and logits.dtype == route_dtype else 0
+    if route_dtype != torch.float32 and logits.dtype != route_dtype:
+        return None     # logits rounded to another precision first: the reference
+    return 2 if topk_first else 0 if route_dtype == torch.float32 else 1
 
 
 def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu", topk_first: bool = False, *,
@@ -75,10 +75,13 @@ def moe_down(h, logits, weight, top_k: int, route_dtype, normalize: bool, weight
              topk_first: bool = False, *, out=None):
     tokens = logits.shape[0] if logits.dim() == 2 else -1
     route = _route(logits, route_dtype, topk_first)
-    # the product is computed in the promotion of h's dtype and the routing weights' (fp32 unless cast)
-    product = torch.promote_types(h.dtype, weights_dtype or route_dtype)
+    # the routing weights end in weights_dtype (or the routing's), the product in its promotion with h's
+    weights = weights_dtype or route_dtype
+    product = torch.promote_types(h.dtype, weights)
     fits = (h.dim() == 2 and h.shape[0] == tokens * top_k and out_dtype in _DTYPES
             and (product == torch.float32 or product == h.dtype) and route is not None
+            and (weights == torch.float32 or weights == h.dtype)
+            and (route_dtype == torch.float32 or route_dtype == h.dtype)
             and _takes(h[::top_k], logits, weight, top_k, route_dtype) and weight.shape[2] == h.shape[1])
     if not fits:
         return fused_ops.moe_down(h, logits, weight, top_k, route_dtype, normalize, weights_dtype, out_dtype,
@@ -90,7 +93,9 @@ def moe_down(h, logits, weight, top_k: int, route_dtype, normalize: bool, weight
         block_n, block_k = _blocks(n_out, tokens, k_dim)
         LIBRARY.kernel("moe_down", ROUTE=route, TOPK=top_k,
                        NORMALIZE=bool(normalize) or route == 2,   # (2: the chosen logits' softmax)
-                       WEIGHT_ROUND=product != torch.float32,
+                       # the weights are rounded to h's dtype where they passed through a low precision
+                       WEIGHT_ROUND=weights != torch.float32 or route_dtype != torch.float32,
+                       PRODUCT_ROUND=product != torch.float32,
                        BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k), BLOCK_N=block_n, BLOCK_K=block_k,
                        num_warps=_WARPS)(
             h, logits, weight, result, logits.shape[1], k_dim, n_out, weight.stride(0), weight.stride(1),

@@ -84,18 +84,21 @@ def moe_up_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_inter, 
 @triton.jit
 def moe_down_kernel(h_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_out, w_se, w_sn,
                     ROUTE: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
-                    WEIGHT_ROUND: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr,
+                    WEIGHT_ROUND: tl.constexpr, PRODUCT_ROUND: tl.constexpr, BLOCK_E: tl.constexpr,
+                    BLOCK_TOPK: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[t, n] = sum over token t's choices j of r_j * (W[e_j, n] . h[t * TOPK + j]) (W [E, n_out, k_dim],
     h dense [T * TOPK, k_dim]): each product rounded to h's dtype, r_j the routing weight (divided by the
-    chosen probabilities' sum when NORMALIZE, rounded to h's dtype when WEIGHT_ROUND, the product then
-    rounded too), the sum in fp32, stored in out's dtype."""
+    chosen scores' sum when NORMALIZE, rounded to h's dtype when WEIGHT_ROUND), the weighted product
+    rounded to h's dtype when PRODUCT_ROUND, the sum in fp32, stored in out's dtype."""
     t = tl.program_id(0)
     ids, vals, total = _route(logits_ptr, t, n_experts, ROUTE, TOPK, BLOCK_E, BLOCK_TOPK)
-    if NORMALIZE:
-        vals = vals / total
     hdt = h_ptr.dtype.element_ty
-    if WEIGHT_ROUND:
+    if NORMALIZE:
+        if ROUTE == 1:      # the sum of probabilities rounded to the logits' dtype, as the reference's is
+            total = total.to(logits_ptr.dtype.element_ty).to(tl.float32)
+        vals = vals / total
+    if WEIGHT_ROUND:        # the routing weights in h's dtype (cast, or a routing run in it)
         vals = vals.to(hdt).to(tl.float32)
     slot = tl.arange(0, BLOCK_TOPK)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -114,7 +117,7 @@ def moe_down_kernel(h_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_out, 
             acc += tl.sum(tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
                           .to(tl.float32) * hv, 1)
         prod = acc.to(hdt).to(tl.float32) * r
-        if WEIGHT_ROUND:
+        if PRODUCT_ROUND:
             prod = prod.to(hdt).to(tl.float32)
         result += prod
     tl.store(out_ptr + t.to(tl.int64) * n_out + n, result.to(out_ptr.dtype.element_ty), mask=n_ok)
