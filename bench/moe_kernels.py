@@ -50,10 +50,10 @@ def one(name: str, tokens: int, dtype=torch.bfloat16) -> dict:
     w_up = (torch.randn(experts, 2 * inter, k_dim, device="cuda", generator=g) * 0.02).to(dtype)
     w_down = (torch.randn(experts, k_dim, inter, device="cuda", generator=g) * 0.02).to(dtype)
     f32 = torch.float32
-    h_ref = fused_ops.moe_up(x, logits, w_up, top_k, f32)
-    h = moe.moe_up(x, logits, w_up, top_k, f32)
-    o_ref = fused_ops.moe_down(h_ref, logits, w_down, top_k, f32, True, None, dtype)
-    o = moe.moe_down(h_ref, logits, w_down, top_k, f32, True, None, dtype)
+    h_ref, ids = fused_ops.moe_up(x, logits, w_up, top_k, f32)
+    h, _ = moe.moe_up(x, logits, w_up, top_k, f32)
+    o_ref = fused_ops.moe_down(h_ref, ids, logits, w_down, top_k, f32, True, None, dtype)
+    o = moe.moe_down(h_ref, ids, logits, w_down, top_k, f32, True, None, dtype)
     chosen = len(set(torch.topk(logits.float().softmax(-1), top_k).indices.flatten().tolist()))
     size = dtype.itemsize
     up_bytes, down_bytes = chosen * 2 * inter * k_dim * size, chosen * k_dim * inter * size
@@ -63,8 +63,8 @@ def one(name: str, tokens: int, dtype=torch.bfloat16) -> dict:
     for part, ours, ref, nbytes in (
             ("up", lambda: moe.moe_up(x, logits, w_up, top_k, f32), lambda: fused_ops.moe_up(x, logits, w_up, top_k, f32),
              up_bytes),
-            ("down", lambda: moe.moe_down(h, logits, w_down, top_k, f32, True, None, dtype),
-             lambda: fused_ops.moe_down(h, logits, w_down, top_k, f32, True, None, dtype), down_bytes)):
+            ("down", lambda: moe.moe_down(h, ids, logits, w_down, top_k, f32, True, None, dtype),
+             lambda: fused_ops.moe_down(h, ids, logits, w_down, top_k, f32, True, None, dtype), down_bytes)):
         t_ours, t_ref = _time(ours), _time(ref)
         row[f"{part}_us"], row[f"{part}_eager_us"] = round(t_ours, 2), round(t_ref, 2)
         row[f"{part}_TBps"] = round(nbytes / t_ours / 1e6, 2)

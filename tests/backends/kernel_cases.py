@@ -354,37 +354,46 @@ CASES = [
          _r(g, (1, 2, 2, 16), dt, dev), _r(g, (1, 2, 2, 16), dt, dev), torch.tensor([3, 4], device=dev), 2), {})),
     # a mixture of experts' decode step: 3 tokens, 8 experts, top 2 (Mixtral's routing: fp32 softmax,
     # normalized, fp32 weights) and top 3 of 6 (Qwen-MoE's: weights cast back to the logits' dtype); K, I
-    # and H off the blocks; logits spread wide so no two of a token's probabilities tie
+    # and H off the blocks; logits spread wide so no two of a token's probabilities tie. moe_up returns
+    # its result and the chosen ids; moe_down takes ids (_moe_down: the ones moe_up would choose)
     KernelCase("ost.moe_up", "top2-silu", lambda g, dt, dev: (
         (_r(g, (3, 72), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 2 * 40, 72), dt, dev, 0.2), 2,
          torch.float32), {})),
     KernelCase("ost.moe_up", "top3-gelu", lambda g, dt, dev: (
         (_r(g, (2, 33), dt, dev), _r(g, (2, 6), dt, dev, 3.0), _r(g, (6, 2 * 24, 33), dt, dev, 0.2), 3,
          torch.float32, "gelu"), {})),
-    KernelCase("ost.moe_down", "top2-normalized", lambda g, dt, dev: (
-        (_r(g, (6, 40), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 72, 40), dt, dev, 0.2), 2,
-         torch.float32, True, None, dt), {})),
+    KernelCase("ost.moe_down", "top2-normalized", lambda g, dt, dev: _moe_down(
+        g, dt, dev, 3, 40, 8, 72, 2, torch.float32, True, None)),
     # GraniteMoe's routing: the top k of the fp32 logits, the softmax over them, cast to the input's dtype
     KernelCase("ost.moe_up", "topk-first", lambda g, dt, dev: (
         (_r(g, (3, 40), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 2 * 24, 40), dt, dev, 0.2), 2,
          torch.float32, "silu", True), {})),
-    KernelCase("ost.moe_down", "topk-first", lambda g, dt, dev: (
-        (_r(g, (6, 24), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 40, 24), dt, dev, 0.2), 2,
-         torch.float32, False, dt, dt, True), {})),
+    KernelCase("ost.moe_down", "topk-first", lambda g, dt, dev: _moe_down(
+        g, dt, dev, 3, 24, 8, 40, 2, torch.float32, False, dt, topk_first=True)),
     # the routing in the logits' own precision (ROUTE 1 in fp16/bf16), normalized; weights cast up to fp32
-    KernelCase("ost.moe_down", "route-in-dtype", lambda g, dt, dev: (
-        (_r(g, (6, 24), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 40, 24), dt, dev, 0.2), 2,
-         dt, True, torch.float32, dt), {})),
+    KernelCase("ost.moe_down", "route-in-dtype", lambda g, dt, dev: _moe_down(
+        g, dt, dev, 3, 24, 8, 40, 2, dt, True, torch.float32)),
     KernelCase("ost.moe_up", "route-in-dtype", lambda g, dt, dev: (
         (_r(g, (3, 40), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 2 * 24, 40), dt, dev, 0.2), 2, dt), {})),
-    # ties: every logit of a row equal; both ops must choose the same (lowest) experts, kernel or reference
-    KernelCase("ost.moe_up", "ties", lambda g, dt, dev: (
-        (_r(g, (2, 40), dt, dev), torch.zeros(2, 8, dtype=dt, device=dev), _r(g, (8, 2 * 24, 40), dt, dev, 0.2), 3,
-         torch.float32), {})),
-    KernelCase("ost.moe_down", "top3-cast-weights", lambda g, dt, dev: (
-        (_r(g, (6, 24), dt, dev), _r(g, (2, 6), dt, dev, 3.0), _r(g, (6, 33, 24), dt, dev, 0.2), 3,
-         torch.float32, False, dt, dt), {})),
+    # moe_down weighs the ids it is given, not a choice of its own: ids no top-k would make, tied logits
+    KernelCase("ost.moe_down", "given-ids", lambda g, dt, dev: _moe_down(
+        g, dt, dev, 2, 24, 8, 40, 3, torch.float32, True, None, ids=[7, 0, 3, 3, 5, 1], tied=True)),
+    KernelCase("ost.moe_down", "top3-cast-weights", lambda g, dt, dev: _moe_down(
+        g, dt, dev, 2, 24, 6, 33, 3, torch.float32, False, dt)),
 ]
+
+
+def _moe_down(g, dt, dev, tokens, inter, experts, hidden, k, route_dtype, normalize, weights_dtype, topk_first=False,
+              ids=None, tied=False):
+    """ost.moe_down's arguments: h [tokens * k, inter], the chosen ids (moe_route's, or ``ids``), logits
+    [tokens, experts] (all equal when ``tied``), W [experts, hidden, inter]; the result in dt."""
+    from ostinato.ir.fused_ops import moe_route
+    h = _r(g, (tokens * k, inter), dt, dev)
+    logits = torch.zeros(tokens, experts, dtype=dt, device=dev) if tied else _r(g, (tokens, experts), dt, dev, 3.0)
+    w = _r(g, (experts, hidden, inter), dt, dev, 0.2)
+    chosen = torch.tensor(ids, device=dev) if ids is not None else \
+        moe_route(logits, k, False, route_dtype, None, topk_first)[1].reshape(-1)
+    return (h, chosen, logits, w, k, route_dtype, normalize, weights_dtype, dt, topk_first), {}
 
 
 def _clone(args):

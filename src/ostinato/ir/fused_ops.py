@@ -402,23 +402,23 @@ register_op(OpDef("ost.multi_linear", multi_linear, category="fused"))
 
 
 def moe_route(logits: torch.Tensor, top_k: int, normalize: bool, route_dtype: torch.dtype,
-              weights_dtype: torch.dtype | None = None, topk_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              weights_dtype: torch.dtype | None = None, topk_first: bool = False,
+              ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A mixture of experts' routing as transformers' routers write it: ``softmax(logits)`` in
     ``route_dtype``, its ``top_k`` largest (values, expert ids), the values divided by their sum when
     ``normalize``, then cast to ``weights_dtype`` when given (Qwen-MoE casts them back to the logits'
     dtype; Mixtral keeps fp32). ``topk_first``: the ``top_k`` largest logits (in ``route_dtype``) chosen
-    first and the softmax taken over them (GraniteMoe). Not an op of its own: the shared first step of
-    ost.moe_up/ost.moe_down.
-
-    Equal scores go to the lower expert id, as in the CUDA kernels: each of the two ops routes on its own,
-    and either may run its kernel while the other runs this (a kernel still compiling, a weight the kernel
-    does not take), so both must choose alike. ``torch.topk`` leaves the order of ties open (the CPU's
-    puts the higher id first); only there may the choice differ from eager's."""
+    first and the softmax taken over them (GraniteMoe). ``ids`` ([T * top_k], the choices made already):
+    their values, the same numbers ``topk`` gives for them. Not an op of its own: the shared first step
+    of ost.moe_up (which chooses) and ost.moe_down (which takes moe_up's choice)."""
     scores = logits.to(route_dtype)
     if not topk_first:
         scores = torch.softmax(scores, -1)
-    values, ids = torch.sort(scores, dim=-1, descending=True, stable=True)
-    values, ids = values[..., :top_k], ids[..., :top_k]
+    if ids is None:
+        values, ids = torch.topk(scores, top_k, -1)
+    else:
+        ids = ids.view(logits.shape[0], top_k)
+        values = torch.gather(scores, -1, ids)
     if topk_first:
         values = torch.softmax(values, -1)
     if normalize:
@@ -429,29 +429,35 @@ def moe_route(logits: torch.Tensor, top_k: int, normalize: bool, route_dtype: to
 
 
 def moe_up(x: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor, top_k: int, route_dtype: torch.dtype,
-           activation: str = "silu", topk_first: bool = False, *, out: torch.Tensor | None = None) -> torch.Tensor:
+           activation: str = "silu", topk_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The first half of a mixture of experts' MLP for tokens ``x`` [T, K]: each token routed to its
     ``top_k`` experts (moe_route over ``logits`` [T, E]) and multiplied by each chosen expert's packed
-    gate/up weight (``weight`` [E, 2I, K]), then gated (``act(gate) * up``, act silu or gelu). The
-    result is [T * top_k, I], the token's k rows one after another (row t * top_k + j is its j-th
-    choice), as transformers' batched_mm experts compute it: the weights of the chosen experts gathered,
-    one batched matrix-vector product, ost.swiglu_packed / ost.geglu_packed."""
+    gate/up weight (``weight`` [E, 2I, K]), then gated (``act(gate) * up``, act silu or gelu). Returns
+    ([T * top_k, I], the token's k rows one after another: row t * top_k + j is its j-th choice; the
+    chosen expert ids, int64 [T * top_k]), as transformers' batched_mm experts compute it: the weights of
+    the chosen experts gathered, one batched matrix-vector product, ost.swiglu_packed / ost.geglu_packed.
+    The route is chosen here only: ost.moe_down takes the ids, so the two halves never choose apart,
+    whichever of them runs a kernel and whichever its reference."""
     _, ids = moe_route(logits, top_k, False, route_dtype, None, topk_first)
+    ids = ids.reshape(-1)
     rows = x.repeat_interleave(top_k, dim=0)
-    h = torch.bmm(weight[ids.reshape(-1)], rows.unsqueeze(-1)).squeeze(-1)
-    return swiglu_packed(h, out=out) if activation == "silu" else geglu_packed(h, out=out)
+    h = torch.bmm(weight[ids], rows.unsqueeze(-1)).squeeze(-1)
+    return (swiglu_packed(h) if activation == "silu" else geglu_packed(h)), ids
 
 
-def moe_down(h: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor, top_k: int, route_dtype: torch.dtype,
-             normalize: bool, weights_dtype: torch.dtype | None, out_dtype: torch.dtype, topk_first: bool = False, *,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+moe_up.multi_output = True
+
+
+def moe_down(h: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor, top_k: int,
+             route_dtype: torch.dtype, normalize: bool, weights_dtype: torch.dtype | None, out_dtype: torch.dtype,
+             topk_first: bool = False, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """The second half: each row of ``h`` [T * top_k, I] (ost.moe_up's result) multiplied by its expert's
-    ``weight`` [E, H, I], scaled by its routing weight (moe_route over ``logits``), the token's k rows
-    summed: [T, H] in ``out_dtype``. The product is computed in the promotion of h's dtype and the
-    routing weights' (fp32 for Mixtral's fp32 weights: each expert's result is rounded to h's dtype
-    first, as the batched product gives it), the sum in that dtype."""
-    values, ids = moe_route(logits, top_k, normalize, route_dtype, weights_dtype, topk_first)
-    d = torch.bmm(weight[ids.reshape(-1)], h.unsqueeze(-1)).squeeze(-1)
+    ``weight`` [E, H, I] (``ids``: moe_up's choices), scaled by its routing weight (moe_route's values for
+    those choices), the token's k rows summed: [T, H] in ``out_dtype``. The product is computed in the
+    promotion of h's dtype and the routing weights' (fp32 for Mixtral's fp32 weights: each expert's result
+    is rounded to h's dtype first, as the batched product gives it), the sum in that dtype."""
+    values, _ = moe_route(logits, top_k, normalize, route_dtype, weights_dtype, topk_first, ids)
+    d = torch.bmm(weight[ids], h.unsqueeze(-1)).squeeze(-1)
     scaled = d * values.reshape(-1).unsqueeze(-1)
     return _into(out, scaled.view(logits.shape[0], top_k, -1).sum(1).to(out_dtype))
 

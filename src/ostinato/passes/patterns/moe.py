@@ -14,8 +14,10 @@ over the values it chose, cast -- and then, for the ``batched_mm`` experts:
 
 The gathers copy every chosen expert's weight before the product reads it again, and routing alone is
 four launches. ``ost.moe_up(x, logits, W_gate_up, k, ...)`` takes the route, the gather, the product
-and the gating; ``ost.moe_down(h, logits, W_down, k, ...)`` the route again (recomputed from the logits:
-E values a token), the gather, the product, the routing weights and the sum over the k choices. On CUDA
+and the gating, and gives the chosen expert ids with its result; ``ost.moe_down(h, ids, logits, W_down,
+k, ...)`` takes those ids (the route is chosen once: either op may run its kernel while the other runs its
+reference, and ties would otherwise go apart), the routing weights of those choices (recomputed from the
+logits: E values a token), the gather, the product and the sum over the k choices. On CUDA
 each is one kernel reading only the chosen experts' weights (backends/cuda/kernels/moe.py).
 
 The references compute what the chain computes, op by op; the pattern checks every intermediate is
@@ -268,7 +270,9 @@ def _batched(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, u
     return None if result is None else (x, w_up, gate, w_down, result)
 
 
-_GROUPED_MM = ("aten._grouped_mm", "fallback.aten._grouped_mm")
+# torch's grouped GEMM, and transformers' own op for it where torch's is not used (weights other than bf16
+# under torch.export: fp16 and fp32 models): both take (rows sorted by expert, W [E, K, N], offsets)
+_GROUPED_MM = ("aten._grouped_mm", "fallback.aten._grouped_mm", "fallback.transformers.grouped_mm_fallback")
 
 
 def _grouped_product(node: Node, offs: Value) -> tuple[Value, Value] | None:
@@ -406,9 +410,10 @@ def fuse_moe(g: Graph) -> Graph:
         normalize, weights_dtype = weights[1], weights[2]
         up = Node("ost.moe_up", (x, logits, w_up, k, route_dtype, _GATES[gate.op], topk_first), {}, gate.name,
                   gate.source)
-        up.outputs, h.producer = [h], up
-        down = Node("ost.moe_down", (h, logits, w_down, k, route_dtype, normalize, weights_dtype, result.meta.dtype,
-                                     topk_first), {}, result.producer.name, result.producer.source)
+        chosen = g.new_value(f"{gate.name}_experts", TensorMeta(torch.int64, (t * k,)), "temp", up)
+        up.outputs, h.producer = [h, chosen], up
+        down = Node("ost.moe_down", (h, chosen, logits, w_down, k, route_dtype, normalize, weights_dtype,
+                                     result.meta.dtype, topk_first), {}, result.producer.name, result.producer.source)
         replaced[id(gate)], replaced[id(result.producer)] = up, down
         down.outputs, result.producer = [result], down
     if replaced:

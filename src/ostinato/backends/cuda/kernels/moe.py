@@ -1,7 +1,8 @@
 """ost.moe_up and ost.moe_down on CUDA (see ir/fused_ops.py and passes/patterns/moe.py): one program per
-(token's choice, block of output columns) for the up projection, per (token, block of output columns)
-for the down projection, each routing its token again from the logits (E values) and reading only its
-chosen experts' weight rows, where they lie: no gathered copy of them. Cases the kernels do not take
+(token's choice, block of output columns) for the up projection, which routes its token from the logits
+(E values) and records the choice, and one per (token, block of output columns) for the down projection,
+which takes those choices and their scores from the logits again; each reads only the chosen experts'
+weight rows, where they lie: no gathered copy of them. Cases the kernels do not take
 (a weight whose last dim is not dense, more experts than MAX_EXPERTS, an fp64 tensor) run the reference."""
 from __future__ import annotations
 
@@ -51,27 +52,32 @@ def _route(logits: torch.Tensor, route_dtype: torch.dtype, topk_first: bool) -> 
     return 2 if topk_first else 0 if route_dtype == torch.float32 else 1
 
 
-def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu", topk_first: bool = False, *,
-           out=None):
+def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu", topk_first: bool = False):
     route = _route(logits, route_dtype, topk_first)
     if not (_takes(x, logits, weight, top_k, route_dtype) and activation in ("silu", "gelu") and route is not None
             and weight.shape[1] % 2 == 0 and weight.shape[2] == x.shape[1]):
-        return fused_ops.moe_up(x, logits, weight, top_k, route_dtype, activation, topk_first, out=out)
+        return fused_ops.moe_up(x, logits, weight, top_k, route_dtype, activation, topk_first)
     x = x if x.stride(-1) == 1 else x.contiguous()
     logits = logits.contiguous()
     rows, inter, k_dim = x.shape[0] * top_k, weight.shape[1] // 2, weight.shape[2]
     result = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
+    ids = torch.empty((rows,), dtype=torch.int64, device=x.device)
     if result.numel():
         block_n, block_k = _blocks(inter, rows, k_dim)
         LIBRARY.kernel("moe_up", ROUTE=route, TOPK=top_k,
                        ACT=0 if activation == "silu" else 1, BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k),
                        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=_WARPS)(
-            x, logits, weight, result, logits.shape[1], k_dim, inter, x.stride(0), weight.stride(0), weight.stride(1),
-            grid=(rows, cdiv(inter, block_n)))
-    return result if out is None else out.copy_(result)
+            x, logits, weight, result, ids, logits.shape[1], k_dim, inter, x.stride(0), weight.stride(0),
+            weight.stride(1), grid=(rows, cdiv(inter, block_n)))
+    elif rows:      # no columns: the choices alone
+        ids.copy_(fused_ops.moe_route(logits, top_k, False, route_dtype, None, topk_first)[1].reshape(-1))
+    return result, ids
 
 
-def moe_down(h, logits, weight, top_k: int, route_dtype, normalize: bool, weights_dtype, out_dtype,
+moe_up.multi_output = True
+
+
+def moe_down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weights_dtype, out_dtype,
              topk_first: bool = False, *, out=None):
     tokens = logits.shape[0] if logits.dim() == 2 else -1
     route = _route(logits, route_dtype, topk_first)
@@ -82,11 +88,12 @@ def moe_down(h, logits, weight, top_k: int, route_dtype, normalize: bool, weight
             and (product == torch.float32 or product == h.dtype) and route is not None
             and (weights == torch.float32 or weights == h.dtype)
             and (route_dtype == torch.float32 or route_dtype == h.dtype)
+            and ids.dtype == torch.int64 and ids.shape == (h.shape[0],)
             and _takes(h[::top_k], logits, weight, top_k, route_dtype) and weight.shape[2] == h.shape[1])
     if not fits:
-        return fused_ops.moe_down(h, logits, weight, top_k, route_dtype, normalize, weights_dtype, out_dtype,
+        return fused_ops.moe_down(h, ids, logits, weight, top_k, route_dtype, normalize, weights_dtype, out_dtype,
                                   topk_first, out=out)
-    h, logits = h.contiguous(), logits.contiguous()
+    h, ids, logits = h.contiguous(), ids.contiguous(), logits.contiguous()
     n_out, k_dim = weight.shape[1], weight.shape[2]
     result = torch.empty((tokens, n_out), dtype=out_dtype, device=h.device)
     if result.numel():
@@ -98,7 +105,7 @@ def moe_down(h, logits, weight, top_k: int, route_dtype, normalize: bool, weight
                        PRODUCT_ROUND=product != torch.float32,
                        BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k), BLOCK_N=block_n, BLOCK_K=block_k,
                        num_warps=_WARPS)(
-            h, logits, weight, result, logits.shape[1], k_dim, n_out, weight.stride(0), weight.stride(1),
+            h, ids, logits, weight, result, logits.shape[1], k_dim, n_out, weight.stride(0), weight.stride(1),
             grid=(tokens, cdiv(n_out, block_n)))
     return result if out is None else out.copy_(result)
 

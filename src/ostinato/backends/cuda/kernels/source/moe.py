@@ -11,52 +11,54 @@ def _gelu(g):
 
 
 @triton.jit
-def _route(logits_ptr, t, n_experts, ROUTE: tl.constexpr, TOPK: tl.constexpr, BLOCK_E: tl.constexpr,
-           BLOCK_TOPK: tl.constexpr):
-    """(expert ids, their scores, the scores' sum) of token ``t``'s TOPK choices, as [BLOCK_TOPK] vectors
-    (choice j at j, largest first; ties to the lower expert id). ROUTE 0: the scores are the softmax's
-    probabilities, computed in fp32; 1: the same rounded to the logits' dtype (a softmax run in bf16);
-    2: the choice is made on the logits themselves and the scores are exp(logit - the largest chosen), so
-    that the scores over their sum are the softmax of the chosen logits (top-k first, GraniteMoe)."""
+def _scores(logits_ptr, t, n_experts, ROUTE: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Token ``t``'s routing scores over its experts ([BLOCK_E], -inf past n_experts). ROUTE 0: the
+    softmax's probabilities, computed in fp32; 1: the same rounded to the logits' dtype (a softmax run in
+    bf16); 2: the logits themselves (top-k first, GraniteMoe)."""
     e = tl.arange(0, BLOCK_E)
     logit = tl.load(logits_ptr + t * n_experts + e, mask=e < n_experts, other=float("-inf")).to(tl.float32)
     if ROUTE == 2:
-        score = logit
-    else:
-        p = tl.exp(logit - tl.max(logit, 0))
-        p = p / tl.sum(p, 0)
-        if ROUTE == 1:
-            p = p.to(logits_ptr.dtype.element_ty).to(tl.float32)
-        score = tl.where(e < n_experts, p, float("-inf"))
+        return logit
+    p = tl.exp(logit - tl.max(logit, 0))
+    p = p / tl.sum(p, 0)
+    if ROUTE == 1:
+        p = p.to(logits_ptr.dtype.element_ty).to(tl.float32)
+    return tl.where(e < n_experts, p, float("-inf"))
+
+
+@triton.jit
+def _route(logits_ptr, t, n_experts, ROUTE: tl.constexpr, TOPK: tl.constexpr, BLOCK_E: tl.constexpr,
+           BLOCK_TOPK: tl.constexpr):
+    """The expert ids of token ``t``'s TOPK choices, as a [BLOCK_TOPK] vector (choice j at j, the largest
+    score first; ties to the lower expert id)."""
+    e = tl.arange(0, BLOCK_E)
+    score = _scores(logits_ptr, t, n_experts, ROUTE, BLOCK_E)
     slot = tl.arange(0, BLOCK_TOPK)
     ids = tl.zeros([BLOCK_TOPK], dtype=tl.int64)
-    vals = tl.zeros([BLOCK_TOPK], dtype=tl.float32)
     for i in tl.static_range(TOPK):
         best = tl.max(score, 0)
         idx = tl.min(tl.where(score == best, e, BLOCK_E), 0)
         ids = tl.where(slot == i, idx.to(tl.int64), ids)
-        vals = tl.where(slot == i, best, vals)
         score = tl.where(e == idx, float("-inf"), score)
-    if ROUTE == 2:
-        first = tl.max(tl.where(slot < TOPK, vals, float("-inf")), 0)
-        vals = tl.where(slot < TOPK, tl.exp(vals - first), 0.0)
-    total = tl.sum(vals, 0)
-    return ids, vals, total
+    return ids
 
 
 @triton.jit
-def moe_up_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_inter, x_stride, w_se, w_sn,
+def moe_up_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, ids_ptr, n_experts, k_dim, n_inter, x_stride, w_se, w_sn,
                   ROUTE: tl.constexpr, TOPK: tl.constexpr, ACT: tl.constexpr, BLOCK_E: tl.constexpr,
                   BLOCK_TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[t * TOPK + j, n] = act(g) * u for token t's j-th expert e, g = W[e, n] . x[t] and
     u = W[e, n_inter + n] . x[t] (W [E, 2 * n_inter, k_dim], its rows at w_sn, the last dim dense), each
     rounded to out's dtype as a batched product's result is, then the activation (0 silu, 1 exact gelu)
-    rounded before the product, as ost.swiglu_packed computes them."""
+    rounded before the product, as ost.swiglu_packed computes them. The first column block's program of
+    each row stores e at ids[t * TOPK + j]."""
     s = tl.program_id(0)
     t = s // TOPK
     j = s % TOPK
-    ids, _, _ = _route(logits_ptr, t, n_experts, ROUTE, TOPK, BLOCK_E, BLOCK_TOPK)
+    ids = _route(logits_ptr, t, n_experts, ROUTE, TOPK, BLOCK_E, BLOCK_TOPK)
     e = tl.sum(tl.where(tl.arange(0, BLOCK_TOPK) == j, ids, 0), 0)
+    if tl.program_id(1) == 0:
+        tl.store(ids_ptr + s, e)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < n_inter
     w_rows = w_ptr + e * w_se + n.to(tl.int64)[:, None] * w_sn
@@ -82,17 +84,30 @@ def moe_up_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_inter, 
 
 
 @triton.jit
-def moe_down_kernel(h_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_out, w_se, w_sn,
+def moe_down_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_out, w_se, w_sn,
                     ROUTE: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
                     WEIGHT_ROUND: tl.constexpr, PRODUCT_ROUND: tl.constexpr, BLOCK_E: tl.constexpr,
                     BLOCK_TOPK: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[t, n] = sum over token t's choices j of r_j * (W[e_j, n] . h[t * TOPK + j]) (W [E, n_out, k_dim],
+    """out[t, n] = sum over token t's choices j (e_j = ids[t * TOPK + j], moe_up's) of
+    r_j * (W[e_j, n] . h[t * TOPK + j]) (W [E, n_out, k_dim],
     h dense [T * TOPK, k_dim]): each product rounded to h's dtype, r_j the routing weight (divided by the
     chosen scores' sum when NORMALIZE, rounded to h's dtype when WEIGHT_ROUND), the weighted product
     rounded to h's dtype when PRODUCT_ROUND, the sum in fp32, stored in out's dtype."""
     t = tl.program_id(0)
-    ids, vals, total = _route(logits_ptr, t, n_experts, ROUTE, TOPK, BLOCK_E, BLOCK_TOPK)
+    # the choices moe_up made (ids), their scores, and for ROUTE 2 the softmax of the chosen logits
+    e = tl.arange(0, BLOCK_E)
+    score = _scores(logits_ptr, t, n_experts, ROUTE, BLOCK_E)
+    slot = tl.arange(0, BLOCK_TOPK)
+    ids = tl.load(ids_ptr + t * TOPK + slot, mask=slot < TOPK, other=0)
+    vals = tl.zeros([BLOCK_TOPK], dtype=tl.float32)
+    for i in tl.static_range(TOPK):
+        chosen = tl.sum(tl.where(slot == i, ids, 0), 0)
+        vals = tl.where(slot == i, tl.sum(tl.where(e == chosen, score, 0.0), 0), vals)
+    if ROUTE == 2:
+        first = tl.max(tl.where(slot < TOPK, vals, float("-inf")), 0)
+        vals = tl.where(slot < TOPK, tl.exp(vals - first), 0.0)
+    total = tl.sum(vals, 0)
     hdt = h_ptr.dtype.element_ty
     if NORMALIZE:
         if ROUTE == 1:      # the sum of probabilities rounded to the logits' dtype, as the reference's is
