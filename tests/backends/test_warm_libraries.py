@@ -62,16 +62,13 @@ def test_jobs_follow_the_programs_library_ops_and_dtypes(dtype):
 
 
 class _SlowWarming(CPUBackend):
-    """A CPU backend whose warm-up thread takes 0.2 s and records that it finished; it starts when compile
-    begins, or (``at_upload``) once the weights are placed, as CUDA's does under warm.AFTER_UPLOAD."""
+    """A CPU backend whose warm-up thread takes 0.2 s and records that it finished."""
 
-    def __init__(self, fail: bool = False, at_upload: bool = False):
+    def __init__(self, fail: bool = False):
         super().__init__()
-        self.fail, self.at_upload, self.finished = fail, at_upload, []
+        self.fail, self.finished = fail, []
 
-    def warm_libraries(self, graph, after_upload: bool = False):
-        if after_upload != self.at_upload:
-            return None
+    def warm_libraries(self, graph):
         t = threading.Thread(target=lambda: (time.sleep(0.2), self.finished.append(True)), daemon=True)
         t.start()
         return t
@@ -82,11 +79,10 @@ class _SlowWarming(CPUBackend):
         return super().lower_graph(graph)
 
 
-@pytest.mark.parametrize("at_upload", [False, True], ids=["at-compile", "after-upload"])
 @pytest.mark.parametrize("fail", [False, True], ids=["compiled", "lowering-fails"])
-def test_compile_joins_the_warm_up_before_it_returns(fail, at_upload):
+def test_compile_joins_the_warm_up_before_it_returns(fail):
     prog = ostinato.export(nn.Linear(4, 4), (torch.randn(2, 4),))
-    backend = _SlowWarming(fail, at_upload)
+    backend = _SlowWarming(fail)
     if fail:
         with pytest.raises(RuntimeError, match="lowering failed"):
             Executable(prog, backend, cache=False)
@@ -185,26 +181,6 @@ def test_a_process_without_cuda_loads_with_no_warm_up(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "False", "False"]
-
-
-def test_after_upload_moves_the_start(monkeypatch):
-    """Under AFTER_UPLOAD neither load nor compile's start starts a thread: only the call made once the
-    weights are placed may (and without it, that call starts nothing)."""
-    prog = ostinato.export(nn.Linear(4, 4), (torch.randn(2, 4),))
-    started = []
-    monkeypatch.setattr(warm, "enabled", lambda: True)
-    monkeypatch.setattr(warm, "jobs_for", lambda graph, index: started.append(index) or [])
-    monkeypatch.setattr(warm.torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(warm.torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(warm, "AFTER_UPLOAD", True)
-    warm.start_early(prog.graph)
-    assert warm.start(prog.graph, torch.device("cuda", 0)) is None and started == []
-    warm.start(prog.graph, torch.device("cuda", 0), after_upload=True)
-    assert started == [0]
-    monkeypatch.setattr(warm, "AFTER_UPLOAD", False)
-    assert warm.start(prog.graph, torch.device("cuda", 0), after_upload=True) is None and started == [0]
-    warm.start(prog.graph, torch.device("cuda", 0))
-    assert started == [0, 0]
 
 
 def test_kinds_limit_what_is_warmed(monkeypatch):

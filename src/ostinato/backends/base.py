@@ -165,10 +165,9 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Wait for every launch issued so far."""
 
-    def warm_libraries(self, graph, after_upload: bool = False):
+    def warm_libraries(self, graph):
         """Start setting up the libraries ``graph`` will call in a background thread, returned for the
-        caller to join once ``graph`` is compiled (CUDA: cuBLAS and cuDNN, warm.py); None by default.
-        Called when compile begins and again (``after_upload``) once the weights are placed."""
+        caller to join once ``graph`` is compiled (CUDA: cuBLAS and cuDNN, warm.py); None by default."""
         return None
 
     def kernel_stats(self) -> dict[str, float]:

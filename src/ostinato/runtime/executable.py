@@ -58,15 +58,13 @@ class Executable:
         # Seconds of each part of the compile (the library warm-up: the wait for it at the end).
         self.compile_timings: dict[str, float] = {}
         # CUDA: cuBLAS/cuDNN are set up in a thread while the plan is built, joined before compile returns
-        self._warming = [backend.warm_libraries(g)]
+        warming = backend.warm_libraries(g)
         try:
             keep = self._build(program, backend, cache, placed)
         finally:
-            warming = [w for w in self._warming if w is not None]
-            if warming:
+            if warming is not None:
                 t1 = time.perf_counter()
-                for w in warming:
-                    w.join()
+                warming.join()
                 self.compile_timings["warm_up_wait"] = time.perf_counter() - t1
         self.compile_seconds = time.perf_counter() - t0
         # Slots read after a plan runs: its outputs and the values state and inputs must take.
@@ -97,7 +95,6 @@ class Executable:
         t0 = time.perf_counter()
         place_constants(g, program.weights, backend, self._template, placed)
         self.compile_timings["place_constants"] = time.perf_counter() - t0
-        self._warming.append(backend.warm_libraries(g, after_upload=True))
         self._state_slots = [(v.slot, v.name) for v in g.state]
         self._input_slots = [(pos, g.inputs[s.index].slot) for pos, s in enumerate(program.inputs)
                              if s.kind != "constant"]

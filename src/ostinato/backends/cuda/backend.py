@@ -64,8 +64,8 @@ class CUDABackend(ConvLayouts, CPUBackend):
         from .upload import upload
         return upload(src, self.device)
 
-    def warm_libraries(self, graph, after_upload: bool = False):
-        return warm.start(graph, self.device, after_upload)
+    def warm_libraries(self, graph):
+        return warm.start(graph, self.device)
 
     def kernel_stats(self) -> dict[str, float]:
         """Binaries of Triton kernels in this process: compiled (in workers or in-process), read from a

@@ -30,8 +30,9 @@ GEMVs) yet waited for the thread's cuBLAS set-up. BERT, DiT, Mamba, Whisper and 
 gained 0.05-0.12 s on average. The thread slowed the weights' upload (Mamba's ``place_constants`` took
 0.20-0.21 s with it, 0.03-0.04 s without), and its tiny calls did not spare the first call the set-up of
 the shapes it runs. ResNet-50 alone lost without it (its convolutions' cuDNN set-up: 0.55 s on average
-against 0.50). ``OSTINATO_WARM_KINDS`` limits the kinds warmed and ``OSTINATO_WARM_AFTER_UPLOAD=1`` starts
-the thread once the weights are placed; neither beat no warm-up in those runs.
+against 0.50). ``OSTINATO_WARM_KINDS`` limits the kinds warmed. Neither warming only some kinds nor
+starting the thread once the weights were placed (a switch measured then and removed since) beat no
+warm-up in those runs.
 """
 from __future__ import annotations
 
@@ -56,9 +57,6 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _started: set[tuple] = set()
 _lock = threading.Lock()
 
-# OSTINATO_WARM_AFTER_UPLOAD=1: the thread starts once compile has put the weights on the device, not at
-# load (an A/B switch: on a lent H200 the thread running during the upload made the upload wait).
-AFTER_UPLOAD = os.environ.get("OSTINATO_WARM_AFTER_UPLOAD") == "1"
 # The kinds of library warmed (OSTINATO_WARM_KINDS, comma-separated, of gemm, attention, conv).
 KINDS = tuple(os.environ.get("OSTINATO_WARM_KINDS", "gemm,attention,conv").split(","))
 
@@ -119,12 +117,11 @@ class _InFlight:
 _in_flight: dict[int, list[threading.Thread]] = {}
 
 
-def start(graph, device: torch.device, after_upload: bool = False) -> _InFlight | None:
+def start(graph, device: torch.device) -> _InFlight | None:
     """The warm-up of the libraries ``graph`` will call on ``device`` (see the module), started, with any
     started earlier for that device still running (``start_early``: a load's); None when nothing runs.
-    The caller joins it. ``after_upload``: the call compile makes once the weights are placed, the one
-    that starts it under AFTER_UPLOAD (and the only one then)."""
-    if not enabled() or after_upload != AFTER_UPLOAD:
+    The caller joins it."""
+    if not enabled():
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     with _lock:
@@ -148,8 +145,8 @@ def start_early(graph) -> None:
     another device, or a load that failed after the hook), the thread ends by itself within a few tenths
     of a second; ostinato's own captures join it first (``join_all``), and so does the interpreter's
     exit. A CUDA graph a user captures right after a load, with no compile between, could meet it: compile
-    first, or set ``OSTINATO_WARM_LIBRARIES=0``."""
-    if enabled() and not AFTER_UPLOAD and torch.cuda.is_initialized():
+    first, or leave the warm-up off (the default)."""
+    if enabled() and torch.cuda.is_initialized():
         start(graph, torch.device("cuda", torch.cuda.current_device()))
 
 

@@ -91,11 +91,10 @@ def _route(topk: Node) -> tuple[Value, int, torch.dtype, bool] | None:
     return logits, k, src.meta.dtype, topk_first
 
 
-def _weights(vals: Value, chain: _Chain, users: dict, topk_first: bool = False
-             ) -> tuple[Value, bool, torch.dtype | None] | None:
+def _weights(vals: Value, chain: _Chain, topk_first: bool = False) -> tuple[Value, bool, torch.dtype | None] | None:
     """(the routing weights the experts read, normalized?, the dtype they were cast to or None);
     ``topk_first``: the weights are the softmax of the top-k values."""
-    readers = users.get(vals.id, [])
+    readers = chain.users.get(vals.id, [])
     normalize, w = False, vals
     if topk_first:
         sm = chain.only_reader(vals, "aten._softmax")
@@ -114,7 +113,7 @@ def _weights(vals: Value, chain: _Chain, users: dict, topk_first: bool = False
         normalize, w = True, d.outputs[0]
     elif len(readers) != 1:
         return None
-    readers = users.get(w.id, [])
+    readers = chain.users.get(w.id, [])
     if len(readers) == 1 and is_dtype_cast(readers[0]) and w.id not in chain.pinned:
         return readers[0].outputs[0], normalize, readers[0].outputs[0].meta.dtype
     return w, normalize, None
@@ -184,13 +183,13 @@ def _weighted_sum(down: Value, weights: Value, t: int, k: int, chain: _Chain) ->
     return _token_sum(found[0].outputs[0], t, k, chain)
 
 
-def _expert_ids(ids: Value, n_experts: int, chain: _Chain, users: dict) -> list[Node] | None:
+def _expert_ids(ids: Value, n_experts: int, chain: _Chain) -> list[Node] | None:
     """The gathers ``W[view(ids, [-1])]`` (through a clamp to [0, E-1]) reading the top-k ids."""
     flat = chain.only_reader(ids, ("aten.view", "aten.reshape"))
     if flat is None or _ints(flat.args[1]) != [-1]:
         return None
     v = flat.outputs[0]
-    readers = users.get(v.id, [])
+    readers = chain.users.get(v.id, [])
     if len(readers) == 1 and readers[0].op == "aten.clamp":
         c = readers[0]
         lo = c.args[1] if len(c.args) > 1 else c.kwargs.get("min")
@@ -198,7 +197,7 @@ def _expert_ids(ids: Value, n_experts: int, chain: _Chain, users: dict) -> list[
         if lo != 0 or hi != n_experts - 1:
             return None
         v = c.outputs[0]
-        readers = users.get(v.id, [])
+        readers = chain.users.get(v.id, [])
     if v.id in chain.pinned or not readers or any(n.op != "aten.index.Tensor" or len(n.args) != 2
                                                    or list(n.args[1]) != [v] for n in readers):
         return None
@@ -243,10 +242,10 @@ def _router_on_rows(g: Graph, logits: Value, up: Node) -> None:
     g.nodes = nodes
 
 
-def _batched(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, users: dict):
+def _batched(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain):
     """(x, W_up, the gating node, W_down, the result) of the batched_mm experts (the module's note)."""
     t, n_experts = logits.meta.shape
-    gathers = _expert_ids(ids, n_experts, chain, users)
+    gathers = _expert_ids(ids, n_experts, chain)
     if gathers is None or len(gathers) != 2:
         return None
     products = [_expert_product(n, chain) for n in gathers]
@@ -261,7 +260,7 @@ def _batched(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, u
     rep = _make(rows)
     x = rep.args[0]
     if rep.args[1:3] != (k, 0) or not _static(x) or x.meta.rank != 2 or x.meta.shape[0] != t \
-            or len(users.get(rows.id, [])) != 1:
+            or len(chain.users.get(rows.id, [])) != 1:
         return None
     gate = chain.only_reader(up_out, tuple(_GATES))
     if gate is None or gate.outputs[0] is not h:
@@ -310,7 +309,7 @@ def _past_mask(v: Value, masked: dict[int, Value], chain: _Chain) -> Value | Non
     return v
 
 
-def _grouped(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, users: dict):
+def _grouped(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain):
     """The same for the grouped_mm experts: the choices sorted by expert (``sort``), the tokens gathered in
     that order, offsets from ``cumsum(histc(sorted ids))``, two ``_grouped_mm``, the routing weights gathered
     in that order, and the rows put back in the choices' order (``index`` by the inverse permutation, made by
@@ -324,6 +323,7 @@ def _grouped(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, u
     sorted_ids, perm = srt.outputs
     # transformers 5.17 masks rows of expert ids >= E (expert parallelism's sentinels) at three points:
     # no id from a top-k over E experts is one, so each such masking is the value itself
+    users = chain.users
     id_readers = users.get(sorted_ids.id, [])
     casts = [n for n in id_readers if is_dtype_cast(n)]
     sentinel = next((n.outputs[0] for n in id_readers if n.op == "aten.ge.Scalar" and n.args[1] == n_experts), None)
@@ -383,8 +383,7 @@ def _grouped(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain, u
 
 
 def fuse_moe(g: Graph) -> Graph:
-    users = g.users()
-    chain = _Chain(users, pinned_values(g))
+    chain = _Chain(g.users(), pinned_values(g))
     replaced: dict[int, Node] = {}
     for topk in g.nodes:
         if topk.op != "aten.topk":
@@ -397,10 +396,10 @@ def fuse_moe(g: Graph) -> Graph:
         if not 0 < t * k <= MAX_ROWS:
             continue
         vals, ids = topk.outputs
-        weights = _weights(vals, chain, users, topk_first)
+        weights = _weights(vals, chain, topk_first)
         if weights is None:
             continue
-        found = _batched(ids, logits, k, weights[0], chain, users) or _grouped(ids, logits, k, weights[0], chain, users)
+        found = _batched(ids, logits, k, weights[0], chain) or _grouped(ids, logits, k, weights[0], chain)
         if found is None:
             continue
         x, w_up, gate, w_down, result = found

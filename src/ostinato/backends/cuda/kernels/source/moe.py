@@ -1,5 +1,5 @@
-"""A mixture of experts' decode step: routing recomputed per program, products with the chosen experts'
-weights read where they lie. Only Triton source: the launchers (../moe.py) never import this module
+"""A mixture of experts' decode step: the route chosen per program of moe_up (and its ids recorded),
+products with the chosen experts' weights read where they lie. Only Triton source: the launchers (../moe.py) never import this module
 unless a kernel must be compiled."""
 import triton
 import triton.language as tl
@@ -115,14 +115,13 @@ def moe_down_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim
         vals = vals / total
     if WEIGHT_ROUND:        # the routing weights in h's dtype (cast, or a routing run in it)
         vals = vals.to(hdt).to(tl.float32)
-    slot = tl.arange(0, BLOCK_TOPK)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < n_out
     result = tl.zeros([BLOCK_N], dtype=tl.float32)
     for j in tl.static_range(TOPK):
-        e = tl.sum(tl.where(slot == j, ids, 0), 0)
+        expert = tl.sum(tl.where(slot == j, ids, 0), 0)
         r = tl.sum(tl.where(slot == j, vals, 0.0), 0)
-        w_rows = w_ptr + e * w_se + n.to(tl.int64)[:, None] * w_sn
+        w_rows = w_ptr + expert * w_se + n.to(tl.int64)[:, None] * w_sn
         h_row = h_ptr + (t * TOPK + j).to(tl.int64) * k_dim
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for k0 in range(0, k_dim, BLOCK_K):
