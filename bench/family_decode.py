@@ -1,7 +1,8 @@
 """Issue #15: decode steps of transformers families the suite's matrix leaves out, timed against
 torch.compile reduce-overhead in one run: Falcon-7B (multi-query, parallel attention and MLP), GPT-J-6B
 (interleaved partial rotary), BLOOM-560m (ALiBi, eager attention), OLMo-2-1B (whole-row q/k norms) and
-Mixtral-8x7B (mixture of experts: routing, then 2 of 8 experts per token through grouped_mm),
+Mixtral-8x7B (mixture of experts: routing, then 2 of 8 experts per token through grouped_mm) and
+Qwen1.5-MoE-A2.7B (4 of 60 experts, and a shared expert gated by a sigmoid),
 at the named models' widths with fewer layers (``--layers``), batch 1, a static cache of 256.
 
 Each family is a suite configuration (``bench/suite``: the ``hf-decoder`` builder, transformers' static-cache
@@ -25,7 +26,8 @@ sys.path[:0] = [os.path.join(ROOT, "src"), ROOT]
 from bench.suite import configs, report, run as suite_run, workloads  # noqa: E402
 
 # shape (bench/suite/workloads.HF_SHAPES) -> layers timed by default
-FAMILIES = {"falcon-7b": 4, "gpt-j-6b": 4, "bloom-560m": 12, "olmo2-1b": 8, "mixtral-8x7b": 2}
+FAMILIES = {"falcon-7b": 4, "gpt-j-6b": 4, "bloom-560m": 12, "olmo2-1b": 8, "mixtral-8x7b": 2,
+            "qwen1.5-moe-a2.7b": 4}
 RUNNERS = ["eager", "cuda_graph_eager", "torch_compile_ro", "ostinato_replay"]
 
 

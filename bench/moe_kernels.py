@@ -3,7 +3,8 @@ ops they replace (eager: the chosen experts' weights gathered, a batched product
 weighted sum; the ops' references), and the rate at which each reads its chosen experts' weights.
 
 Shapes (hidden K, expert width I, experts E, chosen k): Mixtral-8x7B (4096, 14336, 8, 2), Qwen3-30B-A3B
-(2048, 768, 128, 8), OLMoE-1B-7B (2048, 1024, 64, 8), at 1 and 4 tokens, bf16, random weights and
+(2048, 768, 128, 8), OLMoE-1B-7B (2048, 1024, 64, 8), Qwen1.5-MoE-A2.7B (2048, 1408, 60, 4; and its shared
+expert, 5632 wide: ost.moe_down_shared against moe_down then the shared expert's ops), at 1 and 4 tokens, bf16, random weights and
 logits. Each result is checked against the reference first (max |difference|). Times: CUDA events
 around 50 calls after 10 warm-up calls, the median of 5 such repeats.
 
@@ -24,7 +25,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from ostinato.backends.cuda.kernels import moe  # noqa: E402
 from ostinato.ir import fused_ops  # noqa: E402
 
-SHAPES = {"mixtral-8x7b": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8), "olmoe-1b-7b": (2048, 1024, 64, 8)}
+SHAPES = {"mixtral-8x7b": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8), "olmoe-1b-7b": (2048, 1024, 64, 8),
+          "qwen1.5-moe-a2.7b": (2048, 1408, 60, 4)}
+# shapes with a shared expert (its width), sigmoid-gated and added to the routed experts' sum: ost.moe_down_shared
+SHARED = {"qwen1.5-moe-a2.7b": 5632}
 
 
 def _time(fn, calls: int = 50, repeats: int = 5) -> float:
@@ -68,6 +72,20 @@ def one(name: str, tokens: int, dtype=torch.bfloat16) -> dict:
         t_ours, t_ref = _time(ours), _time(ref)
         row[f"{part}_us"], row[f"{part}_eager_us"] = round(t_ours, 2), round(t_ref, 2)
         row[f"{part}_TBps"] = round(nbytes / t_ours / 1e6, 2)
+    if name in SHARED:      # the down kernel with the shared expert, against it alone then the shared ops
+        width = SHARED[name]
+        gu = torch.randn(tokens, 2 * width + 1, device="cuda", generator=g).to(dtype)
+        gate, up, logit = gu[:, :width], gu[:, width:2 * width], gu[:, -1:]
+        w_s = (torch.randn(k_dim, width, device="cuda", generator=g) * 0.02).to(dtype)
+        args = (h, ids, logits, w_down, top_k, f32, True, None, dtype, False, gate, up, "silu", w_s, logit)
+        got, ref = moe.moe_down_shared(*args), fused_ops.moe_down_shared(*args)
+        row["shared_max_diff"] = (got.float() - ref.float()).abs().max().item()
+        def apart():
+            experts = moe.moe_down(*args[:10])
+            return experts + torch.sigmoid(logit) * torch.nn.functional.linear(fused_ops.swiglu(gate, up), w_s)
+        t_ours, t_apart = _time(lambda: moe.moe_down_shared(*args)), _time(apart)
+        row["down_shared_us"], row["down_then_shared_ops_us"] = round(t_ours, 2), round(t_apart, 2)
+        row["down_shared_TBps"] = round((down_bytes + w_s.numel() * dtype.itemsize) / t_ours / 1e6, 2)
     return row
 
 

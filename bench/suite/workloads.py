@@ -126,6 +126,13 @@ HF_SHAPES = {
                                            num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                                            vocab_size=32000,
                                            num_local_experts=8, num_experts_per_tok=2, rope_theta=1e6)),
+    # Qwen1.5-MoE-A2.7B's layer: 60 experts, 4 per token, not normalized, and a shared expert (5632 wide)
+    # scaled by sigmoid(its gate) added to theirs
+    "qwen1.5-moe-a2.7b": ("Qwen2MoeConfig", dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                                                 num_attention_heads=16, num_key_value_heads=16, vocab_size=151936,
+                                                 num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
+                                                 shared_expert_intermediate_size=5632, norm_topk_prob=False,
+                                                 decoder_sparse_step=1, mlp_only_layers=[])),
 }
 _LAYERS_KEY = {"GPT2Config": "n_layer", "GPTJConfig": "n_layer", "BloomConfig": "n_layer"}
 

@@ -380,7 +380,26 @@ CASES = [
         g, dt, dev, 2, 24, 8, 40, 3, torch.float32, True, None, ids=[7, 0, 3, 3, 5, 1], tied=True)),
     KernelCase("ost.moe_down", "top3-cast-weights", lambda g, dt, dev: _moe_down(
         g, dt, dev, 2, 24, 6, 33, 3, torch.float32, False, dt)),
+    # a shared expert added (Qwen2-MoE): its gated activations' down product, scaled by sigmoid(logit) or
+    # not; its width (I_s) other than the experts', off the blocks; its gate and up read with row strides
+    # (columns of one projection, as a multi-linear gives them)
+    KernelCase("ost.moe_down_shared", "sigmoid-gated-silu", lambda g, dt, dev: _moe_down_shared(
+        g, dt, dev, 3, 24, 8, 40, 2, torch.float32, False, dt, 56, "silu", True)),
+    KernelCase("ost.moe_down_shared", "ungated-gelu", lambda g, dt, dev: _moe_down_shared(
+        g, dt, dev, 2, 24, 6, 33, 3, torch.float32, True, None, 20, "gelu", False)),
 ]
+
+
+def _moe_down_shared(g, dt, dev, tokens, inter, experts, hidden, k, route_dtype, normalize, weights_dtype,
+                     shared_inter, activation, gated):
+    """ost.moe_down_shared's arguments: _moe_down's, then the shared expert's gate and up ([tokens,
+    shared_inter] slices of one [tokens, 2 * shared_inter + 1] projection), activation, W_s [hidden,
+    shared_inter] and its gate's logit (the projection's last column) when ``gated``."""
+    args, _ = _moe_down(g, dt, dev, tokens, inter, experts, hidden, k, route_dtype, normalize, weights_dtype)
+    proj = _r(g, (tokens, 2 * shared_inter + 1), dt, dev)
+    gate, up, logit = proj[:, :shared_inter], proj[:, shared_inter:2 * shared_inter], proj[:, -1:]
+    w_s = _r(g, (hidden, shared_inter), dt, dev, 0.2)
+    return (*args, gate, up, activation, w_s, logit if gated else None), {}
 
 
 def _moe_down(g, dt, dev, tokens, inter, experts, hidden, k, route_dtype, normalize, weights_dtype, topk_first=False,

@@ -87,9 +87,13 @@ def _compile_specs():
             ("moe_down", moe.moe_down_kernel,
              {"h_ptr": ptr(dt), "ids_ptr": "*i64", "logits_ptr": ptr(dt), "w_ptr": ptr(dt), "out_ptr": ptr(dt),
               **{k: "i32" for k in ("n_experts", "k_dim", "n_out", "w_se", "w_sn")},
-              **{k: "constexpr" for k in ("ROUTE", "TOPK", "NORMALIZE", "WEIGHT_ROUND", "PRODUCT_ROUND", "BLOCK_E", "BLOCK_TOPK",
-                                          "BLOCK_N", "BLOCK_K")}},
-             {"ROUTE": {"fp32": 2, "fp16": 0, "bf16": 1}[dt], "TOPK": 8, "NORMALIZE": dt != "fp32", "WEIGHT_ROUND": dt == "bf16", "PRODUCT_ROUND": dt != "fp32", "BLOCK_E": 128,
+              **{k: ptr(dt) for k in ("g_ptr", "u_ptr", "ws_ptr", "sl_ptr")},
+              **{k: "i32" for k in ("k_shared", "g_stride", "u_stride", "ws_stride", "sl_stride")},
+              **{k: "constexpr" for k in ("ROUTE", "TOPK", "NORMALIZE", "WEIGHT_ROUND", "PRODUCT_ROUND", "SHARED",
+                                          "SHARED_ACT", "BLOCK_E", "BLOCK_TOPK", "BLOCK_N", "BLOCK_K")}},
+             {"ROUTE": {"fp32": 2, "fp16": 0, "bf16": 1}[dt], "TOPK": 8, "NORMALIZE": dt != "fp32",
+              "WEIGHT_ROUND": dt == "bf16", "PRODUCT_ROUND": dt != "fp32",
+              "SHARED": {"fp32": 0, "fp16": 1, "bf16": 2}[dt], "SHARED_ACT": int(dt == "fp16"), "BLOCK_E": 128,
               "BLOCK_TOPK": 8, "BLOCK_N": 8, "BLOCK_K": 512}),
         ]
     return [pytest.param(fn, sig, const, id=f"{name}-{sig[next(iter(sig))][1:]}") for name, fn, sig, const in specs]

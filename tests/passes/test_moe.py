@@ -31,12 +31,14 @@ def _census():
 
 
 @pytest.mark.parametrize("family, check", [("mixtral", True), ("mixtral-batched_mm", False), ("qwen3_moe", True),
-                                           ("olmoe", False), ("granitemoe", True)])
+                                           ("olmoe", False), ("granitemoe", True), ("qwen2_moe", True)])
 def test_transformers_moe_layers_take_six_launches(family, check):
+    """Qwen2-MoE's shared expert (its down projection, sigmoid gate and the add) joins the sum's kernel."""
     r = _census().census_one(family, "sdpa", 1, check=check)
     assert r["error"] is None, r
     assert r["per_layer"] == 6 and r["unfused_per_layer"] == {}, r
-    assert r["per_layer_launches"]["ost.moe_up"] == 1 and r["per_layer_launches"]["ost.moe_down"] == 1, r
+    down = "ost.moe_down_shared" if family == "qwen2_moe" else "ost.moe_down"
+    assert r["per_layer_launches"]["ost.moe_up"] == 1 and r["per_layer_launches"][down] == 1, r
     if check:
         assert r["fp32_ok"] and r["bf16_max_diff"] == 0.0, r   # the CPU runs the references: eager's ops
 
@@ -84,6 +86,56 @@ class Experts(torch.nn.Module):
         down = torch.bmm(self.down[flat], h.unsqueeze(-1)).squeeze(-1)
         out = (down * weights.reshape(-1).unsqueeze(-1)).view(t, self.k, hidden).sum(dim=1).to(x.dtype)
         return (out, vals) if self.leak else out
+
+
+class WithShared(torch.nn.Module):
+    """Routed experts plus a shared expert added, as Qwen2-MoE writes it (``gated``: scaled by
+    ``sigmoid(x @ w_g)``; ``gelu``: a GeGLU shared expert; ``leak``: its output also returned)."""
+
+    def __init__(self, gated=True, gelu=False, leak=False, shared_inter=56, **kw):
+        super().__init__()
+        self.experts = Experts(**kw)
+        hidden = self.experts.router.shape[1]
+        g = torch.Generator().manual_seed(1)
+        self.gate = torch.nn.Linear(hidden, shared_inter, bias=False)
+        self.up = torch.nn.Linear(hidden, shared_inter, bias=False)
+        self.down = torch.nn.Linear(shared_inter, hidden, bias=False)
+        self.shared_gate = torch.nn.Linear(hidden, 1, bias=False) if gated else None
+        for m in (self.gate, self.up, self.down, self.shared_gate):
+            if m is not None:
+                m.weight.data = torch.randn(m.weight.shape, generator=g) * 0.2
+        self.act, self.leak = (F.gelu if gelu else F.silu), leak
+
+    def forward(self, x):
+        shared = self.down(self.act(self.gate(x)) * self.up(x))
+        if self.shared_gate is not None:
+            shared = torch.sigmoid(self.shared_gate(x)) * shared
+        out = self.experts(x) + shared
+        return (out, shared) if self.leak else out
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(gated=False), dict(gelu=True, cast=True, k=3)],
+                         ids=["sigmoid-gated", "ungated", "geglu-cast-top3"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_shared_expert_joins_the_down_kernel(kw, tokens):
+    x = torch.randn(tokens, 48, generator=torch.Generator().manual_seed(tokens + 20))
+    prog, got, expected = _run(WithShared(**kw), x)
+    ops = _ops(prog)
+    assert ops.count("ost.moe_up") == 1 and ops.count("ost.moe_down_shared") == 1, ops
+    assert not {"ost.moe_down", "aten.sigmoid", "ost.swiglu", "ost.geglu", "aten.add.Tensor"} & set(ops), ops
+    _same(got, expected, 1e-5)
+    prog, got, expected = _run(WithShared(**kw), x, torch.bfloat16)
+    assert "ost.moe_down_shared" in _ops(prog)
+    assert torch.equal(got, expected)       # the reference repeats the module's ops, roundings included
+
+
+def test_shared_expert_read_elsewhere_stays_apart():
+    """The shared expert's output is also a result: the routed experts fuse, the shared expert stays."""
+    x = torch.randn(2, 48, generator=torch.Generator().manual_seed(9))
+    prog, got, expected = _run(WithShared(leak=True), x)
+    ops = _ops(prog)
+    assert "ost.moe_down" in ops and "ost.moe_down_shared" not in ops and "aten.sigmoid" in ops, ops
+    _same(got, expected, 1e-5)
 
 
 def _ops(prog) -> list[str]:
@@ -174,6 +226,20 @@ def test_moe_ops_survive_save_and_load(tmp_path):
     with torch.no_grad():
         assert torch.equal(ostinato.compile(loaded)(x), model(x))
 
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_shared_expert_op_survives_save_and_load(tmp_path, gated):
+    """moe_down_shared's arguments (an activation's name; the gate's logit or None) go through the file."""
+    model = WithShared(gated=gated, gelu=not gated).to(torch.bfloat16)
+    x = torch.randn(3, 48, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    prog = ostinato.export(model, (x,), cache=False, passes=DEFAULT_PIPELINE)
+    path = str(tmp_path / "shared.ost")
+    prog.save(path)
+    loaded = ostinato.load(path)
+    node, = [n for n in loaded.graph.nodes if n.op == "ost.moe_down_shared"]
+    assert node.args[12] == ("silu" if gated else "gelu") and (node.args[14] is None) == (not gated)
+    with torch.no_grad():
+        assert torch.equal(ostinato.compile(loaded)(x), model(x))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

@@ -462,5 +462,23 @@ def moe_down(h: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, weight: t
     return _into(out, scaled.view(logits.shape[0], top_k, -1).sum(1).to(out_dtype))
 
 
+def moe_down_shared(h: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor, top_k: int,
+                    route_dtype: torch.dtype, normalize: bool, weights_dtype: torch.dtype | None,
+                    out_dtype: torch.dtype, topk_first: bool, gate: torch.Tensor, up: torch.Tensor, activation: str,
+                    shared_weight: torch.Tensor, shared_logit: torch.Tensor | None, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """ost.moe_down's result plus a shared expert's, as Qwen2-MoE adds them: the shared expert's gated
+    activations (``act(gate) * up`` [T, I_s], ost.swiglu / ost.geglu of its gate and up projections)
+    times ``shared_weight`` [H, I_s], scaled by ``sigmoid(shared_logit)`` ([T, 1], its gate's projection)
+    when one is given, added to the routed experts' sum. Each step in its own op's dtype, as the module's
+    ops compute it."""
+    experts = moe_down(h, ids, logits, weight, top_k, route_dtype, normalize, weights_dtype, out_dtype, topk_first)
+    shared = torch.nn.functional.linear(swiglu(gate, up) if activation == "silu" else geglu(gate, up), shared_weight)
+    if shared_logit is not None:
+        shared = torch.sigmoid(shared_logit) * shared
+    return _into(out, experts + shared)
+
+
 register_op(OpDef("ost.moe_up", moe_up, category="fused"))
 register_op(OpDef("ost.moe_down", moe_down, category="fused"))
+register_op(OpDef("ost.moe_down_shared", moe_down_shared, category="fused"))

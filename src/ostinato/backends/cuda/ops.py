@@ -41,6 +41,7 @@ def triton_kernels() -> dict[str, Callable]:
         "ost.linear": elementwise.linear,
         "ost.moe_up": moe.moe_up,
         "ost.moe_down": moe.moe_down,
+        "ost.moe_down_shared": moe.moe_down_shared,
     }
     # While a cold kernel compiles in a worker process, its op runs its torch reference (runtime.py).
     return {op: deferring(fn, get_op(op).target) for op, fn in launchers.items()}

@@ -382,6 +382,51 @@ def _grouped(ids: Value, logits: Value, k: int, weights: Value, chain: _Chain):
     return None if result is None else (x, w_up, gate, w_down, result)
 
 
+_SHARED_GATES = {"ost.swiglu": "silu", "ost.geglu": "gelu"}
+
+
+def _shared_expert(result: Value, chain: _Chain) -> tuple[Node, tuple] | None:
+    """(the add, (gate, up, activation, W_s, gate logit or None)) of a shared expert added to the routed
+    experts' ``result``: ``result + linear(act(gate) * up, W_s)``, the shared term optionally scaled by
+    ``sigmoid(logit)`` ([T, 1]: Qwen2-MoE's shared_expert_gate), every step read only here and in
+    ``result``'s dtype, all [T, ...]."""
+    add = chain.only_reader(result, "aten.add.Tensor")
+    if add is None or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
+        return None
+    term = add.args[1] if add.args[0] is result else add.args[0]
+    if not _static(term) or term.meta.shape != result.meta.shape or len(chain.users.get(term.id, [])) != 1 \
+            or term.id in chain.pinned:
+        return None
+    logit, shared = None, term
+    scale = _make(term)
+    if scale is not None and scale.op == "aten.mul.Tensor":
+        for sig_v, shared_v in (scale.args, scale.args[::-1]):
+            sig = _make(sig_v)
+            if sig is not None and sig.op == "aten.sigmoid" and chain.only_reader(sig_v, "aten.mul.Tensor") is scale \
+                    and chain.only_reader(shared_v, "aten.mul.Tensor") is scale:
+                logit, shared = sig.args[0], shared_v
+                break
+        else:
+            return None
+    lin = _make(shared)
+    if lin is None or lin.op != "aten.linear" or (len(lin.args) > 2 and lin.args[2] is not None) or lin.kwargs:
+        return None
+    act = _make(lin.args[0])
+    if act is None or act.op not in _SHARED_GATES or act.args[2:] not in ((), ("none",)) or act.kwargs \
+            or chain.only_reader(act.outputs[0], "aten.linear") is not lin:
+        return None
+    gate, up, w_s = act.args[0], act.args[1], lin.args[1]
+    t, hidden = result.meta.shape if result.meta.rank == 2 else (None, None)
+    dtype = result.meta.dtype
+    if t is None or not all(_static(v) and v.meta.dtype == dtype for v in (gate, up, w_s, shared)) \
+            or gate.meta.shape != up.meta.shape or gate.meta.rank != 2 or gate.meta.shape[0] != t \
+            or w_s.meta.shape != (hidden, gate.meta.shape[1]):
+        return None
+    if logit is not None and (not _static(logit) or logit.meta.shape != (t, 1) or logit.meta.dtype != dtype):
+        return None
+    return add, (gate, up, _SHARED_GATES[act.op], w_s, logit)
+
+
 def fuse_moe(g: Graph) -> Graph:
     chain = _Chain(g.users(), pinned_values(g))
     replaced: dict[int, Node] = {}
@@ -411,9 +456,17 @@ def fuse_moe(g: Graph) -> Graph:
                   gate.source)
         chosen = g.new_value(f"{gate.name}_experts", TensorMeta(torch.int64, (t * k,)), "temp", up)
         up.outputs, h.producer = [h, chosen], up
-        down = Node("ost.moe_down", (h, chosen, logits, w_down, k, route_dtype, normalize, weights_dtype,
-                                     result.meta.dtype, topk_first), {}, result.producer.name, result.producer.source)
-        replaced[id(gate)], replaced[id(result.producer)] = up, down
+        args = (h, chosen, logits, w_down, k, route_dtype, normalize, weights_dtype, result.meta.dtype, topk_first)
+        replaced[id(gate)] = up
+        shared = _shared_expert(result, chain)
+        if shared is not None:      # the shared expert's down projection and its gating join the sum's kernel
+            add, extra = shared
+            down = Node("ost.moe_down_shared", (*args, *extra), {}, add.name, add.source)
+            replaced[id(add)] = down
+            down.outputs, add.outputs[0].producer = [add.outputs[0]], down
+            continue
+        down = Node("ost.moe_down", args, {}, result.producer.name, result.producer.source)
+        replaced[id(result.producer)] = down
         down.outputs, result.producer = [result], down
     if replaced:
         g.nodes = [replaced.get(id(n), n) for n in g.nodes]

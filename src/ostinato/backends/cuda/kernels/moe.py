@@ -79,6 +79,36 @@ moe_up.multi_output = True
 
 def moe_down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weights_dtype, out_dtype,
              topk_first: bool = False, *, out=None):
+    result = _down(h, ids, logits, weight, top_k, route_dtype, normalize, weights_dtype, out_dtype, topk_first)
+    if result is None:
+        return fused_ops.moe_down(h, ids, logits, weight, top_k, route_dtype, normalize, weights_dtype, out_dtype,
+                                  topk_first, out=out)
+    return result if out is None else out.copy_(result)
+
+
+def moe_down_shared(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weights_dtype, out_dtype,
+                    topk_first, gate, up, activation: str, shared_weight, shared_logit, *, out=None):
+    tokens = logits.shape[0] if logits.dim() == 2 else -1
+    shared = None
+    if (activation in ("silu", "gelu") and gate.dim() == 2 and gate.shape == up.shape and gate.shape[0] == tokens
+            and gate.dtype == up.dtype == shared_weight.dtype == out_dtype and out_dtype in _DTYPES
+            and gate.stride(-1) == 1 and up.stride(-1) == 1 and shared_weight.dim() == 2
+            and shared_weight.stride(-1) == 1 and shared_weight.shape[1] == gate.shape[1]
+            and (shared_logit is None or (shared_logit.shape == (tokens, 1) and shared_logit.dtype == out_dtype))):
+        shared = (gate, up, activation, shared_weight, shared_logit)
+    result = None if shared is None else _down(h, ids, logits, weight, top_k, route_dtype, normalize, weights_dtype,
+                                               out_dtype, topk_first, shared)
+    if result is None:
+        return fused_ops.moe_down_shared(h, ids, logits, weight, top_k, route_dtype, normalize, weights_dtype,
+                                         out_dtype, topk_first, gate, up, activation, shared_weight, shared_logit,
+                                         out=out)
+    return result if out is None else out.copy_(result)
+
+
+def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weights_dtype, out_dtype, topk_first,
+          shared=None):
+    """moe_down's kernel (and a shared expert's part, ``shared``: (gate, up, activation, W_s, logit or None)
+    checked by moe_down_shared), or None where it does not take the case."""
     tokens = logits.shape[0] if logits.dim() == 2 else -1
     route = _route(logits, route_dtype, topk_first)
     # the routing weights end in weights_dtype (or the routing's), the product in its promotion with h's
@@ -89,25 +119,30 @@ def moe_down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, w
             and (weights == torch.float32 or weights == h.dtype)
             and (route_dtype == torch.float32 or route_dtype == h.dtype)
             and ids.dtype == torch.int64 and ids.shape == (h.shape[0],)
-            and _takes(h[::top_k], logits, weight, top_k, route_dtype) and weight.shape[2] == h.shape[1])
+            and _takes(h[::top_k], logits, weight, top_k, route_dtype) and weight.shape[2] == h.shape[1]
+            and (shared is None or shared[3].shape[0] == weight.shape[1]))
     if not fits:
-        return fused_ops.moe_down(h, ids, logits, weight, top_k, route_dtype, normalize, weights_dtype, out_dtype,
-                                  topk_first, out=out)
+        return None
     h, ids, logits = h.contiguous(), ids.contiguous(), logits.contiguous()
     n_out, k_dim = weight.shape[1], weight.shape[2]
     result = torch.empty((tokens, n_out), dtype=out_dtype, device=h.device)
     if result.numel():
-        block_n, block_k = _blocks(n_out, tokens, k_dim)
+        gate, up, activation, w_s, logit = shared or (h, h, "silu", weight, None)
+        k_shared = gate.shape[1] if shared else 0
+        block_n, block_k = _blocks(n_out, tokens, max(k_dim, k_shared))
         LIBRARY.kernel("moe_down", ROUTE=route, TOPK=top_k,
                        NORMALIZE=bool(normalize) or route == 2,   # (2: the chosen logits' softmax)
                        # the weights are rounded to h's dtype where they passed through a low precision
                        WEIGHT_ROUND=weights != torch.float32 or route_dtype != torch.float32,
                        PRODUCT_ROUND=product != torch.float32,
+                       SHARED=0 if shared is None else 1 if logit is None else 2,
+                       SHARED_ACT=0 if activation == "silu" else 1,
                        BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k), BLOCK_N=block_n, BLOCK_K=block_k,
                        num_warps=_WARPS)(
             h, ids, logits, weight, result, logits.shape[1], k_dim, n_out, weight.stride(0), weight.stride(1),
-            grid=(tokens, cdiv(n_out, block_n)))
-    return result if out is None else out.copy_(result)
+            gate, up, w_s, logits if logit is None else logit, k_shared, gate.stride(0), up.stride(0), w_s.stride(0),
+            0 if logit is None else logit.stride(0), grid=(tokens, cdiv(n_out, block_n)))
+    return result
 
 
 LIBRARY = KernelLibrary("moe", {"moe_up": "moe_up_kernel", "moe_down": "moe_down_kernel"})

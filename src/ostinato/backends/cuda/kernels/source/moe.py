@@ -85,15 +85,19 @@ def moe_up_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, ids_ptr, n_experts, k_dim, 
 
 @triton.jit
 def moe_down_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim, n_out, w_se, w_sn,
+                    g_ptr, u_ptr, ws_ptr, sl_ptr, k_shared, g_stride, u_stride, ws_stride, sl_stride,
                     ROUTE: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
-                    WEIGHT_ROUND: tl.constexpr, PRODUCT_ROUND: tl.constexpr, BLOCK_E: tl.constexpr,
-                    BLOCK_TOPK: tl.constexpr,
+                    WEIGHT_ROUND: tl.constexpr, PRODUCT_ROUND: tl.constexpr, SHARED: tl.constexpr,
+                    SHARED_ACT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[t, n] = sum over token t's choices j (e_j = ids[t * TOPK + j], moe_up's) of
     r_j * (W[e_j, n] . h[t * TOPK + j]) (W [E, n_out, k_dim],
     h dense [T * TOPK, k_dim]): each product rounded to h's dtype, r_j the routing weight (divided by the
     chosen scores' sum when NORMALIZE, rounded to h's dtype when WEIGHT_ROUND), the weighted product
-    rounded to h's dtype when PRODUCT_ROUND, the sum in fp32, stored in out's dtype."""
+    rounded to h's dtype when PRODUCT_ROUND, the sum in fp32, stored in out's dtype. SHARED 1 adds a
+    shared expert, Ws[n] . (act(g[t]) * u[t]) (Ws [n_out, k_shared], rows at ws_stride; act silu when
+    SHARED_ACT is 0, exact gelu when 1), to that sum rounded to out's dtype; SHARED 2 scales it by
+    sigmoid(sl[t]) first. Each of those steps is rounded to out's dtype, as its own op's result is."""
     t = tl.program_id(0)
     # the choices moe_up made (ids), their scores, and for ROUTE 2 the softmax of the chosen logits
     e = tl.arange(0, BLOCK_E)
@@ -134,4 +138,26 @@ def moe_down_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim
         if PRODUCT_ROUND:
             prod = prod.to(hdt).to(tl.float32)
         result += prod
-    tl.store(out_ptr + t.to(tl.int64) * n_out + n, result.to(out_ptr.dtype.element_ty), mask=n_ok)
+    odt = out_ptr.dtype.element_ty
+    if SHARED != 0:
+        result = result.to(odt).to(tl.float32)
+        ws_rows = ws_ptr + n.to(tl.int64)[:, None] * ws_stride
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, k_shared, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < k_shared
+            gv = tl.load(g_ptr + t.to(tl.int64) * g_stride + kk, mask=k_ok, other=0.0).to(tl.float32)
+            uv = tl.load(u_ptr + t.to(tl.int64) * u_stride + kk, mask=k_ok, other=0.0).to(tl.float32)
+            if SHARED_ACT == 0:
+                av = gv * tl.sigmoid(gv)
+            else:
+                av = _gelu(gv)
+            av = (av.to(odt).to(tl.float32) * uv).to(odt).to(tl.float32)
+            acc += tl.sum(tl.load(ws_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                          .to(tl.float32) * av[None, :], 1)
+        shared = acc.to(odt).to(tl.float32)
+        if SHARED == 2:
+            sg = tl.sigmoid(tl.load(sl_ptr + t.to(tl.int64) * sl_stride).to(tl.float32)).to(odt).to(tl.float32)
+            shared = (sg * shared).to(odt).to(tl.float32)
+        result += shared
+    tl.store(out_ptr + t.to(tl.int64) * n_out + n, result.to(odt), mask=n_ok)
