@@ -90,23 +90,25 @@ def one(name: str, tokens: int, dtype=torch.bfloat16) -> dict:
 
 
 def sweep(name: str, tokens: int) -> list[dict]:
-    """The kernels' time over their block choices (kernels/moe.py: _PROGRAMS, the programs aimed at; _TILE,
-    the weight elements a program reads per step; _MIN_BLOCK_N, the narrowest column block; _WARPS)."""
-    saved = moe._PROGRAMS, moe._TILE, moe._MIN_BLOCK_N, moe._WARPS
+    """The kernels' time over their block choices (kernels/moe.py: _PROGRAMS, the programs aimed at, the up
+    kernel's twice as many (_UP_PROGRAMS); _TILE, the weight elements a program reads per step, the up
+    kernel's half per row; _MIN_BLOCK_N, the narrowest column block; _WARPS)."""
+    saved = moe._PROGRAMS, moe._UP_PROGRAMS, moe._TILE, moe._MIN_BLOCK_N, moe._WARPS
     rows = []
     try:
         for programs in (1024, 2048):
             for tile in (8192, 16384):
                 for min_n in (4, 8):
                     for warps in (4, 8):
-                        moe._PROGRAMS, moe._TILE, moe._MIN_BLOCK_N, moe._WARPS = programs, tile, min_n, warps
+                        moe._PROGRAMS, moe._UP_PROGRAMS = programs, 2 * programs
+                        moe._TILE, moe._MIN_BLOCK_N, moe._WARPS = tile, min_n, warps
                         r = one(name, tokens)
                         rows.append({"shape": name, "tokens": tokens, "programs": programs, "tile": tile,
                                      "min_block_n": min_n, "warps": warps,
                                      **{k: r[k] for k in ("up_us", "down_us", "up_TBps", "down_TBps")}})
                         print(json.dumps(rows[-1]), flush=True)
     finally:
-        moe._PROGRAMS, moe._TILE, moe._MIN_BLOCK_N, moe._WARPS = saved
+        moe._PROGRAMS, moe._UP_PROGRAMS, moe._TILE, moe._MIN_BLOCK_N, moe._WARPS = saved
     return rows
 
 

@@ -19,21 +19,27 @@ MAX_TOPK = 64
 # kernel 120.2 us and its down kernel 66.8 us (3.9 and 3.5 TB/s of the chosen experts' weights), against
 # 133.2 and 127.5 us at 512 programs, 4096-element steps, 8-wide blocks and 4 warps; Qwen3-30B-A3B's
 # 28.0 and 30.6 us (repeats of one choice there varied by up to 1.7x: small kernels).
+# The up kernel reads two weight rows per column (gate and up): once it also recorded its choices, ptxas
+# spread its loads through its K loop at the same choice (100 registers instead of 126) and Mixtral's
+# up kernel took 231-235 us; at twice the programs and half the step (the same elements in flight per
+# program as the down kernel's) it took 121-124 us with 4 or 8 warps (docs/benchmarks/moe_gpu/call8/).
 _PROGRAMS = 1024        # aim for at least this many programs (an H100/H200 has 132 SMs)
-_TILE = 16384           # elements of W a program reads per step of its K loop
+_UP_PROGRAMS = 2048     # the up kernel's
+_TILE = 16384           # elements of W a program reads per step of its K loop (the up kernel: half, per row)
 _MIN_BLOCK_N = 4        # the narrowest column block
 _WARPS = 8
 _LOW = (torch.float16, torch.bfloat16)
 _DTYPES = (torch.float32, *_LOW)
 
 
-def _blocks(columns: int, rows: int, k_dim: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): column blocks narrow enough that ``rows`` x the blocks make _PROGRAMS programs
-    (a decode step has one or a few rows: a GEMV needs many programs to stream its weight), 8 to 64 wide."""
+def _blocks(columns: int, rows: int, k_dim: int, programs: int, tile: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): column blocks narrow enough that ``rows`` x the blocks make ``programs`` programs
+    (a decode step has one or a few rows: a GEMV needs many programs to stream its weight), _MIN_BLOCK_N to
+    64 wide, each step of the K loop reading ``tile`` elements of a weight row block."""
     block_n = 64
-    while block_n > _MIN_BLOCK_N and rows * cdiv(columns, block_n) < _PROGRAMS:
+    while block_n > _MIN_BLOCK_N and rows * cdiv(columns, block_n) < programs:
         block_n //= 2
-    return block_n, max(16, min(pow2(k_dim), _TILE // block_n))
+    return block_n, max(16, min(pow2(k_dim), tile // block_n))
 
 
 def _takes(x: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor, top_k: int, route_dtype) -> bool:
@@ -63,7 +69,7 @@ def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu",
     result = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     ids = torch.empty((rows,), dtype=torch.int64, device=x.device)
     if result.numel():
-        block_n, block_k = _blocks(inter, rows, k_dim)
+        block_n, block_k = _blocks(inter, rows, k_dim, _UP_PROGRAMS, _TILE // 2)
         LIBRARY.kernel("moe_up", ROUTE=route, TOPK=top_k,
                        ACT=0 if activation == "silu" else 1, BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k),
                        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=_WARPS)(
@@ -129,7 +135,7 @@ def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weig
     if result.numel():
         gate, up, activation, w_s, logit = shared or (h, h, "silu", weight, None)
         k_shared = gate.shape[1] if shared else 0
-        block_n, block_k = _blocks(n_out, tokens, max(k_dim, k_shared))
+        block_n, block_k = _blocks(n_out, tokens, max(k_dim, k_shared), _PROGRAMS, _TILE)
         LIBRARY.kernel("moe_down", ROUTE=route, TOPK=top_k,
                        NORMALIZE=bool(normalize) or route == 2,   # (2: the chosen logits' softmax)
                        # the weights are rounded to h's dtype where they passed through a low precision
