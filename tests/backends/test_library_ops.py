@@ -77,7 +77,7 @@ def test_convolution_in_channels_last_keeps_the_prepared_weight():
     w.add_(1.0)                                       # a new version of the weight is converted again
     _close(L.convolution(x, w, bias, *args), aten.convolution(x.contiguous(), w, bias, *args))
     plain = torch.randn(2, 4, 9, 9)
-    assert L._conv_plan(plain, w, [1, 1], False, 1, None).memory_format is torch.contiguous_format
+    assert L._conv_plan(plain, w, [1, 1], [1, 1], [1, 1], False, 1, None).memory_format is torch.contiguous_format
     _close(L.convolution(plain, w, None, *args), aten.convolution(plain, w, None, *args))
 
 
@@ -103,7 +103,37 @@ def test_convolution_asked_for_channels_last_converts_its_input():
     out = L.convolution(x, w, bias, *args, memory_format=torch.channels_last)
     assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
     _close(out, aten.convolution(x, w, bias, *args))
-    assert L._conv_plan(x, w, [2, 1], True, 1, torch.channels_last).memory_format is torch.contiguous_format   # transposed
+    assert L._conv_plan(x, w, [2, 1], [1, 0], [1, 1], True, 1, torch.channels_last).memory_format is torch.contiguous_format   # transposed
+
+
+def test_patch_embeddings_run_nhwc_as_one_matrix_product(monkeypatch):
+    """A convolution over non-overlapping patches (kernel = stride, no padding: ViT's and DiT's patch
+    embedding) run channels-last is one product over rows of patches, not cuDNN: the convolution's result
+    and layout, with bias or without, square or not."""
+    calls, real = [], L.patch_conv
+    monkeypatch.setattr(L, "patch_conv", lambda *a: calls.append(a) or real(*a))
+    for shape, w_shape, patch, bias in (((2, 4, 8, 8), (12, 4, 2, 2), [2, 2], True),
+                                        ((1, 3, 12, 8), (5, 3, 4, 2), [4, 2], False)):
+        x, w = torch.randn(shape), torch.randn(w_shape)
+        b = torch.randn(w_shape[0]) if bias else None
+        args = (patch, [0, 0], [1, 1], False, [0, 0], 1)
+        n = len(calls)
+        out = L.convolution(x, w, b, *args, memory_format=torch.channels_last)
+        assert len(calls) == n + 1
+        assert out.shape == (shape[0], w_shape[0], shape[2] // patch[0], shape[3] // patch[1])
+        assert out.is_contiguous(memory_format=torch.channels_last)
+        _close(out, aten.convolution(x, w, b, *args))
+    x, w = torch.randn(2, 4, 9, 9), torch.randn(6, 4, 3, 3)
+    for args in (([3, 3], [1, 1], [1, 1]), ([2, 2], [0, 0], [1, 1]), ([1, 1], [0, 0], [1, 1])):
+        assert not L.is_patch_conv(x, w, *args, False, 1)     # padded, overlapping, or not patches
+    assert L.is_patch_conv(x, w, [3, 3], [0, 0], [1, 1], False, 1) and not L.is_patch_conv(x, w, [3, 3], [0, 0],
+                                                                                            [1, 1], True, 1)
+    monkeypatch.setenv("OSTINATO_PATCH_GEMM", "0")           # the A/B switch: cuDNN's convolution again
+    n = len(calls)
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(12, 4, 2, 2)
+    _close(L.convolution(x, w, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1, memory_format=torch.channels_last),
+           aten.convolution(x, w, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1))
+    assert len(calls) == n
 
 
 def test_topk_of_one_is_a_reduction_with_the_same_answer():

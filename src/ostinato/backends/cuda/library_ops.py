@@ -16,6 +16,7 @@ Every function takes the ATen op's arguments and returns what the op returns.
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from dataclasses import dataclass
 
@@ -118,6 +119,37 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 class ConvPlan:
     memory_format: torch.memory_format
     depthwise: bool = False    # an NCHW depthwise convolution: kernels/conv.py's Triton kernel runs it
+    patches: bool = False      # a patch embedding run NHWC as one matrix product (patch_conv)
+
+
+def patch_gemm_enabled() -> bool:
+    """OSTINATO_PATCH_GEMM=0 leaves patch embeddings to cuDNN (the A/B switch)."""
+    return os.environ.get("OSTINATO_PATCH_GEMM", "1") != "0"
+
+
+def is_patch_conv(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, transposed: bool,
+                  groups: int) -> bool:
+    """A 2-D convolution over non-overlapping patches that tile its input (a ViT's or DiT's patch
+    embedding: kernel = stride > 1, no padding, one group)."""
+    if x.dim() != 4 or weight.dim() != 4 or transposed or groups != 1:
+        return False
+    kh, kw = weight.shape[-2:]
+    return (tuple(stride) == (kh, kw) and kh * kw > 1 and tuple(padding) == (0, 0)
+            and tuple(dilation) == (1, 1) and x.shape[-2] % kh == 0 and x.shape[-1] % kw == 0)
+
+
+def patch_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """is_patch_conv's convolution as one matrix product over NHWC memory: ``x`` and ``weight``
+    channels-last, each patch one row of (kh, kw, C) values, the result channels-last as cuDNN's NHWC
+    convolution gives it. A first call of cuDNN costs a warm process about a tenth of a second or more
+    of set-up; the product goes through cuBLAS, which the model's projections set up anyway."""
+    b, c, h, w = x.shape
+    out_ch, _, kh, kw = weight.shape
+    rows = x.permute(0, 2, 3, 1).reshape(b, h // kh, kh, w // kw, kw, c).permute(0, 1, 3, 2, 4, 5)
+    rows = rows.reshape(b * (h // kh) * (w // kw), kh * kw * c)
+    wm = weight.permute(0, 2, 3, 1).reshape(out_ch, kh * kw * c)
+    y = torch.mm(rows, wm.t()) if bias is None else torch.addmm(bias, rows, wm.t())
+    return y.view(b, h // kh, w // kw, out_ch).permute(0, 3, 1, 2)
 
 
 # Weights converted to a memory format, by (storage address, version, layout, format), each entry holding
@@ -138,12 +170,13 @@ def _prepared_weight(w: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
     return prepared_weights.get(key, prepare, valid=lambda entry: entry[0]() is w)[1]
 
 
-def _conv_plan(x: torch.Tensor, weight: torch.Tensor, stride, transposed: bool, groups: int,
+def _conv_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, transposed: bool, groups: int,
                fmt: torch.memory_format | None) -> ConvPlan:
     nhwc = x.dim() == 4 and not transposed and (
         fmt is torch.channels_last or (not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)))
     if nhwc:
-        return ConvPlan(torch.channels_last)
+        return ConvPlan(torch.channels_last, patches=patch_gemm_enabled() and x.dtype == weight.dtype
+                        and is_patch_conv(x, weight, stride, padding, dilation, transposed, groups))
     from .ops import triton_kernels
     return ConvPlan(torch.contiguous_format, x.is_cuda and depthwise.enabled() and bool(triton_kernels())
                     and depthwise.takes(x, weight, stride, transposed, groups))
@@ -160,13 +193,16 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     one left NCHW runs kernels/conv.py's kernel (``OSTINATO_DEPTHWISE_KERNEL=0``: torch's)."""
     plan = op_graph_cache.get(
         op_key("aten.convolution", x, weight, transposed=transposed, groups=groups, stride=tuple(stride),
-               padding=tuple(padding), dilation=tuple(dilation), fmt=memory_format, dw=depthwise.enabled()),
-        lambda: _conv_plan(x, weight, stride, transposed, groups, memory_format))
+               padding=tuple(padding), dilation=tuple(dilation), fmt=memory_format, dw=depthwise.enabled(),
+               patches=patch_gemm_enabled()),
+        lambda: _conv_plan(x, weight, stride, padding, dilation, transposed, groups, memory_format))
     if plan.depthwise:
         return _depthwise(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     if plan.memory_format is torch.channels_last:
         weight = _prepared_weight(weight, torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
+        if plan.patches:
+            return patch_conv(x, weight, bias)
     return aten.convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
