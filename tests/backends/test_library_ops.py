@@ -109,20 +109,22 @@ def test_convolution_asked_for_channels_last_converts_its_input():
 def test_patch_embeddings_run_nhwc_as_one_matrix_product(monkeypatch):
     """A convolution over non-overlapping patches (kernel = stride, no padding: ViT's and DiT's patch
     embedding) run channels-last is one product over rows of patches, not cuDNN: the convolution's result
-    and layout, with bias or without, square or not."""
+    and layout (NHWC or NCHW), with bias or without, square or not."""
     calls, real = [], L.patch_conv
     monkeypatch.setattr(L, "patch_conv", lambda *a: calls.append(a) or real(*a))
     for shape, w_shape, patch, bias in (((2, 4, 8, 8), (12, 4, 2, 2), [2, 2], True),
-                                        ((1, 3, 12, 8), (5, 3, 4, 2), [4, 2], False)):
-        x, w = torch.randn(shape), torch.randn(w_shape)
-        b = torch.randn(w_shape[0]) if bias else None
-        args = (patch, [0, 0], [1, 1], False, [0, 0], 1)
-        n = len(calls)
-        out = L.convolution(x, w, b, *args, memory_format=torch.channels_last)
-        assert len(calls) == n + 1
-        assert out.shape == (shape[0], w_shape[0], shape[2] // patch[0], shape[3] // patch[1])
-        assert out.is_contiguous(memory_format=torch.channels_last)
-        _close(out, aten.convolution(x, w, b, *args))
+                                        ((1, 3, 12, 8), (5, 3, 4, 2), [4, 2], False),
+                                        ((3, 3, 8, 8), (6, 3, 4, 4), [4, 4], True)):
+        for fmt in (torch.channels_last, None):      # NHWC (the lowering's choice for fp16/bf16), NCHW
+            x, w = torch.randn(shape), torch.randn(w_shape)
+            b = torch.randn(w_shape[0]) if bias else None
+            args = (patch, [0, 0], [1, 1], False, [0, 0], 1)
+            n = len(calls)
+            out = L.convolution(x, w, b, *args, memory_format=fmt)
+            assert len(calls) == n + 1
+            assert out.shape == (shape[0], w_shape[0], shape[2] // patch[0], shape[3] // patch[1])
+            assert out.is_contiguous(memory_format=torch.channels_last if fmt else torch.contiguous_format)
+            _close(out, aten.convolution(x, w, b, *args))
     x, w = torch.randn(2, 4, 9, 9), torch.randn(6, 4, 3, 3)
     for args in (([3, 3], [1, 1], [1, 1]), ([2, 2], [0, 0], [1, 1]), ([1, 1], [0, 0], [1, 1])):
         assert not L.is_patch_conv(x, w, *args, False, 1)     # padded, overlapping, or not patches

@@ -119,7 +119,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 class ConvPlan:
     memory_format: torch.memory_format
     depthwise: bool = False    # an NCHW depthwise convolution: kernels/conv.py's Triton kernel runs it
-    patches: bool = False      # a patch embedding run NHWC as one matrix product (patch_conv)
+    patches: bool = False      # a patch embedding run as one matrix product (patch_conv)
 
 
 def patch_gemm_enabled() -> bool:
@@ -138,18 +138,25 @@ def is_patch_conv(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilati
             and tuple(dilation) == (1, 1) and x.shape[-2] % kh == 0 and x.shape[-1] % kw == 0)
 
 
-def patch_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """is_patch_conv's convolution as one matrix product over NHWC memory: ``x`` and ``weight``
-    channels-last, each patch one row of (kh, kw, C) values, the result channels-last as cuDNN's NHWC
-    convolution gives it. A first call of cuDNN costs a warm process about a tenth of a second or more
-    of set-up; the product goes through cuBLAS, which the model's projections set up anyway."""
+def patch_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, channels_last: bool) -> torch.Tensor:
+    """is_patch_conv's convolution as one matrix product: each patch one row (NHWC: ``x`` and ``weight``
+    channels-last, the result channels-last as cuDNN's NHWC convolution gives it) or one column of a
+    batch's [C * kh * kw, patches] matrix (NCHW: the result dense NCHW, as torch's convolution gives it).
+    A first call of cuDNN's convolution costs a warm process a tenth of a second or more of set-up; the
+    product goes through cuBLAS, which the model's projections set up anyway."""
     b, c, h, w = x.shape
     out_ch, _, kh, kw = weight.shape
-    rows = x.permute(0, 2, 3, 1).reshape(b, h // kh, kh, w // kw, kw, c).permute(0, 1, 3, 2, 4, 5)
-    rows = rows.reshape(b * (h // kh) * (w // kw), kh * kw * c)
-    wm = weight.permute(0, 2, 3, 1).reshape(out_ch, kh * kw * c)
-    y = torch.mm(rows, wm.t()) if bias is None else torch.addmm(bias, rows, wm.t())
-    return y.view(b, h // kh, w // kw, out_ch).permute(0, 3, 1, 2)
+    hp, wp = h // kh, w // kw
+    if channels_last:
+        rows = x.permute(0, 2, 3, 1).reshape(b, hp, kh, wp, kw, c).permute(0, 1, 3, 2, 4, 5)
+        rows = rows.reshape(b * hp * wp, kh * kw * c)
+        wm = weight.permute(0, 2, 3, 1).reshape(out_ch, kh * kw * c)
+        y = torch.mm(rows, wm.t()) if bias is None else torch.addmm(bias, rows, wm.t())
+        return y.view(b, hp, wp, out_ch).permute(0, 3, 1, 2)
+    cols = x.reshape(b, c, hp, kh, wp, kw).permute(0, 1, 3, 5, 2, 4).reshape(b, c * kh * kw, hp * wp)
+    wm = weight.reshape(out_ch, c * kh * kw).expand(b, out_ch, c * kh * kw)
+    y = torch.bmm(wm, cols) if bias is None else torch.baddbmm(bias.view(1, out_ch, 1), wm, cols)
+    return y.view(b, out_ch, hp, wp)
 
 
 # Weights converted to a memory format, by (storage address, version, layout, format), each entry holding
@@ -174,12 +181,13 @@ def _conv_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation,
                fmt: torch.memory_format | None) -> ConvPlan:
     nhwc = x.dim() == 4 and not transposed and (
         fmt is torch.channels_last or (not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)))
+    patches = patch_gemm_enabled() and x.dtype == weight.dtype and weight.is_contiguous() \
+        and is_patch_conv(x, weight, stride, padding, dilation, transposed, groups)
     if nhwc:
-        return ConvPlan(torch.channels_last, patches=patch_gemm_enabled() and x.dtype == weight.dtype
-                        and is_patch_conv(x, weight, stride, padding, dilation, transposed, groups))
+        return ConvPlan(torch.channels_last, patches=patches)
     from .ops import triton_kernels
     return ConvPlan(torch.contiguous_format, x.is_cuda and depthwise.enabled() and bool(triton_kernels())
-                    and depthwise.takes(x, weight, stride, transposed, groups))
+                    and depthwise.takes(x, weight, stride, transposed, groups), patches=patches)
 
 
 # kernels/conv.py's launcher, running torch's convolution while its kernel compiles (a cold cache)
@@ -202,7 +210,9 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
         weight = _prepared_weight(weight, torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
         if plan.patches:
-            return patch_conv(x, weight, bias)
+            return patch_conv(x, weight, bias, True)
+    elif plan.patches:
+        return patch_conv(x, weight, bias, False)
     return aten.convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 

@@ -2,7 +2,9 @@
 few; grouped KV heads)."""
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 
 import torch
 
@@ -121,6 +123,21 @@ def _dense_last(mask):
     return base.contiguous().expand(mask.shape)
 
 
+def cudnn_attention_enabled() -> bool:
+    """OSTINATO_CUDNN_ATTENTION=0 keeps torch's SDPA off cuDNN's attention (its flash, memory-efficient
+    or math kernels instead): cuDNN's first call sets the library up, about a tenth of a second of a warm
+    DiT's or ViT's first output on an H200."""
+    return os.environ.get("OSTINATO_CUDNN_ATTENTION", "1") != "0"
+
+
+def _torch_attention_backends():
+    """The context torch's SDPA runs in for ost.sdpa's reference path (cudnn_attention_enabled)."""
+    if cudnn_attention_enabled():
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, softcap=None, *, out=None):
     """ost.sdpa on CUDA: a decode step or a short prompt (_rows_plan) runs the Triton kernel; every other
     case runs the reference (torch's SDPA, or the eager form with a soft cap). The choice is made once per
@@ -130,7 +147,8 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
     plan = op_graph_cache.get(key, lambda: _rows_plan(q, k, v, mask, q_pos, n_rep))
     if plan is None:
         from ....ir.fused_ops import sdpa as reference
-        res = reference(q, k, v, _dense_last(mask), q_pos, scale, n_rep, is_causal, softcap)
+        with _torch_attention_backends():
+            res = reference(q, k, v, _dense_last(mask), q_pos, scale, n_rep, is_causal, softcap)
         return res if out is None else out.copy_(res)
     block_n, block_d, (pos_sb, pos_st), (mask_kind, *mask_strides) = plan
     B, Hq, T, D = q.shape
