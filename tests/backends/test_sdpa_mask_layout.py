@@ -51,3 +51,28 @@ def test_any_layout(shape, perm_seed, broadcast, as_bool):
     for d in range(t.dim() - 1):
         if t.stride(d) == 0:
             assert out.stride(d) == 0, (d, t.stride(), out.stride())
+
+
+def test_small_attention_runs_torch_sdpa_without_cudnn(monkeypatch):
+    """ost.sdpa's torch path keeps cuDNN's attention for large attention only (its first call sets cuDNN
+    up): DiT- and ViT-sized attention runs under a backend list without it, a long encoder's or prefill's
+    as torch chooses; OSTINATO_CUDNN_ATTENTION=0 leaves it out everywhere. Same result either way."""
+    from ostinato.backends.cuda.kernels import attention as A
+    chosen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **kw: chosen.append(torch.backends.cuda.cudnn_sdp_enabled()) or real(*a, **kw))
+
+    def run(shape_q, keys):
+        q = torch.randn(shape_q)
+        k = v = torch.randn(*shape_q[:-2], keys, shape_q[-1])
+        got = A.sdpa(q, k, v)
+        torch.testing.assert_close(got, real(q, k, v))
+        return chosen[-1]
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    assert run((2, 12, 256, 64), 256) is False           # DiT-B/2's 1.6M scores
+    assert run((1, 8, 1500, 8), 1500) is before           # Whisper-base's 18M: torch's own choice
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before      # the context restored it
+    monkeypatch.setenv("OSTINATO_CUDNN_ATTENTION", "0")
+    assert run((1, 8, 1500, 8), 1500) is False

@@ -124,15 +124,25 @@ def _dense_last(mask):
 
 
 def cudnn_attention_enabled() -> bool:
-    """OSTINATO_CUDNN_ATTENTION=0 keeps torch's SDPA off cuDNN's attention (its flash, memory-efficient
-    or math kernels instead): cuDNN's first call sets the library up, about a tenth of a second of a warm
-    DiT's or ViT's first output on an H200."""
+    """OSTINATO_CUDNN_ATTENTION=0 keeps torch's SDPA off cuDNN's attention for every size (its flash,
+    memory-efficient or math kernels instead; the A/B switch of SMALL_WITHOUT_CUDNN)."""
     return os.environ.get("OSTINATO_CUDNN_ATTENTION", "1") != "0"
 
 
-def _torch_attention_backends():
-    """The context torch's SDPA runs in for ost.sdpa's reference path (cudnn_attention_enabled)."""
-    if cudnn_attention_enabled():
+# Attention of at most this many (batch x query head x query x key) scores runs torch's SDPA without
+# cuDNN's: cuDNN's first call sets the library up (0.06-0.1 s of a warm DiT's or ViT's first output on an
+# H200, docs/benchmarks/warm_start_gpu_1127c/), and at these sizes flash attention took as long (replay:
+# DiT-B/2 at 32x32, 1.6M scores, 0.599 / 0.602 ms; ViT-B/16 at batch 1, 0.47M, 0.534 / 0.536). Larger ones
+# keep cuDNN's, which was faster there: ViT-B/16 at batch 32 (15M) 2.805 / 2.897 ms, Whisper-base's
+# encoder (18M) 0.477 / 0.600, a 2048-token causal prefill of hidden 4096 13.9 / 41.2.
+SMALL_WITHOUT_CUDNN = 1 << 22
+
+
+def _torch_attention_backends(q: torch.Tensor, k: torch.Tensor):
+    """The context torch's SDPA runs in for ost.sdpa's reference path: without cuDNN's attention where it
+    is small (SMALL_WITHOUT_CUDNN) or cudnn_attention_enabled() says so."""
+    scores = q.numel() // max(q.shape[-1], 1) * k.shape[-2]
+    if cudnn_attention_enabled() and scores > SMALL_WITHOUT_CUDNN:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
@@ -147,7 +157,7 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
     plan = op_graph_cache.get(key, lambda: _rows_plan(q, k, v, mask, q_pos, n_rep))
     if plan is None:
         from ....ir.fused_ops import sdpa as reference
-        with _torch_attention_backends():
+        with _torch_attention_backends(q, k):
             res = reference(q, k, v, _dense_last(mask), q_pos, scale, n_rep, is_causal, softcap)
         return res if out is None else out.copy_(res)
     block_n, block_d, (pos_sb, pos_st), (mask_kind, *mask_strides) = plan
