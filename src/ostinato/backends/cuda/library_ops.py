@@ -8,7 +8,7 @@ What a call needs decided is decided once per (op, shapes, dtypes, strides, flag
   over the batch (stride 0) folds into one 2-D GEMM instead of a strided-batched one;
 - convolution: the memory format it runs in (NHWC when the lowering asks for it or the input is
   channels-last already, so cuDNN takes its tensor-core path without converting back and forth) with
-  the weight converted once and kept;
+  the weight converted once and kept; a patch embedding (kernel = stride) as one matrix product;
 - top-k: k == 1 runs as a max/min reduction instead of a selection.
 
 Every function takes the ATen op's arguments and returns what the op returns.
