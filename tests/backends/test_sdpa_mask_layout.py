@@ -54,25 +54,34 @@ def test_any_layout(shape, perm_seed, broadcast, as_bool):
 
 
 def test_small_attention_runs_torch_sdpa_without_cudnn(monkeypatch):
-    """ost.sdpa's torch path keeps cuDNN's attention for large attention only (its first call sets cuDNN
-    up): DiT- and ViT-sized attention runs under a backend list without it, a long encoder's or prefill's
-    as torch chooses; OSTINATO_CUDNN_ATTENTION=0 leaves it out everywhere. Same result either way."""
+    """ost.sdpa's torch path leaves cuDNN's attention out (its first call sets cuDNN up) only where flash
+    attention takes the call and it is small: DiT- and ViT-sized attention in bf16, no mask, as many KV heads
+    as query heads. A long encoder's, a masked one's, a grouped-query one's and an fp32 one's keep torch's
+    choice (without cuDNN those can fall to the math kernel); OSTINATO_CUDNN_ATTENTION=0 leaves it out
+    everywhere. The same result either way, and the flags restored after."""
     from ostinato.backends.cuda.kernels import attention as A
     chosen = []
     real = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda *a, **kw: chosen.append(torch.backends.cuda.cudnn_sdp_enabled()) or real(*a, **kw))
 
-    def run(shape_q, keys):
-        q = torch.randn(shape_q)
-        k = v = torch.randn(*shape_q[:-2], keys, shape_q[-1])
-        got = A.sdpa(q, k, v)
-        torch.testing.assert_close(got, real(q, k, v))
+    def run(shape_q, keys, dtype=torch.bfloat16, kv_heads=None, masked=False):
+        q = torch.randn(shape_q).to(dtype)
+        kv_shape = (*shape_q[:-3], kv_heads or shape_q[-3], keys, shape_q[-1])
+        k, v = torch.randn(kv_shape).to(dtype), torch.randn(kv_shape).to(dtype)
+        mask = torch.randn(1, 1, shape_q[-2], keys).to(dtype) if masked else None
+        n_rep = shape_q[-3] // (kv_heads or shape_q[-3])
+        got = A.sdpa(q, k, v, mask, n_rep=n_rep)
+        torch.testing.assert_close(got, real(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1))
         return chosen[-1]
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
-    assert run((2, 12, 256, 64), 256) is False           # DiT-B/2's 1.6M scores
-    assert run((1, 8, 1500, 8), 1500) is before           # Whisper-base's 18M: torch's own choice
-    assert torch.backends.cuda.cudnn_sdp_enabled() == before      # the context restored it
+    assert before, "torch's default has cuDNN's attention on"
+    assert run((2, 12, 256, 64), 256) is False                       # DiT-B/2's 1.6M scores
+    assert torch.backends.cuda.cudnn_sdp_enabled() is True             # the context restored the flags
+    assert run((1, 8, 1500, 8), 1500) is True                          # Whisper-base's 18M
+    assert run((1, 8, 64, 16), 96, kv_heads=2, masked=True) is True    # a short grouped-query prefill
+    assert run((1, 4, 64, 16), 96, masked=True) is True                # masked
+    assert run((2, 12, 256, 64), 256, dtype=torch.float32) is True     # fp32: no flash attention
     monkeypatch.setenv("OSTINATO_CUDNN_ATTENTION", "0")
     assert run((1, 8, 1500, 8), 1500) is False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 
 import torch
 
@@ -124,28 +125,56 @@ def _dense_last(mask):
 
 
 def cudnn_attention_enabled() -> bool:
-    """OSTINATO_CUDNN_ATTENTION=0 keeps torch's SDPA off cuDNN's attention for every size (its flash,
-    memory-efficient or math kernels instead; the A/B switch of SMALL_WITHOUT_CUDNN)."""
+    """OSTINATO_CUDNN_ATTENTION=0 keeps torch's SDPA off cuDNN's attention for every size and form (the
+    A/B switch of SMALL_WITHOUT_CUDNN; a masked or grouped-query attention may then run torch's math
+    kernel, slow and memory-hungry at long sequences)."""
     return os.environ.get("OSTINATO_CUDNN_ATTENTION", "1") != "0"
 
 
 # Attention of at most this many (batch x query head x query x key) scores runs torch's SDPA without
-# cuDNN's: cuDNN's first call sets the library up (0.06-0.1 s of a warm DiT's or ViT's first output on an
+# cuDNN's where flash attention takes it (no mask, no grouped KV heads, fp16/bf16, a head dim flash
+# supports): cuDNN's first call sets the library up (0.06-0.1 s of a warm DiT's or ViT's first output on an
 # H200, docs/benchmarks/warm_start_gpu_1127c/), and at these sizes flash attention took as long (replay:
 # DiT-B/2 at 32x32, 1.6M scores, 0.599 / 0.602 ms; ViT-B/16 at batch 1, 0.47M, 0.534 / 0.536). Larger ones
 # keep cuDNN's, which was faster there: ViT-B/16 at batch 32 (15M) 2.805 / 2.897 ms, Whisper-base's
-# encoder (18M) 0.477 / 0.600, a 2048-token causal prefill of hidden 4096 13.9 / 41.2.
+# encoder (18M) 0.477 / 0.600, a 2048-token causal prefill of hidden 4096 13.9 / 41.2. A masked or
+# grouped-query attention keeps torch's choice at every size: flash takes neither, and without cuDNN such
+# a call may fall to the math kernel.
 SMALL_WITHOUT_CUDNN = 1 << 22
+# torch's backend flags are process-wide: entering and leaving the context from two threads at once
+# must not leave cuDNN's attention off for good
+_BACKENDS_LOCK = threading.Lock()
 
 
-def _torch_attention_backends(q: torch.Tensor, k: torch.Tensor):
-    """The context torch's SDPA runs in for ost.sdpa's reference path: without cuDNN's attention where it
-    is small (SMALL_WITHOUT_CUDNN) or cudnn_attention_enabled() says so."""
-    scores = q.numel() // max(q.shape[-1], 1) * k.shape[-2]
-    if cudnn_attention_enabled() and scores > SMALL_WITHOUT_CUDNN:
-        return contextlib.nullcontext()
+def _without_cudnn(q: torch.Tensor, k: torch.Tensor, mask, q_pos, n_rep: int, softcap) -> bool:
+    """Whether this ost.sdpa call runs torch's SDPA without cuDNN's attention (SMALL_WITHOUT_CUDNN)."""
+    if softcap is not None:
+        return False        # the eager form: no SDPA call
+    if not cudnn_attention_enabled():
+        return True
+    d = q.shape[-1]
+    return (mask is None and q_pos is None and n_rep == 1 and q.dtype in (torch.float16, torch.bfloat16)
+            and 0 < d <= 256 and d % 8 == 0 and q.numel() // d * k.shape[-2] <= SMALL_WITHOUT_CUDNN)
+
+
+@contextlib.contextmanager
+def _torch_attention_backends(q: torch.Tensor, k: torch.Tensor, mask, q_pos, n_rep: int, softcap):
+    """The context torch's SDPA runs in for ost.sdpa's reference path: the backends the process has on
+    but cuDNN's where _without_cudnn says so, else as it is."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    if not _without_cudnn(q, k, mask, q_pos, n_rep, softcap):
+        yield
+        return
+    with _BACKENDS_LOCK:
+        cuda = torch.backends.cuda
+        allowed = [b for b, on in ((SDPBackend.FLASH_ATTENTION, cuda.flash_sdp_enabled()),
+                                   (SDPBackend.EFFICIENT_ATTENTION, cuda.mem_efficient_sdp_enabled()),
+                                   (SDPBackend.MATH, cuda.math_sdp_enabled())) if on]
+        if not allowed:      # the process turned them all off: torch's own choice stands
+            yield
+            return
+        with sdpa_kernel(allowed):
+            yield
 
 
 def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, softcap=None, *, out=None):
@@ -157,7 +186,7 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
     plan = op_graph_cache.get(key, lambda: _rows_plan(q, k, v, mask, q_pos, n_rep))
     if plan is None:
         from ....ir.fused_ops import sdpa as reference
-        with _torch_attention_backends(q, k):
+        with _torch_attention_backends(q, k, mask, q_pos, n_rep, softcap):
             res = reference(q, k, v, _dense_last(mask), q_pos, scale, n_rep, is_causal, softcap)
         return res if out is None else out.copy_(res)
     block_n, block_d, (pos_sb, pos_st), (mask_kind, *mask_strides) = plan
