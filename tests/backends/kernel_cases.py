@@ -41,6 +41,10 @@ class KernelCase:
     # visible key gives 0 in torch's CPU and fp32 CUDA SDPA, but other values in its fp16/bf16 CUDA
     # kernels; the fused kernel gives 0.
     dtypes: tuple | None = None
+    # The launcher must run its kernel on these inputs: its reference (``fused_ops.<op's name>``, which a
+    # launcher calls for a case it does not take) must not be called. A case written for the kernel then
+    # fails when a launcher's conditions stop taking it, instead of passing on the reference's result.
+    launches: bool = False
 
 
 def _r(g, shape, dtype, device, scale=1.0):
@@ -356,36 +360,36 @@ CASES = [
     # normalized, fp32 weights) and top 3 of 6 (Qwen-MoE's: weights cast back to the logits' dtype); K, I
     # and H off the blocks; logits spread wide so no two of a token's probabilities tie. moe_up returns
     # its result and the chosen ids; moe_down takes ids (_moe_down: the ones moe_up would choose)
-    KernelCase("ost.moe_up", "top2-silu", lambda g, dt, dev: (
+    KernelCase("ost.moe_up", "top2-silu", launches=True, make=lambda g, dt, dev: (
         (_r(g, (3, 72), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 2 * 40, 72), dt, dev, 0.2), 2,
          torch.float32), {})),
-    KernelCase("ost.moe_up", "top3-gelu", lambda g, dt, dev: (
+    KernelCase("ost.moe_up", "top3-gelu", launches=True, make=lambda g, dt, dev: (
         (_r(g, (2, 33), dt, dev), _r(g, (2, 6), dt, dev, 3.0), _r(g, (6, 2 * 24, 33), dt, dev, 0.2), 3,
          torch.float32, "gelu"), {})),
-    KernelCase("ost.moe_down", "top2-normalized", lambda g, dt, dev: _moe_down(
+    KernelCase("ost.moe_down", "top2-normalized", launches=True, make=lambda g, dt, dev: _moe_down(
         g, dt, dev, 3, 40, 8, 72, 2, torch.float32, True, None)),
     # GraniteMoe's routing: the top k of the fp32 logits, the softmax over them, cast to the input's dtype
-    KernelCase("ost.moe_up", "topk-first", lambda g, dt, dev: (
+    KernelCase("ost.moe_up", "topk-first", launches=True, make=lambda g, dt, dev: (
         (_r(g, (3, 40), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 2 * 24, 40), dt, dev, 0.2), 2,
          torch.float32, "silu", True), {})),
-    KernelCase("ost.moe_down", "topk-first", lambda g, dt, dev: _moe_down(
+    KernelCase("ost.moe_down", "topk-first", launches=True, make=lambda g, dt, dev: _moe_down(
         g, dt, dev, 3, 24, 8, 40, 2, torch.float32, False, dt, topk_first=True)),
     # the routing in the logits' own precision (ROUTE 1 in fp16/bf16), normalized; weights cast up to fp32
-    KernelCase("ost.moe_down", "route-in-dtype", lambda g, dt, dev: _moe_down(
+    KernelCase("ost.moe_down", "route-in-dtype", launches=True, make=lambda g, dt, dev: _moe_down(
         g, dt, dev, 3, 24, 8, 40, 2, dt, True, torch.float32)),
-    KernelCase("ost.moe_up", "route-in-dtype", lambda g, dt, dev: (
+    KernelCase("ost.moe_up", "route-in-dtype", launches=True, make=lambda g, dt, dev: (
         (_r(g, (3, 40), dt, dev), _r(g, (3, 8), dt, dev, 3.0), _r(g, (8, 2 * 24, 40), dt, dev, 0.2), 2, dt), {})),
     # moe_down weighs the ids it is given, not a choice of its own: ids no top-k would make, tied logits
-    KernelCase("ost.moe_down", "given-ids", lambda g, dt, dev: _moe_down(
+    KernelCase("ost.moe_down", "given-ids", launches=True, make=lambda g, dt, dev: _moe_down(
         g, dt, dev, 2, 24, 8, 40, 3, torch.float32, True, None, ids=[7, 0, 3, 3, 5, 1], tied=True)),
-    KernelCase("ost.moe_down", "top3-cast-weights", lambda g, dt, dev: _moe_down(
+    KernelCase("ost.moe_down", "top3-cast-weights", launches=True, make=lambda g, dt, dev: _moe_down(
         g, dt, dev, 2, 24, 6, 33, 3, torch.float32, False, dt)),
     # a shared expert added (Qwen2-MoE): its gated activations' down product, scaled by sigmoid(logit) or
     # not; its width (I_s) other than the experts', off the blocks; its gate and up read with row strides
     # (columns of one projection, as a multi-linear gives them)
-    KernelCase("ost.moe_down_shared", "sigmoid-gated-silu", lambda g, dt, dev: _moe_down_shared(
+    KernelCase("ost.moe_down_shared", "sigmoid-gated-silu", launches=True, make=lambda g, dt, dev: _moe_down_shared(
         g, dt, dev, 3, 24, 8, 40, 2, torch.float32, False, dt, 56, "silu", True)),
-    KernelCase("ost.moe_down_shared", "ungated-gelu", lambda g, dt, dev: _moe_down_shared(
+    KernelCase("ost.moe_down_shared", "ungated-gelu", launches=True, make=lambda g, dt, dev: _moe_down_shared(
         g, dt, dev, 2, 24, 6, 33, 3, torch.float32, True, None, 20, "gelu", False)),
 ]
 
@@ -464,7 +468,20 @@ def check(case: KernelCase, dtype: torch.dtype, device: str, seed: int = 0) -> t
     kernel = triton_kernels()[case.op]
     ref_args, (got_args, bands) = _clone(args), guarded(args)
     ref = get_op(case.op).target(*ref_args, **kwargs)
-    got = kernel(*got_args, **kwargs)
+    fell_back = []
+    if case.launches:
+        from ostinato.ir import fused_ops
+        name = case.op.split(".", 1)[1]
+        reference = getattr(fused_ops, name)
+        setattr(fused_ops, name, lambda *a, **kw: fell_back.append(1) or reference(*a, **kw))
+        try:
+            got = kernel(*got_args, **kwargs)
+        finally:
+            setattr(fused_ops, name, reference)
+        if fell_back:
+            return False, "the launcher ran its reference, not its kernel"
+    else:
+        got = kernel(*got_args, **kwargs)
     broken = guards_intact(bands)
     if broken:
         return False, broken
