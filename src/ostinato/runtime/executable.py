@@ -14,10 +14,10 @@ from ..backends import Backend, Launch, get_backend
 from ..errors import OstinatoError
 from ..ir import Value
 from ..ir.ops import does_device_work
+from ..ir.bulk import paused_gc
 from ..ir.fallback import is_fallback
 from ..program import Program
 from ..program.reader import DECODED_HOOKS
-from ..ir.bulk import paused_gc
 from .codegen import compile_launches
 from .folding import fold_constants
 from .inputs import InputChecker

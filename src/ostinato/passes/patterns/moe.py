@@ -457,17 +457,12 @@ def fuse_moe(g: Graph) -> Graph:
         chosen = g.new_value(f"{gate.name}_experts", TensorMeta(torch.int64, (t * k,)), "temp", up)
         up.outputs, h.producer = [h, chosen], up
         args = (h, chosen, logits, w_down, k, route_dtype, normalize, weights_dtype, result.meta.dtype, topk_first)
-        replaced[id(gate)] = up
+        # a shared expert added to the sum joins its kernel: the op then ends at the add, not the sum
         shared = _shared_expert(result, chain)
-        if shared is not None:      # the shared expert's down projection and its gating join the sum's kernel
-            add, extra = shared
-            down = Node("ost.moe_down_shared", (*args, *extra), {}, add.name, add.source)
-            replaced[id(add)] = down
-            down.outputs, add.outputs[0].producer = [add.outputs[0]], down
-            continue
-        down = Node("ost.moe_down", args, {}, result.producer.name, result.producer.source)
-        replaced[id(result.producer)] = down
-        down.outputs, result.producer = [result], down
+        op, end, extra = ("ost.moe_down", result.producer, ()) if shared is None else ("ost.moe_down_shared", *shared)
+        down = Node(op, (*args, *extra), {}, end.name, end.source)
+        replaced[id(gate)], replaced[id(end)] = up, down
+        down.outputs, end.outputs[0].producer = [end.outputs[0]], down
     if replaced:
         g.nodes = [replaced.get(id(n), n) for n in g.nodes]
         g = eliminate_dead_code(g)     # the rest of each chain, before later passes rewrite its products

@@ -161,10 +161,10 @@ def _without_cudnn(q: torch.Tensor, k: torch.Tensor, mask, q_pos, n_rep: int, so
 def _torch_attention_backends(q: torch.Tensor, k: torch.Tensor, mask, q_pos, n_rep: int, softcap):
     """The context torch's SDPA runs in for ost.sdpa's reference path: the backends the process has on
     but cuDNN's where _without_cudnn says so, else as it is."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     if not _without_cudnn(q, k, mask, q_pos, n_rep, softcap):
         yield
         return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     with _BACKENDS_LOCK:
         cuda = torch.backends.cuda
         allowed = [b for b, on in ((SDPBackend.FLASH_ATTENTION, cuda.flash_sdp_enabled()),

@@ -94,16 +94,8 @@ def moe_down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, w
 
 def moe_down_shared(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weights_dtype, out_dtype,
                     topk_first, gate, up, activation: str, shared_weight, shared_logit, *, out=None):
-    tokens = logits.shape[0] if logits.dim() == 2 else -1
-    shared = None
-    if (activation in ("silu", "gelu") and gate.dim() == 2 and gate.shape == up.shape and gate.shape[0] == tokens
-            and gate.dtype == up.dtype == shared_weight.dtype == out_dtype and out_dtype in _DTYPES
-            and gate.stride(-1) == 1 and up.stride(-1) == 1 and shared_weight.dim() == 2
-            and shared_weight.stride(-1) == 1 and shared_weight.shape[1] == gate.shape[1]
-            and (shared_logit is None or (shared_logit.shape == (tokens, 1) and shared_logit.dtype == out_dtype))):
-        shared = (gate, up, activation, shared_weight, shared_logit)
-    result = None if shared is None else _down(h, ids, logits, weight, top_k, route_dtype, normalize, weights_dtype,
-                                               out_dtype, topk_first, shared)
+    result = _down(h, ids, logits, weight, top_k, route_dtype, normalize, weights_dtype, out_dtype, topk_first,
+                   (gate, up, activation, shared_weight, shared_logit))
     if result is None:
         return fused_ops.moe_down_shared(h, ids, logits, weight, top_k, route_dtype, normalize, weights_dtype,
                                          out_dtype, topk_first, gate, up, activation, shared_weight, shared_logit,
@@ -111,10 +103,20 @@ def moe_down_shared(h, ids, logits, weight, top_k: int, route_dtype, normalize: 
     return result if out is None else out.copy_(result)
 
 
+def _shared_fits(shared, tokens: int, n_out: int, out_dtype) -> bool:
+    """Whether the down kernel takes this shared expert (gate, up, activation, W_s, logit or None): dense
+    rows of out_dtype, W_s [n_out, I_s], the logit [T, 1]."""
+    gate, up, activation, w_s, logit = shared
+    return (activation in ("silu", "gelu") and gate.dim() == 2 and gate.shape == up.shape and gate.shape[0] == tokens
+            and gate.dtype == up.dtype == w_s.dtype == out_dtype and gate.stride(-1) == 1 and up.stride(-1) == 1
+            and w_s.dim() == 2 and w_s.stride(-1) == 1 and tuple(w_s.shape) == (n_out, gate.shape[1])
+            and (logit is None or (tuple(logit.shape) == (tokens, 1) and logit.dtype == out_dtype)))
+
+
 def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weights_dtype, out_dtype, topk_first,
           shared=None):
-    """moe_down's kernel (and a shared expert's part, ``shared``: (gate, up, activation, W_s, logit or None)
-    checked by moe_down_shared), or None where it does not take the case."""
+    """moe_down's kernel (and a shared expert's part, ``shared``: (gate, up, activation, W_s, logit or
+    None)), or None where it does not take the case."""
     tokens = logits.shape[0] if logits.dim() == 2 else -1
     route = _route(logits, route_dtype, topk_first)
     # the routing weights end in weights_dtype (or the routing's), the product in its promotion with h's
@@ -126,7 +128,7 @@ def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weig
             and (route_dtype == torch.float32 or route_dtype == h.dtype)
             and ids.dtype == torch.int64 and ids.shape == (h.shape[0],)
             and _takes(h[::top_k], logits, weight, top_k, route_dtype) and weight.shape[2] == h.shape[1]
-            and (shared is None or shared[3].shape[0] == weight.shape[1]))
+            and (shared is None or _shared_fits(shared, tokens, weight.shape[1], out_dtype)))
     if not fits:
         return None
     h, ids, logits = h.contiguous(), ids.contiguous(), logits.contiguous()
