@@ -64,6 +64,16 @@ def _seed():
 
 
 @pytest.fixture(autouse=True)
+def _no_exit_check_of_saved_files():
+    """save() leaves its file to be hashed at the process's exit (program/reader.check_saved): the tests'
+    files (module fixtures' too) are forgotten around each test (the tests of that check call it)."""
+    from ostinato.program import reader
+    reader._saved.clear()
+    yield
+    reader._saved.clear()
+
+
+@pytest.fixture(autouse=True)
 def _no_aoti_probe_by_default(monkeypatch):
     """The benchmark suite's AOTInductor probe (bench/suite/startup.aoti_probe) compiles a package in a fresh
     process: off in the tests unless one turns it on (tests/bench/test_suite.py's probe tests do)."""

@@ -2,12 +2,16 @@
 a file a load checked is not hashed again while its identity (device, inode, size, modification and
 status-change times) is unchanged; any write to it, even one that puts its times back, makes the next
 load hash it again and refuse damaged bytes; a file changed within the file clock's tick of the check is
-not recorded; the record never reaches a shared tier."""
+not recorded; the record never reaches a shared tier. The process that saved a file checks it at its exit
+(reader.check_saved), so the first load in another process does not hash it."""
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -75,8 +79,8 @@ def test_checked_files_are_not_hashed_again(tmp_path, tiers, data_hashes, no_rac
     x = torch.randn(3, 64)
     with torch.no_grad():
         ref = model(x)
-    # save() records nothing (it just wrote the file): the first load hashes the data segment, the
-    # second does not, and runs the same
+    # save() records nothing when it writes (reader.check_saved does, at exit): the first load hashes the
+    # data segment, the second does not, and runs the same
     ostinato.load(path, verify="checksums")
     assert data_hashes == [data_size]
     loaded = ostinato.load(path, verify="checksums")
@@ -149,3 +153,67 @@ def test_files_changed_within_a_clock_tick_are_not_recorded(tmp_path, tiers):
     os.utime(path, ns=(young.st_atime_ns, young.st_mtime_ns - 10**9))   # the status-change time is now
     ir_cache.mark_data_verified(os.stat(path), digest)
     assert not ir_cache.data_verified(os.stat(path), digest)
+
+
+def test_the_saving_process_records_its_files_at_exit(tmp_path, tiers, data_hashes):
+    """check_saved (run at exit) hashes what this process saved once the racy window passed, so a later
+    load does not; a file damaged after its save is not recorded and its load still refuses it."""
+    _, prog = _program()
+    good, bad = tmp_path / "good.ost", tmp_path / "bad.ost"
+    prog.save(good)
+    prog.save(bad)
+    header = reader.read_header(bad)[0]
+    rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    at = header.data_offset + int(torch.randint(0, header.data_size, (1,), generator=rng))
+    with open(bad, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x01]))
+    assert reader.check_saved() == 1          # good.ost only
+    assert reader.check_saved() == 0          # nothing left to check
+    assert ir_cache.data_verified(os.stat(good), header.data_sha256)
+    assert not ir_cache.data_verified(os.stat(bad), header.data_sha256)
+    data_hashes.clear()
+    ostinato.load(good, verify="checksums")
+    assert data_hashes == []
+    with pytest.raises(ChecksumError, match="data segment"):
+        ostinato.load(bad, verify="checksums")
+    assert data_hashes == [header.data_size]
+
+
+def test_a_clock_too_coarse_to_wait_for_is_left_to_the_first_load(tmp_path, tiers, data_hashes, monkeypatch):
+    monkeypatch.setattr(reader, "MAX_EXIT_WAIT_S", 0.0)
+    _, prog = _program()
+    path = tmp_path / "m.ost"
+    prog.save(path)
+    assert reader.check_saved() == 0
+    ostinato.load(path, verify="checksums")
+    assert data_hashes == [reader.read_header(path)[0].data_size]
+
+
+def test_a_fresh_process_does_not_hash_a_file_another_saved(tmp_path):
+    """Two processes sharing a disk cache: the first saves and exits, the second's load hashes nothing."""
+    env = dict(os.environ, OSTINATO_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    path = tmp_path / "m.ost"
+    save = textwrap.dedent(f"""
+        import torch, ostinato
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        ostinato.export(model, (torch.randn(3, 64),)).save({str(path)!r})
+    """)
+    load = textwrap.dedent(f"""
+        import ostinato
+        prog = ostinato.load({str(path)!r}, verify="checksums")
+        print("HASH", prog.timings["load_data_hash"])
+    """)
+    subprocess.run([sys.executable, "-c", save], env=env, check=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", load], env=env, check=True, timeout=300, capture_output=True,
+                         text=True).stdout
+    assert "HASH 0.0" in out.splitlines()
+    # without the exit check (its record removed), the same load hashes
+    shutil.rmtree(tmp_path / "cache")
+    out = subprocess.run([sys.executable, "-c", load], env=env, check=True, timeout=300, capture_output=True,
+                         text=True).stdout
+    assert "HASH 0.0" not in out.splitlines()

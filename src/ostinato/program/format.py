@@ -29,7 +29,7 @@ import mmap
 import os
 import struct
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from dataclasses import dataclass
 
 from ..errors import ProgramFormatError
@@ -166,12 +166,39 @@ def data_digest(data, schema: int, threads: int | None = None) -> bytes:
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     n = min(len(starts), threads or min(cores, MAX_HASH_THREADS))
-    if n > 1:
-        with ThreadPoolExecutor(n, thread_name_prefix="ostinato-sha256") as pool:
-            digests = list(pool.map(one, starts))
-    else:
-        digests = [one(s) for s in starts]
+    digests = _map_on_threads(one, starts, n)
     return hashlib.sha256(b"".join(digests)).digest()
+
+
+def _map_on_threads(fn, items, n: int) -> list:
+    """``[fn(x) for x in items]`` on ``n`` threads. Plain threads, not concurrent.futures: an executor
+    refuses work once the interpreter began shutting down, and reader.check_saved hashes at exit."""
+    if n <= 1:
+        return [fn(x) for x in items]
+    results: list = [None] * len(items)
+    errors: list[BaseException] = []
+    todo = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while not errors:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                errors.append(e)
+
+    threads = [threading.Thread(target=work, name="ostinato-sha256", daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 # Page tables of a mapping filled in one call per chunk before it is read (the data hash here, the CUDA

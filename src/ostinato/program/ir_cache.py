@@ -219,9 +219,18 @@ DATA_VERIFIED_KIND = "data-verified"   # one of cache.keys.MACHINE_LOCAL_KINDS
 # File times come from a coarse clock (a kernel tick, 1-10 ms; whole seconds on some network and FUSE
 # file systems), so a write in the same tick as the file's last change leaves both times as they were.
 # A file changed less than this long before the check is therefore not recorded (git's "racily clean"
-# rule): its next load hashes it again. save() records nothing for the same reason: it just wrote it.
+# rule): its next load hashes it again. save() has just written its file, so it cannot record it then: the
+# saving process checks its saved files as a load would once the window has passed, at its exit
+# (reader.check_saved), so the first load in another process does not hash them.
 RACY_NS = 100_000_000
 RACY_WHOLE_SECONDS_NS = 2_000_000_000
+
+
+def racy_wait_ns(st: os.stat_result) -> int:
+    """How long from now until the file ``st`` (its stat) changed long enough ago to be recorded (0: now)."""
+    whole_seconds = st.st_mtime_ns % 1_000_000_000 == 0 and st.st_ctime_ns % 1_000_000_000 == 0
+    window = RACY_WHOLE_SECONDS_NS if whole_seconds else RACY_NS
+    return max(0, max(st.st_mtime_ns, st.st_ctime_ns) + window - time.time_ns())
 
 
 def _data_key(st: os.stat_result, data_sha256: bytes) -> Key:
@@ -241,8 +250,7 @@ def data_verified(st: os.stat_result, data_sha256: bytes) -> bool:
 def mark_data_verified(st: os.stat_result, data_sha256: bytes) -> None:
     """Record that the file ``st`` (its fstat before the check) has a data segment of this sha256: unless
     it changed too recently for its times to tell a later change from this one."""
-    whole_seconds = st.st_mtime_ns % 1_000_000_000 == 0 and st.st_ctime_ns % 1_000_000_000 == 0
-    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < (RACY_WHOLE_SECONDS_NS if whole_seconds else RACY_NS):
+    if racy_wait_ns(st) > 0:
         return
     try:
         get_cache().put(_data_key(st, data_sha256), b"1")

@@ -442,10 +442,12 @@ def save(program: Program, path: str | os.PathLike) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    from .reader import cache_decoded
+    from .reader import cache_decoded, note_saved
     # The first load of this file skips the FlatBuffer walk, and verify=True's shape re-derivation once
-    # it passed here (program/ir_cache.py).
+    # it passed here (program/ir_cache.py); the weights' hash too, once this process checked the file at
+    # its exit (reader.check_saved).
     cache_decoded(path)
+    note_saved(path)
 
 
 __all__ = ["save", "to_bytes", "write"]
