@@ -182,8 +182,17 @@ def test_the_saving_process_records_its_files_at_exit(tmp_path, tiers, data_hash
     assert data_hashes == [header.data_size]
 
 
-def test_a_clock_too_coarse_to_wait_for_is_left_to_the_first_load(tmp_path, tiers, data_hashes, monkeypatch):
-    monkeypatch.setattr(reader, "MAX_EXIT_WAIT_S", 0.0)
+@pytest.mark.parametrize("limit", ["wait", "bytes", "switch"])
+def test_files_the_exit_check_leaves_are_hashed_by_their_first_load(tmp_path, tiers, data_hashes, monkeypatch,
+                                                                    limit):
+    """A clock too coarse to wait for, a data segment past the exit's byte budget, and the check switched
+    off (OSTINATO_CHECK_SAVED=0): nothing recorded, and the first load hashes as before."""
+    if limit == "wait":
+        monkeypatch.setattr(reader, "MAX_EXIT_WAIT_S", 0.0)
+    elif limit == "bytes":
+        monkeypatch.setattr(reader, "MAX_EXIT_CHECK_BYTES", 1024)
+    else:
+        monkeypatch.setenv("OSTINATO_CHECK_SAVED", "0")
     _, prog = _program()
     path = tmp_path / "m.ost"
     prog.save(path)
