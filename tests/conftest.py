@@ -31,6 +31,9 @@ atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 # the capture on the first call. The default (the first call step by step, the capture on the second) is
 # tested with this unset (tests/replay/test_capture_call.py).
 os.environ["OSTINATO_CAPTURE_CALL"] = "1"
+# save() leaves its file to be hashed at the saving process's exit (program/reader.check_saved): off in
+# the tests and the processes they start, on in tests/program/test_data_verified.py, which checks it.
+os.environ["OSTINATO_CHECK_SAVED"] = "0"
 
 
 # Under compute-sanitizer (scripts/gpu_reliability.py) torch's cuDNN attention reads past an
@@ -65,11 +68,9 @@ def _seed():
 
 @pytest.fixture(autouse=True)
 def _no_exit_check_of_saved_files():
-    """save() leaves its file to be hashed at the process's exit (program/reader.check_saved): the tests'
-    files (module fixtures' too) are forgotten around each test (the tests of that check call it)."""
-    from ostinato.program import reader
-    reader._saved.clear()
+    """Files a test noted for the exit check (with OSTINATO_CHECK_SAVED=1) are forgotten after it."""
     yield
+    from ostinato.program import reader
     reader._saved.clear()
 
 

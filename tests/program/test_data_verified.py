@@ -155,23 +155,46 @@ def test_files_changed_within_a_clock_tick_are_not_recorded(tmp_path, tiers):
     assert not ir_cache.data_verified(os.stat(path), digest)
 
 
-def test_the_saving_process_records_its_files_at_exit(tmp_path, tiers, data_hashes):
-    """check_saved (run at exit) hashes what this process saved once the racy window passed, so a later
-    load does not; a file damaged after its save is not recorded and its load still refuses it."""
+@pytest.fixture
+def exit_check(monkeypatch):
+    """save() notes its files for the exit check (off in the other tests: conftest)."""
+    monkeypatch.setenv("OSTINATO_CHECK_SAVED", "1")
+    reader._saved.clear()
+
+
+def _flip_byte(path, header, seed: int, mask: int = 0x01) -> None:
+    """One byte of the data segment changed in place (same inode, same size), at a seeded offset."""
+    rng = torch.Generator().manual_seed(seed)
+    at = header.data_offset + int(torch.randint(0, header.data_size, (1,), generator=rng))
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ mask]))
+
+
+def test_the_saving_process_records_its_files_at_exit(tmp_path, tiers, data_hashes, exit_check, monkeypatch):
+    """check_saved (run at exit) hashes what this process saved, only once the racy window has passed,
+    and records it, so a later load does not hash it; a file damaged after its save is not recorded and
+    its load still refuses it."""
     _, prog = _program()
     good, bad = tmp_path / "good.ost", tmp_path / "bad.ost"
     prog.save(good)
     prog.save(bad)
     header = reader.read_header(bad)[0]
-    rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
-    at = header.data_offset + int(torch.randint(0, header.data_size, (1,), generator=rng))
-    with open(bad, "r+b") as f:
-        f.seek(at)
-        byte = f.read(1)
-        f.seek(at)
-        f.write(bytes([byte[0] ^ 0x01]))
-    assert reader.check_saved() == 1          # good.ost only
+    _flip_byte(bad, header, seed=1)
+    started = []
+    real = reader.file_digest
+
+    def spy(fd, *args, **kwargs):
+        st = os.fstat(fd)
+        started.append(time.time_ns() - (max(st.st_mtime_ns, st.st_ctime_ns) + ir_cache.racy_window_ns(st)))
+        return real(fd, *args, **kwargs)
+
+    monkeypatch.setattr(reader, "file_digest", spy)
+    assert reader.check_saved() == 1          # good.ost only (bad.ost changed since its save)
     assert reader.check_saved() == 0          # nothing left to check
+    assert len(started) == 1 and started[0] >= 0, "the hash began within the racy window"
     assert ir_cache.data_verified(os.stat(good), header.data_sha256)
     assert not ir_cache.data_verified(os.stat(bad), header.data_sha256)
     data_hashes.clear()
@@ -182,13 +205,57 @@ def test_the_saving_process_records_its_files_at_exit(tmp_path, tiers, data_hash
     assert data_hashes == [header.data_size]
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_write_while_the_exit_check_hashes_is_never_recorded(tmp_path, tiers, exit_check, monkeypatch, when):
+    """A write in place during the check: before the hash reads the byte (a mismatch) or after it (the
+    record names the file's identity from before the write, which the write changed): either way the
+    file as it now is has no record."""
+    _, prog = _program()
+    path = tmp_path / "m.ost"
+    prog.save(path)
+    header = reader.read_header(path)[0]
+    real = reader.file_digest
+
+    def writing(fd, *args, **kwargs):
+        if when == "before":
+            _flip_byte(path, header, seed=2)
+        digest = real(fd, *args, **kwargs)
+        if when == "after":
+            _flip_byte(path, header, seed=3)
+        return digest
+
+    monkeypatch.setattr(reader, "file_digest", writing)
+    assert reader.check_saved() == (1 if when == "after" else 0)
+    assert not ir_cache.data_verified(os.stat(path), header.data_sha256)
+    with pytest.raises(ChecksumError, match="data segment"):
+        ostinato.load(path, verify="checksums")
+
+
+def test_a_file_cut_short_during_the_exit_check_is_a_mismatch(tmp_path, tiers, exit_check, monkeypatch):
+    """Read with pread, not mapped: a file truncated while it is hashed gives no digest (a mapping would
+    fault and end the process with SIGBUS)."""
+    _, prog = _program()
+    path = tmp_path / "m.ost"
+    prog.save(path)
+    header = reader.read_header(path)[0]
+    real = reader.file_digest
+
+    def cutting(fd, *args, **kwargs):
+        os.truncate(path, header.data_offset + header.data_size // 2)
+        return real(fd, *args, **kwargs)
+
+    monkeypatch.setattr(reader, "file_digest", cutting)
+    assert reader.check_saved() == 0
+    assert not ir_cache.data_verified(os.stat(path), header.data_sha256)
+
+
 @pytest.mark.parametrize("limit", ["wait", "bytes", "switch"])
-def test_files_the_exit_check_leaves_are_hashed_by_their_first_load(tmp_path, tiers, data_hashes, monkeypatch,
-                                                                    limit):
+def test_files_the_exit_check_leaves_are_hashed_by_their_first_load(tmp_path, tiers, data_hashes, exit_check,
+                                                                    monkeypatch, limit):
     """A clock too coarse to wait for, a data segment past the exit's byte budget, and the check switched
     off (OSTINATO_CHECK_SAVED=0): nothing recorded, and the first load hashes as before."""
     if limit == "wait":
-        monkeypatch.setattr(reader, "MAX_EXIT_WAIT_S", 0.0)
+        monkeypatch.setattr(ir_cache, "RACY_NS", 60_000_000_000)    # a window no exit waits out
     elif limit == "bytes":
         monkeypatch.setattr(reader, "MAX_EXIT_CHECK_BYTES", 1024)
     else:
@@ -197,13 +264,30 @@ def test_files_the_exit_check_leaves_are_hashed_by_their_first_load(tmp_path, ti
     path = tmp_path / "m.ost"
     prog.save(path)
     assert reader.check_saved() == 0
+    monkeypatch.setattr(ir_cache, "RACY_NS", 0)     # so that the load below records what it hashed
     ostinato.load(path, verify="checksums")
     assert data_hashes == [reader.read_header(path)[0].data_size]
 
 
+def test_one_exit_hook_and_none_in_a_forked_child(tmp_path, exit_check):
+    import atexit
+    _, prog = _program()
+    before = atexit._ncallbacks()
+    prog.save(tmp_path / "a.ost")
+    prog.save(tmp_path / "b.ost")
+    assert atexit._ncallbacks() - before <= 1 and reader._exit_hook
+    assert len(reader._saved) == 2
+    pid = os.fork()
+    if pid == 0:    # the child: nothing of its parent's to check at its exit
+        os._exit(0 if not reader._saved else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(reader._saved) == 2
+
+
 def test_a_fresh_process_does_not_hash_a_file_another_saved(tmp_path):
     """Two processes sharing a disk cache: the first saves and exits, the second's load hashes nothing."""
-    env = dict(os.environ, OSTINATO_CACHE_DIR=str(tmp_path / "cache"),
+    env = dict(os.environ, OSTINATO_CACHE_DIR=str(tmp_path / "cache"), OSTINATO_CHECK_SAVED="1",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     path = tmp_path / "m.ost"
     save = textwrap.dedent(f"""

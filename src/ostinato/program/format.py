@@ -164,24 +164,58 @@ def data_digest(data, schema: int, threads: int | None = None) -> bytes:
                 populate(base + start, len(part))
             return hashlib.sha256(part).digest()
 
+    digests = _map_on_threads(one, starts, _hash_threads(len(starts), threads))
+    return hashlib.sha256(b"".join(digests)).digest()
+
+
+def _hash_threads(chunks: int, threads: int | None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    n = min(len(starts), threads or min(cores, MAX_HASH_THREADS))
-    digests = _map_on_threads(one, starts, n)
+    return max(1, min(chunks, threads or min(cores, MAX_HASH_THREADS)))
+
+
+class _ShortRead(Exception):
+    pass
+
+
+def file_digest(fd: int, offset: int, size: int, schema: int, threads: int | None = None) -> bytes | None:
+    """``data_digest`` of the ``size`` bytes at ``offset`` of the open file ``fd``, read with ``os.pread``;
+    None when the file ends before them (cut short while it was read: a mapping would fault, SIGBUS)."""
+    def read(start: int, n: int) -> bytes:
+        part = os.pread(fd, n, offset + start)
+        if len(part) != n:
+            raise _ShortRead
+        return part
+
+    try:
+        if schema < 2:
+            h = hashlib.sha256()
+            for start in range(0, size, DATA_CHUNK_BYTES):
+                h.update(read(start, min(DATA_CHUNK_BYTES, size - start)))
+            return h.digest()
+        starts = range(0, size, DATA_CHUNK_BYTES)
+        digests = _map_on_threads(lambda start: hashlib.sha256(read(start, min(DATA_CHUNK_BYTES, size - start))).digest(),
+                                  starts, _hash_threads(len(starts), threads))
+    except _ShortRead:
+        return None
     return hashlib.sha256(b"".join(digests)).digest()
 
 
 def _map_on_threads(fn, items, n: int) -> list:
-    """``[fn(x) for x in items]`` on ``n`` threads. Plain threads, not concurrent.futures: an executor
-    refuses work once the interpreter began shutting down, and reader.check_saved hashes at exit."""
+    """``[fn(x) for x in items]`` on ``n`` threads, the caller's among them. Plain threads, not
+    concurrent.futures: an executor refuses work once the interpreter began shutting down, and
+    reader.check_saved hashes at exit (where Python 3.12.0-3.12.2 refuse new threads too: the caller then
+    works alone). The first exception (a KeyboardInterrupt in the caller's share included) stops every
+    thread after its current item and is raised here."""
     if n <= 1:
         return [fn(x) for x in items]
     results: list = [None] * len(items)
     errors: list[BaseException] = []
     todo = iter(range(len(items)))
     lock = threading.Lock()
+    halt = threading.Event()
 
     def work() -> None:
-        while not errors:
+        while not errors and not halt.is_set():
             with lock:
                 i = next(todo, None)
             if i is None:
@@ -191,11 +225,20 @@ def _map_on_threads(fn, items, n: int) -> list:
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
                 errors.append(e)
 
-    threads = [threading.Thread(target=work, name="ostinato-sha256", daemon=True) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    threads = []
+    for _ in range(n - 1):
+        t = threading.Thread(target=work, name="ostinato-sha256", daemon=True)
+        try:
+            t.start()
+        except RuntimeError:    # the interpreter is finalizing: the caller hashes alone
+            break
+        threads.append(t)
+    try:
+        work()
+    finally:
+        halt.set()
+        for t in threads:
+            t.join()
     if errors:
         raise errors[0]
     return results

@@ -226,11 +226,17 @@ RACY_NS = 100_000_000
 RACY_WHOLE_SECONDS_NS = 2_000_000_000
 
 
-def racy_wait_ns(st: os.stat_result) -> int:
-    """How long from now until the file ``st`` (its stat) changed long enough ago to be recorded (0: now)."""
+def racy_window_ns(st: os.stat_result) -> int:
+    """The racy window of the file ``st`` (its stat): RACY_WHOLE_SECONDS_NS where its times are whole seconds."""
     whole_seconds = st.st_mtime_ns % 1_000_000_000 == 0 and st.st_ctime_ns % 1_000_000_000 == 0
-    window = RACY_WHOLE_SECONDS_NS if whole_seconds else RACY_NS
-    return max(0, max(st.st_mtime_ns, st.st_ctime_ns) + window - time.time_ns())
+    return RACY_WHOLE_SECONDS_NS if whole_seconds else RACY_NS
+
+
+def racy_wait_ns(st: os.stat_result, now_ns: int | None = None) -> int:
+    """How long from ``now_ns`` (default: now) until the file ``st`` (its stat) changed long enough ago to
+    be recorded (0: it has)."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    return max(0, max(st.st_mtime_ns, st.st_ctime_ns) + racy_window_ns(st) - now_ns)
 
 
 def _data_key(st: os.stat_result, data_sha256: bytes) -> Key:
@@ -247,10 +253,12 @@ def data_verified(st: os.stat_result, data_sha256: bytes) -> bool:
         return False
 
 
-def mark_data_verified(st: os.stat_result, data_sha256: bytes) -> None:
+def mark_data_verified(st: os.stat_result, data_sha256: bytes, checked_at_ns: int | None = None) -> None:
     """Record that the file ``st`` (its fstat before the check) has a data segment of this sha256: unless
-    it changed too recently for its times to tell a later change from this one."""
-    if racy_wait_ns(st) > 0:
+    it changed too recently before ``checked_at_ns`` (``time.time_ns()`` when the hash began reading it;
+    default: now) for its times to tell a later change from this one. A write the hash did not see came
+    after that moment, so in a later tick of the file clock than the file's last change: its times moved."""
+    if racy_wait_ns(st, checked_at_ns) > 0:
         return
     try:
         get_cache().put(_data_key(st, data_sha256), b"1")

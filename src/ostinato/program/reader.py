@@ -30,9 +30,9 @@ from .fb.Role import Role
 from .fb.ScalarKind import ScalarKind
 from .fb.TensorRole import TensorRole
 from .ir_cache import (cached_decode, data_verified, mark_data_verified, mark_shapes_verified, racy_wait_ns,
-                       shapes_verified, store_decoded)
+                       racy_window_ns, shapes_verified, store_decoded)
 from .format import (ALIGN, HEADER_SIZE, ChecksumError, Header, InconsistentGraphError, LayoutError, data_digest,
-                     parse_header)
+                     file_digest, parse_header)
 from .program import InputSlot, Program
 
 log = logging.getLogger("ostinato")
@@ -342,12 +342,13 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
     hash_s = 0.0
     if verify_checksums and not data_verified(st, header.data_sha256):
         t0 = time.perf_counter()
+        checked_at = time.time_ns()     # before the hash reads a byte (ir_cache.mark_data_verified)
         data_view = memoryview(mapped)[header.data_offset:header.data_offset + header.data_size]
         ok = data_digest(data_view, header.schema) == header.data_sha256   # schema 2: on every core
         data_view.release()
         if not ok:
             raise ChecksumError("data", path)
-        mark_data_verified(st, header.data_sha256)
+        mark_data_verified(st, header.data_sha256, checked_at)
         hash_s = time.perf_counter() - t0
     methods = extra.get("methods", {})
     weights, state = _tensors_from(mapped, header.data_offset, header.data_size, entries, graph, path,
@@ -398,9 +399,10 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
 # 16 cores). A file that would need a wait longer than MAX_EXIT_WAIT_S (the whole-second clocks of some
 # network file systems) is left to its first load, and so are the files past MAX_EXIT_CHECK_BYTES of data
 # segments in all (an exit must not hash for minutes). OSTINATO_CHECK_SAVED=0 turns the check off.
+# The file is read with pread, not mapped: a file cut short meanwhile is a mismatch, not a SIGBUS.
 MAX_EXIT_WAIT_S = 0.5
 MAX_EXIT_CHECK_BYTES = 32 << 30
-_saved: dict[str, None] = {}
+_saved: dict[str, tuple[tuple, int]] = {}   # path -> (its identity after the save, time.monotonic_ns() then)
 _exit_hook = False
 
 
@@ -408,29 +410,50 @@ def check_saved_enabled() -> bool:
     return os.environ.get("OSTINATO_CHECK_SAVED", "1") != "0"
 
 
+def _identity(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def note_saved(path: str) -> None:
     """Check ``path`` (a program file just written) at this process's exit: see ``check_saved``."""
     global _exit_hook
     if not check_saved_enabled():
         return
+    path = os.path.abspath(path)
+    st = os.stat(path)
     if not _exit_hook:
         atexit.register(check_saved)
         _exit_hook = True
-    _saved[os.path.abspath(path)] = None
+    _saved[path] = (_identity(st), time.monotonic_ns())
+
+
+def _forget_saved() -> None:
+    _saved.clear()
+
+
+# A forked child that exits normally would check its parent's files again (multiprocessing's fork children
+# end with os._exit and never run the hook; spawned ones start empty).
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_saved)
 
 
 def check_saved() -> int:
     """Hash the data segments of the files this process saved (once their racy window passed) and record
     those that match their header, as a ``load`` does; returns how many were recorded. Never raises: a
-    file that is gone, changed or damaged is left to its next load."""
+    file that is gone, changed or damaged is left to its next load; an interrupt (Ctrl-C) ends the check."""
     recorded, budget, t0 = 0, MAX_EXIT_CHECK_BYTES, time.perf_counter()
-    while _saved:
-        path = next(iter(_saved))
-        del _saved[path]
+    while True:
         try:
-            done, hashed = _record_checked(path, budget)
+            path, noted = _saved.popitem()
+        except KeyError:
+            break
+        try:
+            done, hashed = _record_checked(path, noted, budget)
             recorded += done
             budget -= hashed
+        except KeyboardInterrupt:
+            _saved.clear()
+            break
         except Exception as e:  # noqa: BLE001 - an optimization of later loads only
             log.debug("ostinato: %s not recorded as checked: %s: %s", path, type(e).__name__, e)
     if recorded:
@@ -438,23 +461,29 @@ def check_saved() -> int:
     return recorded
 
 
-def _record_checked(path: str, budget: int) -> tuple[bool, int]:
-    """(recorded, bytes hashed) for one saved file, hashing at most ``budget`` bytes."""
+def _record_checked(path: str, noted: tuple[tuple, int], budget: int) -> tuple[bool, int]:
+    """(recorded, bytes hashed) for one saved file, hashing at most ``budget`` bytes. ``noted``: the file's
+    identity after its save, and the monotonic clock then."""
+    identity, saved_at = noted
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
+        if _identity(st) != identity:
+            return False, 0     # changed (or replaced) since this process saved it: the next load checks it
         header = parse_header(f.read(HEADER_SIZE), st.st_size, path)
         if not header.data_size or header.data_size > budget or data_verified(st, header.data_sha256):
             return False, 0
-        wait = racy_wait_ns(st)
+        # the window counted on the file's times and, in case the file system's clock differs from this
+        # machine's (a network file system), on this process's own clock since the save
+        wait = max(racy_wait_ns(st), saved_at + racy_window_ns(st) - time.monotonic_ns())
         if wait > MAX_EXIT_WAIT_S * 1e9:
             return False, 0
         time.sleep(wait * 1e-9)
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            with memoryview(mapped)[header.data_offset:header.data_offset + header.data_size] as data:
-                ok = data_digest(data, header.schema) == header.data_sha256
-    if ok:
-        mark_data_verified(st, header.data_sha256)
-    return ok and data_verified(st, header.data_sha256), header.data_size
+        checked_at = time.time_ns()
+        digest = file_digest(f.fileno(), header.data_offset, header.data_size, header.schema)
+    if digest != header.data_sha256:
+        return False, header.data_size
+    mark_data_verified(st, header.data_sha256, checked_at)
+    return data_verified(st, header.data_sha256), header.data_size
 
 
 @dataclass(frozen=True)
