@@ -94,3 +94,82 @@ def test_gather_sinks_with_its_index_and_matches():
     assert sorted(n.args[1] for n in gathers) == [1, 2]
     assert all(n.args[0].producer.op == "aten.permute" and n.args[2].producer.op == "aten.permute" for n in gathers)
     assert "aten.gather" not in _permuted_ops(prog)
+
+
+# -- sink_unit_views: a view that only inserts or removes 1-dims -----------------------------------------
+class OptStyleBlock(torch.nn.Module):
+    """OPT's decoder layer as transformers writes it: the residual add over [B, 1, H], the sum reshaped to
+    [B, H] for the LayerNorm and the MLP, then the second residual add viewed back to [B, 1, H] for the
+    next layer's LayerNorm."""
+
+    def __init__(self, h=32, dtype=torch.float32):
+        super().__init__()
+        self.attn_out = torch.nn.Linear(h, h).to(dtype)
+        self.norm1 = torch.nn.LayerNorm(h).to(dtype)
+        self.fc1 = torch.nn.Linear(h, 2 * h).to(dtype)
+        self.fc2 = torch.nn.Linear(2 * h, h).to(dtype)
+        self.norm2 = torch.nn.LayerNorm(h).to(dtype)
+
+    def forward(self, x, a):
+        hidden = x + self.attn_out(a)                   # [B, 1, H]
+        shape = hidden.shape
+        hidden = hidden.reshape(-1, hidden.size(-1))     # [B, H]
+        residual = hidden
+        hidden = self.fc2(torch.relu(self.fc1(self.norm1(hidden))))
+        hidden = (residual + hidden).view(shape)        # [B, 1, H]
+        return self.norm2(hidden)
+
+
+def _view_sources(prog):
+    """The ops whose result a view reads."""
+    return sorted(n.args[0].producer.op for n in prog.graph.nodes
+                  if n.op in ("aten.view", "aten.reshape", "aten._unsafe_view") and n.args[0].producer is not None)
+
+
+def _adds_grouped_with_norms(prog) -> int:
+    """How many of the scheduler's fusion groups hold both a residual add and a LayerNorm."""
+    from ostinato.codegen import FusionGroup, schedule
+    return sum(1 for it in schedule(prog.graph) if isinstance(it, FusionGroup)
+               and {n.op for n in it.nodes} >= {"aten.add.Tensor", "ost.layer_norm"})
+
+
+def test_unit_views_sink_through_the_residual_adds_and_match():
+    torch.manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, a = torch.randn(8, 1, 32, dtype=dtype), torch.randn(8, 1, 32, dtype=dtype)
+        prog, _ = export_and_compare(OptStyleBlock(dtype=dtype), (x, a),
+                                     more_inputs=[(torch.randn(8, 1, 32, dtype=dtype),
+                                                   torch.randn(8, 1, 32, dtype=dtype))])
+        # each norm reads an add: the views moved onto the adds' operands
+        norm_inputs = [n.args[0].producer.op for n in prog.graph.nodes if n.op == "ost.layer_norm"]
+        assert norm_inputs == ["aten.add.Tensor", "aten.add.Tensor"]
+        assert _adds_grouped_with_norms(prog) == 2
+
+
+def test_unit_views_sink_with_a_symbolic_batch():
+    batch = Dim("batch", min=2, max=16)
+    prog, _ = export_and_compare(OptStyleBlock(), (torch.randn(4, 1, 32), torch.randn(4, 1, 32)),
+                                 dynamic_shapes=({0: batch}, {0: batch}),
+                                 more_inputs=[(torch.randn(9, 1, 32), torch.randn(9, 1, 32))])
+    assert [n.args[0].producer.op for n in prog.graph.nodes if n.op == "ost.layer_norm"] == ["aten.add.Tensor"] * 2
+
+
+class ViewsThatStay(torch.nn.Module):
+    """Views that stay: one that merges non-unit dims, one over an op with a broadcast operand, one over an
+    op whose result is read elsewhere too."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.rand(16) + 0.5)
+
+    def forward(self, x, y):
+        merged = (x * 2.0).reshape(-1, 16)               # [4, 2, 16] -> [8, 16]: not unit dims only
+        biased = (y + self.bias).view(4, 16)              # [4, 1, 16] + [16]: a broadcast operand
+        s = y.sin()
+        return merged.sum(-1), biased.softmax(-1), s.view(4, 16) + s.sum()
+
+
+def test_unit_views_that_stay():
+    x, y = torch.randn(4, 2, 16), torch.randn(4, 1, 16)
+    prog, _ = export_and_compare(ViewsThatStay(), (x, y))
+    assert _view_sources(prog) == ["aten.add.Tensor", "aten.mul.Tensor", "aten.sin"]

@@ -20,7 +20,7 @@ from .patterns import (fuse_add_rms_norm, fuse_eager_attention, fuse_gated_mlp, 
                        fuse_moe, fuse_multi_linear, fuse_rms_norm, fuse_rope, fuse_sdpa, rewrite_matmul_linears)
 from .matvec import rewrite_small_matvecs
 from .reinplace import reinplace_state_writes
-from .sink_permutes import sink_permutes
+from .sink_permutes import sink_permutes, sink_unit_views
 
 log = logging.getLogger("ostinato")
 
@@ -40,8 +40,8 @@ Pass = Callable[[Graph], Graph]
 # patterns: a no-op it had to keep because a layout-sensitive op read it may be free once a pattern took
 # that reader (Phi-3's eager attention: the query's cat with an empty pass-through part, read by matmul's
 # expand and view, folds once the attention is one node, which then reads the rope itself, as with sdpa).
-# Permutes sink through pointwise ops after the patterns (which match the forms torch.export gives), for
-# the code generator's groups. Reinplace stays last: it turns functional state writes into in-place ones,
+# Permutes, and views that only insert or remove 1-dims, sink through pointwise ops after the patterns
+# (which match the forms torch.export gives), for the code generator's groups. Reinplace stays last: it turns functional state writes into in-place ones,
 # after which reads of a buffer are no longer interchangeable.
 DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("canonicalize", canonicalize),
@@ -62,6 +62,7 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("small_matvec", rewrite_small_matvecs),
     ("canonicalize_after_fusion", canonicalize),
     ("sink_permutes", sink_permutes),
+    ("sink_unit_views", sink_unit_views),
     ("dce_after_fusion", eliminate_dead_code),
     ("reinplace", reinplace_state_writes),
 ]

@@ -20,6 +20,14 @@ value, and the permute's readers are pointwise (elsewhere a permute's position d
 fusion, and a matmul or a convolution may prefer the layout it had). Chains sink one op at a time
 until an operand is no such op's result. Operands of a lower rank need static shapes (their view's
 sizes); others may be symbolic.
+
+``sink_unit_views`` does the same for a view that only inserts or removes dims of size 1:
+``view(f(a, b), shape)`` becomes ``f(view(a, shape), view(b, shape))``. OPT's decoder layer adds its
+residual over ``[B, 1, H]``, then reshapes the sum to ``[B, H]`` for its LayerNorm (and back after the
+second add): the add and the norm then have one iteration space, and the code generator makes them one
+kernel, as it does for GPT-2's layer, which has no reshape between them. Such a view moves no element,
+so the result's layout, and every reader's, is what it was; its operands must have the op's full shape
+(or none), so each one's view is the same view.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ from .rewrite import pinned_values, unplaced_node
 
 PERMUTE = "aten.permute"
 GATHER = "aten.gather"
+VIEWS = ("aten.view", "aten.reshape", "aten._unsafe_view")
 
 
 def _pointwise(node: Node) -> bool:
@@ -47,6 +56,14 @@ def _gather(node: Node) -> bool:
 
 
 def sink_permutes(g: Graph) -> Graph:
+    return _sink_all(g, _sink)
+
+
+def sink_unit_views(g: Graph) -> Graph:
+    return _sink_all(g, _sink_view)
+
+
+def _sink_all(g: Graph, sink) -> Graph:
     names = {n.name for n in g.nodes}
 
     def fresh(base: str) -> str:
@@ -61,14 +78,53 @@ def sink_permutes(g: Graph) -> Graph:
         changed = False
         users = g.users()
         pinned = pinned_values(g)
-        for perm in g.nodes:
-            rewrite = _sink(g, perm, users, pinned, fresh)
+        for node in g.nodes:
+            rewrite = sink(g, node, users, pinned, fresh)
             if rewrite is not None:
                 old, new_nodes = rewrite
-                g.nodes = [m for n in g.nodes if n is not old for m in (new_nodes if n is perm else (n,))]
+                g.nodes = [m for n in g.nodes if n is not old for m in (new_nodes if n is node else (n,))]
                 changed = True
                 break       # users and positions changed: look again
     return g
+
+
+def _unit_only(a: tuple, b: tuple) -> bool:
+    """Whether shapes ``a`` and ``b`` differ only in dims of size 1 (the same sizes otherwise, in order)."""
+    return [d for d in a if d != 1] == [d for d in b if d != 1]
+
+
+def _sink_view(g: Graph, view: Node, users: dict, pinned: set[int], fresh) -> tuple[Node, list[Node]] | None:
+    """(the op to drop, the nodes replacing the view) when ``view`` only inserts or removes 1-dims and may
+    sink through its input's pointwise producer, else None."""
+    if view.op not in VIEWS or len(view.args) != 2 or view.kwargs or view.outputs[0] is None:
+        return None
+    src, out = view.args[0], view.outputs[0]
+    if not isinstance(src, Value) or src.producer is None or not _pointwise(src.producer):
+        return None
+    if not isinstance(out.meta, TensorMeta) or not _unit_only(tuple(src.meta.shape), tuple(out.meta.shape)):
+        return None
+    f = src.producer
+    if src.id in pinned or len(users.get(src.id, ())) != 1:
+        return None
+    shape = tuple(src.meta.shape)
+    operands = [a for a in (*f.args, *f.kwargs.values()) if isinstance(a, Value) and isinstance(a.meta, TensorMeta)]
+    if any(a.meta.rank and tuple(a.meta.shape) != shape for a in operands):
+        return None     # a broadcast operand would need a view of its own shape
+    new_nodes: list[Node] = []
+
+    def operand(a):
+        if not isinstance(a, Value) or not isinstance(a.meta, TensorMeta) or a.meta.rank == 0:
+            return a
+        y = unplaced_node(g, view.op, (a, view.args[1]), {}, TensorMeta(a.meta.dtype, tuple(out.meta.shape)),
+                          fresh(f"{a.name}_view"), view.source)
+        new_nodes.append(y.producer)
+        return y
+
+    moved = Node(f.op, tuple(operand(a) for a in f.args), {k: operand(v) for k, v in f.kwargs.items()}, f.name,
+                 f.source)
+    moved.outputs = [out]
+    out.producer = moved
+    return f, new_nodes + [moved]
 
 
 def _sink(g: Graph, perm: Node, users: dict, pinned: set[int], fresh) -> tuple[Node, list[Node]] | None:
