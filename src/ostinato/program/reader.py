@@ -395,7 +395,7 @@ def load(path: str | os.PathLike, verify_checksums: bool = True, check_shapes: b
 
 # Files this process saved, checked at its exit as a load checks them (program/ir_cache: a file is recorded
 # only once it changed longer ago than the file clock's tick), so that the first load of a saved file in
-# another process does not hash its weights (0.14-0.22 s for a 1-4 GB program on the lent GPU machine's
+# another process does not hash its weights (0.14-0.27 s for a 2.5-4 GB program on the lent GPU machines'
 # 16 cores). A file that would need a wait longer than MAX_EXIT_WAIT_S (the whole-second clocks of some
 # network file systems) is left to its first load, and so are the files past MAX_EXIT_CHECK_BYTES of data
 # segments in all (an exit must not hash for minutes). OSTINATO_CHECK_SAVED=0 turns the check off.
