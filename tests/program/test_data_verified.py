@@ -205,26 +205,34 @@ def test_the_saving_process_records_its_files_at_exit(tmp_path, tiers, data_hash
     assert data_hashes == [header.data_size]
 
 
-@pytest.mark.parametrize("when", ["before", "after"])
-def test_a_write_while_the_exit_check_hashes_is_never_recorded(tmp_path, tiers, exit_check, monkeypatch, when):
-    """A write in place during the check: before the hash reads the byte (a mismatch) or after it (the
-    record names the file's identity from before the write, which the write changed): either way the
-    file as it now is has no record."""
+def _saved_with_spy(tmp_path, monkeypatch, before=None, after=None):
+    """A program saved (noted for the exit check), and reader.file_digest wrapped so that ``before`` and
+    ``after`` (each given the path and the header) run around the real hash. Returns (path, header)."""
     _, prog = _program()
     path = tmp_path / "m.ost"
     prog.save(path)
     header = reader.read_header(path)[0]
     real = reader.file_digest
 
-    def writing(fd, *args, **kwargs):
-        if when == "before":
-            _flip_byte(path, header, seed=2)
+    def spy(fd, *args, **kwargs):
+        if before is not None:
+            before(path, header)
         digest = real(fd, *args, **kwargs)
-        if when == "after":
-            _flip_byte(path, header, seed=3)
+        if after is not None:
+            after(path, header)
         return digest
 
-    monkeypatch.setattr(reader, "file_digest", writing)
+    monkeypatch.setattr(reader, "file_digest", spy)
+    return path, header
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_write_while_the_exit_check_hashes_is_never_recorded(tmp_path, tiers, exit_check, monkeypatch, when):
+    """A write in place during the check: before the hash reads the byte (a mismatch) or after it (the
+    record names the file's identity from before the write, which the write changed): either way the
+    file as it now is has no record."""
+    flip = {when: lambda path, header: _flip_byte(path, header, seed=2)}
+    path, header = _saved_with_spy(tmp_path, monkeypatch, **flip)
     assert reader.check_saved() == (1 if when == "after" else 0)
     assert not ir_cache.data_verified(os.stat(path), header.data_sha256)
     with pytest.raises(ChecksumError, match="data segment"):
@@ -234,17 +242,8 @@ def test_a_write_while_the_exit_check_hashes_is_never_recorded(tmp_path, tiers, 
 def test_a_file_cut_short_during_the_exit_check_is_a_mismatch(tmp_path, tiers, exit_check, monkeypatch):
     """Read with pread, not mapped: a file truncated while it is hashed gives no digest (a mapping would
     fault and end the process with SIGBUS)."""
-    _, prog = _program()
-    path = tmp_path / "m.ost"
-    prog.save(path)
-    header = reader.read_header(path)[0]
-    real = reader.file_digest
-
-    def cutting(fd, *args, **kwargs):
-        os.truncate(path, header.data_offset + header.data_size // 2)
-        return real(fd, *args, **kwargs)
-
-    monkeypatch.setattr(reader, "file_digest", cutting)
+    path, header = _saved_with_spy(
+        tmp_path, monkeypatch, before=lambda path, header: os.truncate(path, header.data_offset + header.data_size // 2))
     assert reader.check_saved() == 0
     assert not ir_cache.data_verified(os.stat(path), header.data_sha256)
 
