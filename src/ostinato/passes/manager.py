@@ -41,8 +41,9 @@ Pass = Callable[[Graph], Graph]
 # that reader (Phi-3's eager attention: the query's cat with an empty pass-through part, read by matmul's
 # expand and view, folds once the attention is one node, which then reads the rope itself, as with sdpa).
 # Permutes, and views that only insert or remove 1-dims, sink through pointwise ops after the patterns
-# (which match the forms torch.export gives), for the code generator's groups. Reinplace stays last: it turns functional state writes into in-place ones,
-# after which reads of a buffer are no longer interchangeable.
+# (which match the forms torch.export gives), for the code generator's groups. Reinplace stays last: it
+# turns functional state writes into in-place ones, after which reads of a buffer are no longer
+# interchangeable.
 DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("canonicalize", canonicalize),
     ("cse", eliminate_common_subexpressions),

@@ -152,25 +152,15 @@ def data_digest(data, schema: int, threads: int | None = None) -> bytes:
     """The header's ``data_sha256`` of a whole data segment (a buffer) for ``schema``. Schema 2's chunks
     are hashed on up to ``threads`` threads (default: the cores, at most MAX_HASH_THREADS)."""
     view = memoryview(data).cast("B")
-    if schema < 2:
-        return hashlib.sha256(view).digest()
-    starts = range(0, len(view), DATA_CHUNK_BYTES)
-
     base = _address(view)
 
-    def one(start: int) -> bytes:
-        with view[start:start + DATA_CHUNK_BYTES] as part:
+    def update(h, start: int, n: int) -> None:
+        with view[start:start + n] as part:
             if base is not None:
-                populate(base + start, len(part))
-            return hashlib.sha256(part).digest()
+                populate(base + start, n)
+            h.update(part)
 
-    digests = _map_on_threads(one, starts, _hash_threads(len(starts), threads))
-    return hashlib.sha256(b"".join(digests)).digest()
-
-
-def _hash_threads(chunks: int, threads: int | None) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(chunks, threads or min(cores, MAX_HASH_THREADS)))
+    return _segment_digest(len(view), schema, update, threads)
 
 
 class _ShortRead(Exception):
@@ -180,24 +170,37 @@ class _ShortRead(Exception):
 def file_digest(fd: int, offset: int, size: int, schema: int, threads: int | None = None) -> bytes | None:
     """``data_digest`` of the ``size`` bytes at ``offset`` of the open file ``fd``, read with ``os.pread``;
     None when the file ends before them (cut short while it was read: a mapping would fault, SIGBUS)."""
-    def read(start: int, n: int) -> bytes:
+    def update(h, start: int, n: int) -> None:
         part = os.pread(fd, n, offset + start)
         if len(part) != n:
             raise _ShortRead
-        return part
+        h.update(part)
 
     try:
-        if schema < 2:
-            h = hashlib.sha256()
-            for start in range(0, size, DATA_CHUNK_BYTES):
-                h.update(read(start, min(DATA_CHUNK_BYTES, size - start)))
-            return h.digest()
-        starts = range(0, size, DATA_CHUNK_BYTES)
-        digests = _map_on_threads(lambda start: hashlib.sha256(read(start, min(DATA_CHUNK_BYTES, size - start))).digest(),
-                                  starts, _hash_threads(len(starts), threads))
+        return _segment_digest(size, schema, update, threads)
     except _ShortRead:
         return None
-    return hashlib.sha256(b"".join(digests)).digest()
+
+
+def _segment_digest(size: int, schema: int, update, threads: int | None) -> bytes:
+    """The format's data hash of a ``size``-byte segment whose bytes ``update(h, start, n)`` feeds to the
+    hashlib object ``h``: schema 1 the sha256 of the bytes; schema 2 the sha256 of the DATA_CHUNK_BYTES
+    chunks' sha256s, the chunks hashed on threads."""
+    starts = range(0, size, DATA_CHUNK_BYTES)
+    if schema < 2:
+        h = hashlib.sha256()
+        for start in starts:
+            update(h, start, min(DATA_CHUNK_BYTES, size - start))
+        return h.digest()
+
+    def one(start: int) -> bytes:
+        h = hashlib.sha256()
+        update(h, start, min(DATA_CHUNK_BYTES, size - start))
+        return h.digest()
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    n = max(1, min(len(starts), threads or min(cores, MAX_HASH_THREADS)))
+    return hashlib.sha256(b"".join(_map_on_threads(one, starts, n))).digest()
 
 
 def _map_on_threads(fn, items, n: int) -> list:

@@ -253,14 +253,17 @@ def data_verified(st: os.stat_result, data_sha256: bytes) -> bool:
         return False
 
 
-def mark_data_verified(st: os.stat_result, data_sha256: bytes, checked_at_ns: int | None = None) -> None:
+def mark_data_verified(st: os.stat_result, data_sha256: bytes, checked_at_ns: int | None = None) -> bool:
     """Record that the file ``st`` (its fstat before the check) has a data segment of this sha256: unless
     it changed too recently before ``checked_at_ns`` (``time.time_ns()`` when the hash began reading it;
     default: now) for its times to tell a later change from this one. A write the hash did not see came
-    after that moment, so in a later tick of the file clock than the file's last change: its times moved."""
+    after that moment, so in a later tick of the file clock than the file's last change: its times moved.
+    Returns whether it recorded it."""
     if racy_wait_ns(st, checked_at_ns) > 0:
-        return
+        return False
     try:
         get_cache().put(_data_key(st, data_sha256), b"1")
+        return True
     except Exception as e:  # noqa: BLE001 - caching is an optimization
         log.debug("ostinato: data-verified mark not cached: %s: %s", type(e).__name__, e)
+        return False

@@ -427,14 +427,10 @@ def note_saved(path: str) -> None:
     _saved[path] = (_identity(st), time.monotonic_ns())
 
 
-def _forget_saved() -> None:
-    _saved.clear()
-
-
 # A forked child that exits normally would check its parent's files again (multiprocessing's fork children
 # end with os._exit and never run the hook; spawned ones start empty).
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_saved)
+    os.register_at_fork(after_in_child=_saved.clear)
 
 
 def check_saved() -> int:
@@ -480,10 +476,8 @@ def _record_checked(path: str, noted: tuple[tuple, int], budget: int) -> tuple[b
         time.sleep(wait * 1e-9)
         checked_at = time.time_ns()
         digest = file_digest(f.fileno(), header.data_offset, header.data_size, header.schema)
-    if digest != header.data_sha256:
-        return False, header.data_size
-    mark_data_verified(st, header.data_sha256, checked_at)
-    return data_verified(st, header.data_sha256), header.data_size
+    recorded = digest == header.data_sha256 and mark_data_verified(st, header.data_sha256, checked_at)
+    return recorded, header.data_size
 
 
 @dataclass(frozen=True)
