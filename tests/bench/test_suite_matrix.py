@@ -278,6 +278,22 @@ def test_failed_cells_show_the_first_line_of_their_error():
     assert {(f["runner"], f["status"]) for f in doc["failures"]} >= {("aoti", "error"), ("executorch_xnnpack", "error")}
 
 
+def test_cold_start_cell_reports_the_deferred_kernel_compiles():
+    """A cold ostinato process whose first output ran while compiles were in flight shows when they had all
+    landed and their summed seconds; one without them (a CPU run) shows its seconds alone."""
+    doc = report.finish(_doc([_rec("gpu-ish", "small-llm", {"eager": 2.0, "ostinato_replay": 1.0}),
+                              _rec("cpu-ish", "small-llm", {"eager": 2.0, "ostinato_replay": 1.0})]))
+    settled = {"kernels_compiled": 8, "kernel_compile_seconds": 21.25, "kernel_compiles_in_flight": 0}
+    doc["configs"][0]["startup"] = {"ostinato_cold": {"status": "ok", "total_s": 7.125, "all_compiled_s": 19.5,
+                                                      "kernels_settled": settled}}
+    doc["configs"][1]["startup"] = {"ostinato_cold": {"status": "ok", "total_s": 1.5}}
+    rows = {line.split(" | ")[0][2:]: line for line in report.markdown(doc).splitlines()
+            if line.endswith("|") and " | small-llm | " in line}
+    assert rows["gpu-ish"] == ("| gpu-ish | small-llm | 7.12 (kernels all compiled at 19.50: 8 compiled, "
+                               "21.2 s summed) |")
+    assert rows["cpu-ish"] == "| cpu-ish | small-llm | 1.50 |"
+
+
 def test_merge_recomputes_the_means():
     a = _doc([_rec("one", "encoder", {"eager": 4.0, "ostinato_replay": 1.0})])
     b = _doc([_rec("two", "encoder", {"eager": 1.0, "ostinato_replay": 1.0})])
