@@ -323,6 +323,27 @@ CASES = [
          _r(g, (1, 1, 32), dt, dev), _r(g, (1, 1, 2, 16), dt, dev), torch.tensor([5], device=dev), 1, None,
          _r(g, (1, 16), dt, dev), _r(g, (1, 16), dt, dev), True, None, None, 3, None, None, _r(g, (96,), dt, dev),
          _r(g, (32,), dt, dev), 1e-5, torch.float32), {}), tol=_ROPE_TOL),
+    # a batched step's norm folded into the projections (passes/fold_norms.py): q, k and v fp32 products as
+    # [B, 1, H, D] rows, scaled first by the RMSNorm statistic of the norm's input (its rows, 40 wide here:
+    # off the kernel's block); then as Qwen 3's (the heads' norms after the scale), and over sequence-major
+    # caches without a rope
+    KernelCase("ost.decode_attention_", "row-scaled-rows-rope-gqa", lambda g, dt, dev: (
+        (_r(g, (3, 2, 40, 24), dt, dev), _r(g, (3, 2, 40, 24), dt, dev), _r(g, (3, 1, 4, 24), torch.float32, dev, 3.0),
+         _r(g, (3, 1, 2, 24), torch.float32, dev, 3.0), _r(g, (3, 1, 2, 24), torch.float32, dev, 3.0),
+         torch.tensor([29], device=dev), 2, None, _r(g, (3, 1, 1, 24), dt, dev), _r(g, (3, 1, 1, 24), dt, dev), False,
+         torch.tensor([20, 35, 3], device=dev).view(3, 1, 1, 1), None, 2, None, None, None, None, 0.0, None, 0.0, False,
+         None, False, _r(g, (3, 1, 40), dt, dev, 4.0), 1e-5), {}), tol=_ROPE_TOL),
+    KernelCase("ost.decode_attention_", "row-scaled-qk-norm-rows", lambda g, dt, dev: (
+        (_r(g, (2, 2, 20, 16), dt, dev), _r(g, (2, 2, 20, 16), dt, dev), _r(g, (2, 1, 4, 16), torch.float32, dev, 3.0),
+         _r(g, (2, 1, 2, 16), torch.float32, dev, 3.0), _r(g, (2, 1, 2, 16), torch.float32, dev),
+         torch.tensor([9], device=dev), 2, None, _r(g, (2, 1, 1, 16), dt, dev), _r(g, (2, 1, 1, 16), dt, dev), False,
+         None, None, 2, None, None, _r(g, (16,), dt, dev), _r(g, (16,), dt, dev), 1e-6, torch.float32, 0.0, False,
+         None, False, _r(g, (2, 1, 1100), dt, dev), 1e-6), {}), tol=_ROPE_TOL),
+    KernelCase("ost.decode_attention_", "row-scaled-seq-major", lambda g, dt, dev: (
+        (_r(g, (2, 16, 2, 16), dt, dev), _r(g, (2, 16, 2, 16), dt, dev), _r(g, (2, 1, 4, 16), torch.float32, dev),
+         _r(g, (2, 1, 2, 16), torch.float32, dev), _r(g, (2, 1, 2, 16), torch.float32, dev),
+         torch.tensor([5], device=dev), 1, None, None, None, False, None, None, 2, None, None, None, None, 0.0, None,
+         0.0, False, None, False, _r(g, (2, 64), dt, dev), 1e-5), {})),
     # partial rotary embeddings (GPT-NeoX, Phi-2): the first 8 dims of each head turned, the rest passed
     KernelCase("ost.decode_attention_", "partial-rotary-gqa", lambda g, dt, dev: (
         (_r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 4, 1, 24), dt, dev),

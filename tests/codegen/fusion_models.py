@@ -210,6 +210,24 @@ class LongLoneProjections(LoneProjections):
         return torch.randn(rows, 8192).to(dtype), torch.randn(rows, 1, 8192).to(dtype)
 
 
+class FoldedMLP(nn.Module):
+    """HF's RMSNorm (upcast, weight after the cast back) before a gated MLP's gate and up projections: in a
+    half dtype with more than 16 rows, the default pipeline folds the norm into them (passes/fold_norms.py)."""
+
+    def __init__(self, hidden: int = 64, inter: int = 160):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(hidden) + 0.5)
+        self.gate = nn.Linear(hidden, inter, bias=False)
+        self.up = nn.Linear(hidden, inter, bias=False)
+        self.down = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+        h = self.w * h.to(x.dtype)
+        return self.down(F.silu(self.gate(h)) * self.up(h))
+
+
 class PackedGatedMLP(nn.Module):
     """Phi-3's MLP: one gate_up projection (biased here), its output chunked in two and gated (SiLU, or
     GELU for the geglu form), the down projection and the residual: the gating is the packed

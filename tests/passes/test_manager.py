@@ -17,7 +17,8 @@ def test_reinplace_is_the_last_default_pass():
     assert DEFAULT_PIPELINE[-1] == ("reinplace", reinplace_state_writes)
     assert [n for n, _ in DEFAULT_PIPELINE] == ["canonicalize", "cse", "dce", "matmul_linear", "rms_norm", "layer_norm",
                                                  "add_rms_norm", "rope",
-                                                 "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "moe", "linear", "small_matvec",
+                                                 "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "moe", "linear", "fold_norms",
+                                                 "small_matvec",
                                                  "canonicalize_after_fusion", "sink_permutes",
                                                  "sink_unit_views", "dce_after_fusion",
                                                  "reinplace"]
@@ -75,10 +76,11 @@ def test_tiny_decoder_through_the_default_pipeline():
     # and K of each layer; kv_update 1 → 1 (index_put → ost.kv_update); eager_attention finds no
     # written-out attention (the decoder calls SDPA); sdpa absorbs the two
     # repeat_interleaves of each layer; multi_linear makes q, k, v one op and gate, up another (3 nodes
-    # fewer per layer); gated_mlp silu and mul → 1 per layer; moe finds no mixture of experts; the second DCE drops the mask (arange,
+    # fewer per layer); gated_mlp silu and mul → 1 per layer; moe finds no mixture of experts; fold_norms folds no norm (one
+    # row: the matmul groups take them); the second DCE drops the mask (arange,
     # unsqueeze, le), now computed inside ost.sdpa; small_matvec finds no matvec, the second canonicalize
     # no no-op, sink_permutes and sink_unit_views nothing to move; reinplace changes no count.
-    assert counts == [206, 206, 206, 206, 206, 161, 161, 153, 113, 113, 113, 105, 93, 89, 89, 89, 89, 89, 89, 89, 86, 86], counts
+    assert counts == [206, 206, 206, 206, 206, 161, 161, 153, 113, 113, 113, 105, 93, 89, 89, 89, 89, 89, 89, 89, 89, 86, 86], counts
     ops = prog.op_counts()
     assert ops["ost.kv_update_"] == 8 and not {"ost.kv_update", "aten.index_put", "aten.index_put_"} & set(ops)
     exe = ostinato.compile(prog)

@@ -19,6 +19,9 @@ five launches for a few kilobytes of work. This pass, run on the scheduler's res
 - so are RMSNorms before the ropes, alike for q and k: each head's (Qwen 3, Gemma 3) or one of the whole
   projection before its view into heads (OLMo 2, in fp32 between casts); a generated group whose every
   node the attention takes goes with it (one it would take in part stays, and the norms with it);
+- q, k and v may each be an ``ost.row_scale`` of an fp32 product (a batched step's norm folded into its
+  projection, passes/fold_norms.py): the node then takes the products and the norm's input, and the
+  kernel scales them;
 - moving the members to the attention's place changes nothing: no impure node stands between them
   and nothing outside them reads a member's value before the attention runs.
 
@@ -241,6 +244,34 @@ def _norms(q_in: Value, k_in: Value, v: Value, ropes: list[Node], k_write: Node,
     return q_rows, k_rows, v, (weight[0].args[1], weight[1].args[1], *q_set), nodes
 
 
+def _row_scaled(rows, members: list[Node], cache: Value, users, graph_reads, lone: set[int]):
+    """((q, k, v) as the fp32 products, x, eps, the three ost.row_scale nodes) when q, k and v (as the
+    attention's members read them) are each a lone ``ost.row_scale`` to the caches' dtype of one ``x``
+    and ``eps``, read by a member alone; else None."""
+    nodes, taken, products = [], [], []
+    for v in rows:
+        if not _tensor(v) or v.id in graph_reads or [id(u) for u in users.get(v.id, ())] not in ([id(m)] for m in members):
+            return None
+        node = v.producer
+        turn = _transposed(v, users[v.id][0], users, graph_reads, lone) if node is not None \
+            and node.op != "ost.row_scale" else None
+        if turn is not None:    # [B, 1, H, D] rows scaled, then turned to [B, H, 1, D]: the kernel takes the rows
+            v, node = turn.args[0], turn.args[0].producer
+            if v.meta.shape[1] != 1 or [id(u) for u in users.get(v.id, ())] != [id(turn)]:
+                return None
+            taken.append(turn)
+        if node is None or node.op != "ost.row_scale" or id(node) not in lone or node.kwargs or len(node.args) != 4:
+            return None
+        if turn is None and [id(u) for u in users.get(v.id, ())] not in ([id(m)] for m in members):
+            return None
+        nodes.append(node)
+        products.append(node.args[0])
+    x, eps, dtype = nodes[0].args[1:]
+    if any(n.args[1] is not x or n.args[2] != eps or n.args[3] != dtype for n in nodes) or dtype != cache.meta.dtype:
+        return None
+    return tuple(products), x, float(eps), nodes + taken
+
+
 def _transposed(v: Value, sdpa: Node, users, graph_reads, lone: set[int]) -> Node | None:
     """The lone node swapping dims 1 and 2 of a 4-D tensor that makes ``v``, read by ``sdpa`` alone."""
     node = v.producer
@@ -316,7 +347,13 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
         if normed is not None:
             q_in, k_in, v_in, norms, taken = normed
             members = taken + members
-    extra = (*norms, rotary, True) if wide else (*norms, rotary) if rotary else norms if norms is not _NO_NORMS else ()
+    scaled = _row_scaled((q_in, k_in, v_in), members, kc, users, graph_reads, lone)
+    if scaled is not None:      # q, k and v as fp32 products of a folded norm's input (passes/fold_norms.py)
+        (q_in, k_in, v_in), row_x, row_eps, taken = scaled
+        members = taken + members
+        extra = (*norms, rotary, bool(wide), row_x, row_eps)
+    else:
+        extra = (*norms, rotary, True) if wide else (*norms, rotary) if rotary else norms if norms is not _NO_NORMS else ()
     node = Node(OP, (kc, vc, q_in, k_in, v_in, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
                      mask, softcap, *extra), {}, sdpa.name, sdpa.source)
     node.outputs = [sdpa.outputs[0], kw.outputs[0], vw.outputs[0]]

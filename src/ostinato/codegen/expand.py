@@ -173,6 +173,12 @@ class Builder:
     def rnumel(self) -> int:
         return self.emit("rnumel", "f32")
 
+    def rindex(self) -> int:
+        """The coordinate along the group's one reduced dim (its last), per element."""
+        if self.red != [self.rank - 1] or self.split:
+            raise NotFusible("a row index outside a reduction over the last dim")
+        return self._push(["rindex", "i64", "x"])
+
     def spec(self, outputs: list[list]) -> GroupSpec:
         return GroupSpec(self.rank, list(self.red), self.inputs, self.scalars, self.ops, outputs,
                          list(self.split) if self.split else [])

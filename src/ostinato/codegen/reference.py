@@ -99,6 +99,8 @@ def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
             for d in red:
                 n *= shape[d]
             v = _scalar(float(n), ct, device)
+        elif name == "rindex":
+            v = torch.arange(shape[-1], device=device).reshape((1,) * (len(shape) - 1) + (shape[-1],))
         elif name == "cast":
             v = vals[args[0]].to(DTYPES[code]).to(ct)
         elif name == "where":
@@ -122,7 +124,7 @@ def evaluate(spec: GroupSpec, tensors, scalars) -> list[torch.Tensor]:
                 v = BINARY[name][1](a.to(ct), b.to(ct))
         else:
             raise ValueError(f"unknown primitive {name}")
-        if code in HALF and name not in ("in", "const", "scalar", "rnumel"):
+        if code in HALF and name not in ("in", "const", "scalar", "rnumel", "rindex"):
             v = v.to(DTYPES[code]).to(ct)
         vals.append(v)
     outs = []

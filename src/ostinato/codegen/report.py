@@ -53,6 +53,21 @@ def node_bytes(node: Node) -> int | None:
     return total
 
 
+def constant_nodes(graph: Graph) -> set[int]:
+    """ids of the nodes compile-time folding runs once (runtime/folding.py): pure ops reading only constants,
+    literals and such nodes' results. (The runtime also leaves unfolded a result much larger than its
+    inputs, and any past 1 GiB folded in all; those limits are not applied here.)"""
+    from ..runtime.folding import _foldable_op
+    made = {v.id for v in graph.constants}
+    out: set[int] = set()
+    for node in graph.nodes:
+        if node.inputs and all(v.id in made for v in node.inputs) and _foldable_op(node.op) \
+                and all(v is not None for v in node.outputs):
+            out.add(id(node))
+            made.update(v.id for v in node.outputs)
+    return out
+
+
 def launch_table(graph: Graph, device: str) -> list[dict]:
     """One row per device launch of a step, in order: ``kind`` ("fused" or the op), ``name`` (the group
     or the node), ``ops`` (the ops it runs, in order), ``op_count``, ``kernel`` (the generated kernel's
@@ -62,8 +77,11 @@ def launch_table(graph: Graph, device: str) -> list[dict]:
         items: list[Node | FusionGroup] = schedule(graph, frozenset(channels_last_convs(graph)))
     else:
         items = list(graph.nodes)
+    folded = constant_nodes(graph)
     rows: list[dict] = []
     for item in items:
+        if all(id(n) in folded for n in (item.nodes if isinstance(item, FusionGroup) else [item])):
+            continue        # made from weights alone: run once at compile (runtime/folding.py), not per step
         if isinstance(item, FusionGroup):
             assert item.spec is not None
             ops = [n.op for n in item.nodes]

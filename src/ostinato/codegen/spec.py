@@ -113,6 +113,9 @@ class GroupSpec:
                 decode_const(args[0])
             elif name == "rnumel":
                 need(not args and self.red, f"op {k}")
+            elif name == "rindex":      # the coordinate along the one reduced dim, the last
+                need(not args and self.red == [self.rank - 1] and not self.split and op[2] == "x"
+                     and op[1] in INTS, f"op {k} (rindex)")
             else:
                 arity = 1 if name in UNARY or name in REDUCTIONS else 2 if name in BINARY else _OTHER.get(name)
                 need(arity is not None, f"unknown op {name!r}")

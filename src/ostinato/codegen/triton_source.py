@@ -103,6 +103,8 @@ class Emitter:
             return f"tl.full({shape}, {literal(decode_const(args[0]))}, {ct})"
         if name == "rnumel":
             return f"tl.full({'[1, 1]' if self.row else '[1]'}, rnumel, tl.float32)"
+        if name == "rindex":    # (spec.check: the one reduced dim, the last; a matmul epilogue's: its columns)
+            return "ridx"
         if name == "cast":
             src = f"v{args[0]}"
             if code == "bool":
@@ -154,7 +156,7 @@ class Emitter:
             name, _, _, *args = self.spec.ops[i]
             if name == "gather":
                 stack.append(args[1])       # args[0] names an input, not an op
-            elif name not in ("in", "scalar", "const", "rnumel") and name not in REDUCTIONS:
+            elif name not in _LEAVES and name not in REDUCTIONS:
                 stack.extend(args)
         return sorted(seen)
 
@@ -405,7 +407,7 @@ def moment_pairs(spec: GroupSpec) -> dict[int, int]:
     return pairs
 
 
-_LEAVES = ("in", "gather", "scalar", "const", "rnumel")     # ops whose arguments are not ops
+_LEAVES = ("in", "gather", "scalar", "const", "rnumel", "rindex")     # ops whose arguments are not ops
 
 
 def _reaches(ops: list, i: int, target: int) -> bool:

@@ -12,6 +12,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import InputError, first_line
 from ..frontend import export
+from ..passes.manager import default_pipeline
 from ..program import Program
 from ..replay import compile as compile_program
 from ..runtime import Executable, Session
@@ -186,8 +187,11 @@ def _export_outside_dynamo(module: DynamoGraph, inputs: list, dynamic: tuple | N
     # marks when it fails; on the caller's tensors they would change how torch.compile treats them
     # later (and a failed dynamic export would make the static retry dynamic). Aliases take the marks.
     inputs = [x.detach() if isinstance(x, torch.Tensor) else x for x in inputs]
+    # No norm folded into projections (passes/fold_norms.py): the executable's weights stay the model's own
+    # (live_weights), and a folded copy would not follow their in-place updates.
+    passes = [p for p in default_pipeline((inputs,)) if p[0] != "fold_norms"]
     with torch._guards.tracing(None), unset_fake_temporarily():
-        return export(module, (inputs,), dynamic_shapes=dynamic)
+        return export(module, (inputs,), dynamic_shapes=dynamic, passes=passes)
 
 
 class _GiveUp(Exception):

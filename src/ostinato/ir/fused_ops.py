@@ -311,7 +311,8 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
                       norm_dtype: torch.dtype | None = None, norm_offset: float = 0.0,
                       norm_first: bool = False,
                       rotary: int | None = None,
-                      wide: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      wide: bool = False, row_x: torch.Tensor | None = None,
+                      row_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step's attention with the step's cache writes: ``rope`` on q and k when ``cos`` and
     ``sin`` are given, ``kv_update_`` of k and v into the caches (in place), then ``sdpa`` of q over the
     caches with the explicit ``mask``, if any, and the scores' ``softcap``. Returns (attention, k_cache,
@@ -335,7 +336,13 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     ``rotary``: the rope turns only the first ``rotary`` dims of each head (GPT-NeoX's, Phi-2's partial
     rotary embedding; cos and sin that wide), the rest pass through. ``wide``: the rope runs in fp32 over
     the rows cast up (OLMo's fp32 cos and sin over half rows; Cohere's rows cast up, which may come in
-    fp32) and its result is cast to the caches' dtype."""
+    fp32) and its result is cast to the caches' dtype.
+
+    ``row_x`` (passes/fold_norms.py): q, k and v come as fp32 products of a norm's input ``row_x`` with the
+    norm's weight folded in, and are first ``row_scale``d by ``row_x``'s rows (``row_eps``) to the caches'
+    dtype, before anything else."""
+    if row_x is not None:
+        q, k, v = (row_scale(t, row_x, row_eps, k_cache.dtype) for t in (q, k, v))
     if q_norm is not None:
         q = rms_norm(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         k = rms_norm(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
@@ -482,3 +489,52 @@ def moe_down_shared(h: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, we
 register_op(OpDef("ost.moe_up", moe_up, category="fused"))
 register_op(OpDef("ost.moe_down", moe_down, category="fused"))
 register_op(OpDef("ost.moe_down_shared", moe_down_shared, category="fused"))
+
+
+# -- a norm folded into the projections it feeds (passes/fold_norms.py) ------------------------------------
+def fold_weights(weights: list[torch.Tensor], norm_weight: torch.Tensor, offset: float = 0.0) -> torch.Tensor:
+    """The projections' weights [N_i, K], one after another, each column k times ``norm_weight[k] + offset``
+    (in fp32, rounded once to the weights' dtype): ``rms_norm(x) @ W^T`` is ``rstd(x) * (x @ fold^T)``.
+    Its inputs are constants: compile-time folding (runtime/folding.py) makes it once."""
+    scale = norm_weight.float() + offset
+    return torch.cat([w.float() * scale for w in weights]).to(weights[0].dtype)
+
+
+register_op(OpDef("ost.fold_weights", fold_weights, category="fused"))
+
+
+def linear_out(x: torch.Tensor, weight: torch.Tensor, splits: list[int], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """``x @ weight^T`` kept in ``dtype`` (fp32: the product of half operands before any rounding), split along
+    the last dim into ``splits``. On CUDA one cuBLAS call with an fp32 output (``torch.mm``'s ``out_dtype``);
+    here the operands are cast up (the same exact products, summed in another order)."""
+    if x.device.type == "cuda" and dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16):
+        y = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=dtype).view(*x.shape[:-1], weight.shape[0])
+    else:
+        y = torch.nn.functional.linear(x.to(dtype), weight.to(dtype))
+    return y.split(list(splits), dim=-1)
+
+
+linear_out.multi_output = True
+register_op(OpDef("ost.linear_out", linear_out, category="fused"))
+
+
+def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """``p * rsqrt(mean(x ** 2, -1) + eps)`` in fp32, rounded to ``dtype``: RMSNorm's statistic applied to a
+    product of its (unnormalized) input. ``x``'s rows are along its dim 0 (its other dims before the last are
+    1: a decode step's tokens); ``p``'s dim 0 indexes the same rows, its other dims broadcast."""
+    h = x.float()
+    rstd = torch.rsqrt(h.pow(2).mean(-1) + eps).reshape(x.shape[0], *(1,) * (p.dim() - 1))
+    return (p.float() * rstd).to(dtype)
+
+
+register_op(OpDef("ost.row_scale", row_scale, category="fused"))
+
+
+def linear_acc_(acc: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``acc += h @ weight^T`` in place (a residual add as the product's beta=1 accumulation: one cuBLAS call,
+    no add kernel); returns ``acc``. Made only where nothing reads ``acc``'s old value afterwards."""
+    acc.view(-1, acc.shape[-1]).addmm_(h.reshape(-1, h.shape[-1]), weight.t())
+    return acc
+
+
+register_op(OpDef("ost.linear_acc_", linear_acc_, pure=False, category="inplace"))

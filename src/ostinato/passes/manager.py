@@ -16,6 +16,7 @@ from ..ir import Graph, verify
 from .canonicalize import canonicalize
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
+from .fold_norms import fold_norms
 from .patterns import (fuse_add_rms_norm, fuse_eager_attention, fuse_gated_mlp, fuse_kv_update, fuse_layer_norm, fuse_linear,
                        fuse_moe, fuse_multi_linear, fuse_rms_norm, fuse_rope, fuse_sdpa, rewrite_matmul_linears)
 from .matvec import rewrite_small_matvecs
@@ -34,7 +35,8 @@ Pass = Callable[[Graph], Graph]
 # gated_mlp and linear (sibling projections become one matmul; their activations stay), gated_mlp before
 # linear (the gate's activation belongs to the gated MLP, not to a linear epilogue); moe after gated_mlp (a
 # mixture of experts' gating is the packed gated activation it made) and before small_matvec (which would
-# turn its expert products into multiplies and sums); small matrix-vector
+# turn its expert products into multiplies and sums); fold_norms after the projections are in their final
+# form (a batched decode step's norms folded into the cuBLAS products they feed); small matrix-vector
 # products become a multiply and a sum (matvec.py) once the patterns have taken theirs; the second DCE
 # clears what patterns left unread (a mask no attention reads any more). Canonicalize runs again after the
 # patterns: a no-op it had to keep because a layout-sensitive op read it may be free once a pattern took
@@ -60,6 +62,7 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
     ("gated_mlp", fuse_gated_mlp),
     ("moe", fuse_moe),
     ("linear", fuse_linear),
+    ("fold_norms", fold_norms),
     ("small_matvec", rewrite_small_matvecs),
     ("canonicalize_after_fusion", canonicalize),
     ("sink_permutes", sink_permutes),
@@ -71,23 +74,28 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
 # What the default pipeline is for a program exported from CPU tensors: small matrix-vector products stay
 # matmuls there (the CPU backend has no code generator to fuse a multiply and a sum with their producer:
 # a 4-layer Mamba's replayed step took 12-18% longer with them on the 2-core VM).
-CPU_ONLY_SKIPS = {"small_matvec"}
+# Nor are norms folded into projections (fold_norms.py: for cuBLAS's products, whose row scale an
+# accelerator's generated kernels apply).
+CPU_ONLY_SKIPS = {"small_matvec", "fold_norms"}
 
 
 def default_pipeline(example) -> list[tuple[str, Pass]]:
     """DEFAULT_PIPELINE for a program exported from ``example`` (its example inputs, any nesting): all
-    of it when one of its tensors is on an accelerator, else without CPU_ONLY_SKIPS."""
+    of it when one of its tensors is on an accelerator, else without CPU_ONLY_SKIPS; without fold_norms
+    where OSTINATO_FOLD_NORMS=0."""
     import torch
     from torch.utils import _pytree
+    from .fold_norms import fold_enabled
     devices = {x.device.type for x in _pytree.tree_leaves(example) if isinstance(x, torch.Tensor)}
-    if devices - {"cpu"}:
-        return DEFAULT_PIPELINE
-    return [p for p in DEFAULT_PIPELINE if p[0] not in CPU_ONLY_SKIPS]
+    skip = set() if devices - {"cpu"} else set(CPU_ONLY_SKIPS)
+    if not fold_enabled():
+        skip.add("fold_norms")      # (so the export cache's key, which names the passes, tells them apart)
+    return [p for p in DEFAULT_PIPELINE if p[0] not in skip]
 
 
 # The pipeline without the fused patterns: every ATen op the exporter kept stays an ATen op (op
 # tests use it to exercise the op a row claims, not the fused op that replaces it).
-_PATTERNS = {"matmul_linear", "rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "moe", "linear",
+_PATTERNS = {"matmul_linear", "rms_norm", "layer_norm", "add_rms_norm", "rope", "kv_update", "eager_attention", "sdpa", "multi_linear", "gated_mlp", "moe", "linear", "fold_norms",
              "small_matvec", "canonicalize_after_fusion", "dce_after_fusion"}
 GENERIC_PIPELINE: list[tuple[str, Pass]] = [p for p in DEFAULT_PIPELINE if p[0] not in _PATTERNS]
 

@@ -114,7 +114,8 @@ class Executable:
 
         def fold(launches: list[Launch]) -> tuple[list[Launch], frozenset]:
             if not folded:
-                rest, which = fold_constants(launches, self._template, constant_slots, keep, backend)
+                rest, which = fold_constants(launches, self._template, constant_slots, keep, backend,
+                                             drop_weights=not program.methods)
                 folded.append((rest, which))
             return folded[0]
 

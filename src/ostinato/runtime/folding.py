@@ -16,7 +16,9 @@ which would keep a broadcast or a ``repeat`` materialised (DeBERTa's position ke
 batch stay a per-step copy of a folded value); anything once 1 GiB has been folded; and a value the
 plan returns or writes back (the caller could modify what it receives), nor one an impure launch takes
 as an argument (it could write it), nor one of those may be a view of. Folded values that only other
-folded launches read are dropped after folding.
+folded launches read are dropped after folding. ``ost.fold_weights`` (a norm folded into the weights of
+the projections it feeds, passes/fold_norms.py) folds whatever its size: its result replaces the weights it
+reads, which leave the executable's constants once nothing else reads them.
 
 The plan function compiled for the rest records which launches were folded; an executable whose own
 folding differs (folding switched off, a launch that failed to run here) compiles its own.
@@ -38,6 +40,9 @@ from .packing import weights_live
 log = logging.getLogger("ostinato")
 
 _FUSED = ("ost.fused",)             # generated groups: pure by construction (groups close at impure nodes)
+# Ops whose folded result replaces the weights they read (passes/fold_norms.py's folded projections): no
+# size limit, and those weights leave the template once nothing else reads them.
+_REPLACING = ("ost.fold_weights",)
 _GROWTH_SLACK = 1 << 20
 _CREATION_LIMIT = 16 << 20
 _TOTAL_LIMIT = 1 << 30
@@ -91,11 +96,13 @@ def _protected(launches: list[Launch], keep: set[int]) -> set[int]:
 
 
 def fold_constants(launches: list[Launch], template: list, constant_slots: set[int], keep: set[int],
-                   backend) -> tuple[list[Launch], frozenset]:
+                   backend, drop_weights: bool = True) -> tuple[list[Launch], frozenset]:
     """Run the foldable launches of ``launches`` (in order) into ``template``; return the launches left
     to run per call and the indices of the launches folded.
     ``constant_slots``: the slots ``template`` holds weights in; ``keep``: slots the plan returns or
-    writes back (never folded, nor what they may be views of)."""
+    writes back (never folded, nor what they may be views of); ``drop_weights``: the weights that only
+    folded ``ost.fold_weights`` launches read leave the template (their folded copies replace them;
+    False where other executables share the template's weights by name: a program's methods)."""
     if not folding_enabled():
         return launches, frozenset()
     protected = _protected(launches, keep)
@@ -124,9 +131,12 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
         largest = max((_nbytes(template[i]) for i in reads), default=0)
         size = sum(_nbytes(r) for r in results)
         limit = 2 * largest + _GROWTH_SLACK if reads else _CREATION_LIMIT
-        if size > limit or total + size > _TOTAL_LIMIT:
+        if launch.op in _REPLACING:
+            pass        # its weights leave the template (below): no memory grows
+        elif size > limit or total + size > _TOTAL_LIMIT:
             continue
-        total += size
+        else:
+            total += size
         for o, r in zip(launch.outs, results):
             if o >= 0:
                 template[o] = r
@@ -143,6 +153,11 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
             kept += _nbytes(template[o])
         else:
             template[o] = None      # read only by other folded launches
+    if drop_weights:
+        replaced = {i for k in folded if launches[k].op in _REPLACING for i in slot_reads(launches[k])}
+        for i in replaced & constant_slots:
+            if i not in read_later and i not in keep:
+                template[i] = None
     backend.synchronize()
     log.debug("ostinato: %d launches folded into constants (%d bytes kept)", len(folded), kept)
     return rest, frozenset(folded)

@@ -232,24 +232,31 @@ def _norm_plan(q, k, q_norm, k_norm, norm_dtype, norm_first) -> int | None:
 
 
 def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n_rep, mask,
-                       normed: bool = False, rotary: int | None = None, wide: bool = False) -> tuple | None:
+                       normed: bool = False, rotary: int | None = None, wide: bool = False,
+                       row_x=None) -> tuple | None:
     """(BLOCK_N, BLOCK_D, the mask's plan) when the fused decode kernel handles this call: one query token and one
     new row, contiguous caches ([B, Hkv, S, D] written on dim 2, or [B, S, Hkv, D] on dim 1), rows with a
     dense head dim, cos and sin broadcasting over q and k, a mask broadcasting over [B, Hq, 1, S] if any;
-    else None (the reference)."""
+    else None (the reference). With ``row_x`` (q, k and v fp32 products to scale by its rows' norm
+    statistic): its rows along dim 0, one per batch row, their last dim dense, and no whole-row norms."""
     if q.dim() not in ((3, 4) if normed else (4,)) or k.dim() != q.dim() or v.dim() != 4 or k_cache.dim() != 4 \
             or dim % 4 not in (1, 2) or index.numel() != 1 or v_cache.shape != k_cache.shape \
             or q.dim() == 3 and (q.shape[-1] % k_cache.shape[-1] or k.shape[-1] % k_cache.shape[-1]):
         return None     # (3-D: [B, 1, H * D] rows normed whole)
     dense = k_cache.is_contiguous() and v_cache.is_contiguous()
+    if row_x is not None and (row_x.shape[0] != k_cache.shape[0] or row_x.stride(-1) != 1 or q.dim() == 3
+                              or any(n != 1 for n in row_x.shape[1:-1])
+                              or not q.dtype == k.dtype == v.dtype == torch.float32):
+        return None
     k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed)
     B, Hkv, S, D = k_cache.shape
     positions = _position_strides(q_pos, B, 1)
     if not (positions is not None and dense
             and q.shape == (B, Hkv * n_rep, 1, D) and k.shape == (B, Hkv, 1, D) and v.shape == k.shape
             and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and D <= 256
-            and v.dtype == k_cache.dtype == v_cache.dtype
-            and {q.dtype, k.dtype} <= ({k_cache.dtype, torch.float32} if wide and cos is not None else {k_cache.dtype})):
+            and k_cache.dtype == v_cache.dtype and (row_x is not None or v.dtype == k_cache.dtype)
+            and (row_x is not None or {q.dtype, k.dtype} <= ({k_cache.dtype, torch.float32} if wide and cos is not None
+                                                            else {k_cache.dtype}))):
         return None     # (a wide rope's rows may come in fp32, already cast up)
     if cos is not None:
         width = rotary or D     # the rotated dims: the whole head, or its first ``rotary``
@@ -273,26 +280,30 @@ def _rope_strides(t, shape) -> tuple[int, int]:
 
 def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
                       q_pos=None, scale=None, n_rep=1, mask=None, softcap=None, q_norm=None, k_norm=None,
-                      norm_eps=0.0, norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None, wide=False):
+                      norm_eps=0.0, norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None, wide=False,
+                      row_x=None, row_eps=0.0):
     """ost.decode_attention_ on CUDA: the heads' norms, rope, the cache writes and the attention in one
     kernel (source/attention.py) where its plan allows, else the reference."""
     normed = q_norm is not None
+    scaled = row_x is not None
     key = op_key("ost.decode_attention_", k_cache, v_cache, q, k, v, index,
                  *(() if cos is None else (cos, sin)), *(() if q_pos is None else (q_pos,)),
-                 *(() if mask is None else (mask,)), *((q_norm, k_norm) if normed else ()), dim=dim, n_rep=n_rep,
+                 *(() if mask is None else (mask,)), *((q_norm, k_norm) if normed else ()),
+                 *((row_x,) if scaled else ()), dim=dim, n_rep=n_rep, scaled=scaled,
                  masked=mask is not None, normed=normed, norm_dtype=str(norm_dtype), norm_first=bool(norm_first),
                  rotary=rotary, wide=bool(wide))
 
     def plan_of():
         norm = _norm_plan(q, k, q_norm, k_norm, norm_dtype, norm_first)
         plan = None if norm is None else _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos,
-                                                            n_rep, mask, normed, rotary, wide)
+                                                            n_rep, mask, normed, rotary, wide, row_x)
         return None if plan is None else (*plan, norm)
     plan = op_graph_cache.get(key, plan_of)
     if plan is None:
         from ....ir.fused_ops import decode_attention_ as reference
         return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
-                         mask, softcap, q_norm, k_norm, norm_eps, norm_dtype, norm_offset, norm_first, rotary, wide)
+                         mask, softcap, q_norm, k_norm, norm_eps, norm_dtype, norm_offset, norm_first, rotary, wide,
+                         row_x, row_eps)
     block_n, block_d, pos_sb, (mask_kind, m_sb, m_sh, _, m_sn), norm = plan
     caches, whole = (k_cache, v_cache), normed and q.dim() == 3     # (whole: norms over every head at once)
     k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed)
@@ -309,11 +320,13 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         strides = (0,) * 8
     LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
                    SOFTCAP=softcap is not None, ROPE=rope, INTERLEAVED=bool(interleaved), RING=ring is not None,
-                   NORM=norm, WHOLE=whole, WIDE=bool(wide) and rope, BLOCK_N=block_n, BLOCK_D=block_d)(
+                   NORM=norm, WHOLE=whole, WIDE=bool(wide) and rope, ROWSCALE=scaled, BLOCK_N=block_n,
+                   BLOCK_D=block_d, BLOCK_R=min(block_for(row_x.shape[-1]), 1024) if scaled else 16)(
         q, k, v, k_cache, v_cache, index, index if q_pos is None else q_pos, cos, sin, q if mask is None else mask,
-        q_norm if normed else q, k_norm if normed else q, out, D, n_rep, Hq,
+        q_norm if normed else q, k_norm if normed else q, row_x if scaled else q, out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),
-        float(norm_eps), float(norm_offset), int(rotary or D),
+        float(norm_eps), float(norm_offset), int(rotary or D), row_x.stride(0) if scaled else 0,
+        row_x.shape[-1] if scaled else 1, float(row_eps),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *strides,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1), pos_sb, m_sb, m_sh,
         m_sn, grid=(B * Hq,))

@@ -1,0 +1,273 @@
+"""Fold an RMSNorm into the projections it feeds, for a batched decode step's cuBLAS products.
+
+A decode step of more than MIN_ROWS - 1 rows keeps its projections on cuBLAS (codegen/linear.py's matmul
+groups take at most 16), and cuBLAS takes no norm before it: a Llama layer is then 8 launches, two of them
+the add + RMSNorm kernels between the products. Since ``rstd`` is one number per row,
+
+    rms_norm(x, w) @ W^T  =  rstd(x) * (x @ (W * w)^T)
+
+so the projection can read ``x`` itself, with ``W * w`` a constant (``ost.fold_weights``, folded once at
+compile), its product kept in fp32 (``ost.linear_out``) and scaled by ``rstd`` in the kernel that reads it
+anyway (``ost.row_scale``): the attention kernel takes the row scale of q, k and v (codegen/attention.py),
+a pointwise group (SwiGLU) computes it from ``x``'s row (codegen/expand_rows.py, a reduction over the
+product's row that reads ``x`` masked past its width). The residual add before the norm becomes the
+beta=1 accumulation of the product that made one of its operands, in place (``ost.linear_acc_``: one
+cuBLAS call), so no kernel is left for the add or the norm: q/k/v, attention, o (+= x), gate/up,
+SwiGLU, down (+= x), 6 launches. Accuracy (bench/fold_numerics.py): with the fp32 product, no worse than
+eager's bf16 path.
+
+A norm is folded when
+
+- it is an ``ost.rms_norm`` or ``ost.add_rms_norm`` (any algebraic form the rms_norm pattern recognises)
+  with a constant 1-d weight, over fp16/bf16 rows of static shape [B, 1, ..., H], B >= MIN_ROWS (a decode
+  step's tokens along dim 0);
+- its normalized output is read only by projections (``aten.linear`` without a bias, ``ost.multi_linear``
+  without biases) of constant [N, H] weights;
+- for ``ost.add_rms_norm``: one operand is made by a projection (``aten.linear`` without a bias, a constant
+  weight) read by this add alone, and the other is a temporary made by a node that is not a view,
+  returned by nothing, whose every other reader runs before the add (an ancestor of it): the sum is then
+  accumulated into it in place. Otherwise the norm stays (folding it would leave the add a launch).
+
+The row scale is placed after the chain of views (reshape, slices of a packed projection) that keep dim
+0 as the rows and read each product, so the attention finds it on q's, k's and v's rows (before their
+transposes to heads first). Runs for accelerator exports
+only (manager.CPU_ONLY_SKIPS) and not in torch.compile's backend (its weights stay the model's own, and a
+folded weight would not follow their in-place updates). ``OSTINATO_FOLD_NORMS=0`` turns it off (the A/B
+switch: ``default_pipeline`` then leaves the pass out, so the export cache's key, which names the
+passes, tells the two apart).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from ..ir import Graph, Node, TensorMeta, Value, get_op
+from .rewrite import pinned_values, replace_values
+
+MIN_ROWS = 17       # codegen.linear.MAX_ROWS + 1: fewer rows are matmul groups that take the norm as a prologue
+_HALF = (torch.float16, torch.bfloat16)
+# views a row scale moves past: they keep the rows along dim 0 and the elements in order (a transpose of
+# heads and tokens stays after the scale, where the attention looks for the token's rows)
+_ROW_VIEWS = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.unsqueeze", "aten.slice.Tensor"}
+
+
+def fold_enabled() -> bool:
+    return os.environ.get("OSTINATO_FOLD_NORMS", "1") != "0"
+
+
+def _static(v) -> tuple[int, ...] | None:
+    if not isinstance(v, Value) or not isinstance(v.meta, TensorMeta):
+        return None
+    shape = tuple(v.meta.shape)
+    return shape if all(isinstance(d, int) for d in shape) else None
+
+
+def _constant(v, rank: int) -> bool:
+    return isinstance(v, Value) and v.role == "constant" and isinstance(v.meta, TensorMeta) and v.meta.rank == rank
+
+
+def _projection(node: Node, y: Value, hidden: int) -> list[Value] | None:
+    """The weights of a projection of ``y`` this pass folds into (no bias, constant [N, hidden] weights of
+    y's dtype), else None."""
+    if node.kwargs:
+        return None
+    if node.op == "aten.linear" and len(node.args) in (2, 3) and (len(node.args) == 2 or node.args[2] is None):
+        weights = [node.args[1]]
+    elif node.op == "ost.multi_linear" and len(node.args) == 3 and node.args[2] is None:
+        weights = list(node.args[1])
+    else:
+        return None
+    if node.args[0] is not y or len(node.outputs) != len(weights):
+        return None
+    for w in weights:
+        if not _constant(w, 2) or w.meta.dtype != y.meta.dtype or _static(w) is None or w.meta.shape[1] != hidden:
+            return None
+    return weights
+
+
+def _lone_linear(v, users: dict, pinned: set[int], reader: Node) -> Node | None:
+    """The bias-free ``aten.linear`` of a constant weight making ``v``, which ``reader`` alone reads."""
+    node = v.producer if isinstance(v, Value) else None
+    if node is None or node.op != "aten.linear" or node.kwargs or len(node.args) not in (2, 3) \
+            or (len(node.args) == 3 and node.args[2] is not None) or not _constant(node.args[1], 2):
+        return None
+    if v.id in pinned or [id(u) for u in users.get(v.id, ())] != [id(reader)]:
+        return None
+    return node
+
+
+def _row_view(node: Node, rows: int) -> bool:
+    """A view that keeps dim 0 as the rows (its output's dim 0 is the input's, and stays first)."""
+    if node.op not in _ROW_VIEWS or node.kwargs or len(node.outputs) != 1:
+        return False
+    out = _static(node.outputs[0])
+    if out is None or not out or out[0] != rows:
+        return False
+    rank = len(out)
+    if node.op == "aten.unsqueeze":
+        return node.args[1] % rank != 0
+    if node.op == "aten.slice.Tensor":
+        return len(node.args) > 1 and node.args[1] % rank != 0
+    return True
+
+
+def fold_norms(g: Graph) -> Graph:
+    if not fold_enabled():
+        return g
+    refused: set[int] = set()
+    while True:     # one norm at a time, each seeing the graph the ones before it left (readers, ancestors)
+        node = next((n for n in g.nodes if n.op in ("ost.rms_norm", "ost.add_rms_norm") and id(n) not in refused),
+                    None)
+        if node is None:
+            return g
+        if not _fold(g, node):
+            refused.add(id(node))
+
+
+def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[int]):
+    """(the projection, the other operand) of an ost.add_rms_norm whose sum can be the projection's in-place
+    accumulation into the other operand, else None."""
+    mine = None
+    for o, r in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
+        lin = _lone_linear(o, users, pinned, node)
+        if lin is None or not isinstance(r, Value) or r.role != "temp" or r.producer is None \
+                or r.id in pinned or _static(r) != shape or r.meta.dtype != dtype:
+            continue
+        op = get_op(r.producer.op)
+        # (the residual stream may already be an accumulation's result: it is its own buffer, not a view)
+        if op is None or op.category == "view" or (not op.pure and r.producer.op != "ost.linear_acc_"):
+            continue
+        if mine is None:
+            mine = _ancestors(node)
+        if all(id(u) in mine for u in users.get(r.id, []) if u is not node):
+            return lin, r
+    return None
+
+
+def _ancestors(node: Node) -> set[int]:
+    """ids of the nodes ``node`` depends on (transitively)."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        for v in stack.pop().inputs:
+            p = v.producer
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                stack.append(p)
+    return seen
+
+
+def _fold(g: Graph, node: Node) -> bool:
+    """Fold one norm (the module's conditions); whether it did."""
+    if node.kwargs:
+        return False
+    users = g.users()
+    pinned = pinned_values(g)
+    add = node.op == "ost.add_rms_norm"
+    args = list(node.args) + [None, 0.0, False]
+    w, eps, offset = (args[2], args[3], args[5]) if add else (args[1], args[2], args[4])
+    y = node.outputs[1] if add else node.outputs[0]
+    shape = _static(y)
+    if shape is None or y.meta.dtype not in _HALF or len(shape) < 2 or shape[0] < MIN_ROWS \
+            or math.prod(shape[1:-1]) != 1 or not _constant(w, 1) or tuple(w.meta.shape) != (shape[-1],) \
+            or not isinstance(eps, (int, float)) or y.id in pinned:
+        return False
+    readers = users.get(y.id, [])
+    projections = [(p, _projection(p, y, shape[-1])) for p in readers]
+    if not readers or any(ws is None for _, ws in projections) or len({id(p) for p in readers}) != len(readers):
+        return False
+    before: dict[int, list[Node]] = {}      # node id -> new nodes placed before it
+    after: dict[int, list[Node]] = {}       # node id -> new nodes placed after it
+    dead = {id(node)}
+    mapping: dict[int, Value] = {}
+    fixups: list[tuple[Node, tuple]] = []   # nodes whose arguments replace_values must not rewrite
+    if add:
+        found = _accumulator(g, node, shape, y.meta.dtype, users, pinned)
+        if found is None:
+            return False        # the add would stay a launch: nothing saved
+        lin, r = found
+        s_old = node.outputs[0]
+        acc = Node("ost.linear_acc_", (r, lin.args[0], lin.args[1]), {}, f"{node.name}_acc", node.source)
+        s = g.new_value(acc.name, s_old.meta, "temp", acc)
+        acc.outputs = [s]
+        mapping[s_old.id] = s
+        before[id(node)] = [acc]
+        dead.add(id(lin))
+    else:
+        s = node.args[0]
+        if _static(s) != shape or s.meta.dtype != y.meta.dtype:
+            return False
+    for p, weights in projections:
+        splits = [int(wt.meta.shape[0]) for wt in weights]
+        fw = Node("ost.fold_weights", (list(weights), w, float(offset or 0.0)), {}, f"{p.name}_folded", p.source)
+        fw.outputs = [g.new_value(fw.name, TensorMeta(y.meta.dtype, (sum(splits), shape[-1])), "temp", fw)]
+        lo = Node("ost.linear_out", (s, fw.outputs[0], splits, torch.float32), {}, f"{p.name}_f32", p.source)
+        lo.outputs = [g.new_value(f"{lo.name}.{k}", TensorMeta(torch.float32, (*shape[:-1], n)), "temp", lo)
+                      for k, n in enumerate(splits)]
+        before.setdefault(id(p), []).extend([fw, lo])
+        dead.add(id(p))
+        for old, new in zip(p.outputs, lo.outputs):
+            _scale_after_views(g, p, old, new, s, float(eps), shape[0], users, pinned, mapping, after, fixups)
+    nodes: list[Node] = []
+    for n in g.nodes:
+        nodes.extend(before.get(id(n), ()))
+        if id(n) not in dead:
+            nodes.append(n)
+        nodes.extend(after.get(id(n), ()))
+    g.nodes = nodes
+    replace_values(g, mapping)
+    for n, a in fixups:
+        n.args = a
+    return True
+
+
+_PACKED = {"ost.swiglu_packed": "ost.swiglu", "ost.geglu_packed": "ost.geglu"}
+
+
+def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value, eps: float, rows: int, users: dict,
+                       pinned: set[int], mapping: dict, after: dict, fixups: list) -> None:
+    """Read ``new`` (the fp32 product) where ``old`` (the projection ``anchor``'s result) was read: through the
+    row-keeping views that read it (each branch of a packed projection's slices), now over fp32 values, then
+    ``ost.row_scale`` back to old's dtype at the end of each branch. A packed gating (``swiglu_packed``) reading
+    a branch's end becomes the gating of its two halves' row scales, which a generated group takes whole."""
+    dtype = old.meta.dtype
+    mapping[old.id] = new
+
+    def scale(end: Value, at: Node, name: str) -> Value:
+        node = Node("ost.row_scale", (end, x, eps, dtype), {}, f"{name}_scaled", "")
+        node.outputs = [g.new_value(node.name, TensorMeta(dtype, tuple(end.meta.shape)), "temp", node)]
+        fixups.append((node, node.args))
+        after.setdefault(id(at), []).append(node)
+        return node.outputs[0]
+
+    def place(v: Value, end: Value, at: Node) -> None:
+        """``v``: the value as the graph has it (read by its old readers); ``end``: what now holds it in fp32."""
+        readers = users.get(v.id, [])
+        if v.id not in pinned and readers and all(_row_view(r, rows) for r in readers):
+            for r in readers:
+                out = r.outputs[0]
+                out.meta = TensorMeta(torch.float32, tuple(out.meta.shape))
+                place(out, out, r)
+            return
+        width = end.meta.shape[-1]
+        if v.id not in pinned and len(readers) == 1 and readers[0].op in _PACKED and width % 2 == 0 \
+                and readers[0].args[:1] == (v,) and not readers[0].kwargs:
+            gate = readers[0]
+            halves = []
+            for k, (lo, hi) in enumerate(((0, width // 2), (width // 2, width))):
+                cut = Node("aten.slice.Tensor", (end, -1, lo, hi), {}, f"{end.name}_half{k}", gate.source)
+                cut.outputs = [g.new_value(cut.name, TensorMeta(torch.float32, (*end.meta.shape[:-1], width // 2)),
+                                           "temp", cut)]
+                after.setdefault(id(at), []).append(cut)
+                halves.append(scale(cut.outputs[0], at, cut.name))
+            gate.op = _PACKED[gate.op]
+            gate.args = (*halves, *gate.args[1:])
+            fixups.append((gate, gate.args))
+            return
+        mapping[v.id] = scale(end, at, end.name)
+
+    place(old, new, anchor)
+
+
