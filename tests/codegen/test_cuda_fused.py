@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import ostinato
+from ostinato.ir.ops import does_device_work
 from ostinato.passes import GENERIC_PIPELINE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -175,6 +176,7 @@ def test_batched_llama_decode_on_cuda(pick, monkeypatch):
     import copy
     from fusion_backend import batched_llama
     wrapper, steps = batched_llama(32, torch.bfloat16, device="cuda", steps=3)
+    monkeypatch.setenv("OSTINATO_FOLD_NORMS", "0")     # (the norms stay for the matmul groups to take)
     prog = ostinato.export(copy.deepcopy(wrapper), (), steps[0], trace_strict=True)
     monkeypatch.setenv("OSTINATO_DOT_PICK", pick)
     errors = {}
@@ -196,6 +198,42 @@ def test_batched_llama_decode_on_cuda(pick, monkeypatch):
     (dot, scale), (cublas, _) = errors["64"], errors["16"]
     print("max |logits - eager's| (tl.dot, cuBLAS), max |logits|:", dot, cublas, scale)
     assert dot <= 2 * cublas + scale * 2 ** -8, errors
+
+
+def test_batched_llama_folded_norms_on_cuda(monkeypatch):
+    """A batch-32 bf16 decode of a tiny transformers Llama with its norms folded into its cuBLAS products
+    (passes/fold_norms.py: 6 launches a layer), replayed over three steps: its logits as close to eager's
+    as the unfolded program's (8 launches a layer), within twice that distance plus one bf16 ulp of the
+    logits' scale; the folded weights replace the originals among the executable's constants."""
+    import copy
+    from fusion_backend import batched_llama
+    wrapper, steps = batched_llama(32, torch.bfloat16, device="cuda", steps=3)
+    errors, launches = {}, {}
+    for fold in ("1", "0"):
+        monkeypatch.setenv("OSTINATO_FOLD_NORMS", fold)
+        prog = ostinato.export(copy.deepcopy(wrapper), (), steps[0], trace_strict=True)
+        assert (prog.op_counts().get("ost.linear_acc_", 0) == 6) == (fold == "1"), prog.op_counts()
+        exe = ostinato.compile(prog, device="cuda", replay=True)
+        kernels = [l.op for l in exe.launches if does_device_work(l.op)]
+        at = [i for i, op in enumerate(kernels) if op == "ost.decode_attention_"]
+        launches[fold] = at[1] - at[0]
+        if fold == "1":     # no weight of a folded projection left besides its folded copy
+            live = [v.name for v in prog.graph.constants if exe._template[v.slot] is not None]
+            assert not [n for n in live if n.endswith(("q_proj.weight", "gate_proj.weight"))], live
+            assert any(n.endswith("o_proj.weight") for n in live), live
+        ref = copy.deepcopy(wrapper)
+        worst, scale = 0.0, 0.0
+        for kwargs in steps:
+            with torch.no_grad():
+                want = ref(**kwargs).float()
+            got = exe(**kwargs).float()
+            worst = max(worst, (got - want).abs().max().item())
+            scale = max(scale, want.abs().max().item())
+        errors[fold] = (worst, scale)
+    (folded, scale), (plain, _) = errors["1"], errors["0"]
+    print("max |logits - eager's| (folded, unfolded), max |logits|:", folded, plain, scale)
+    assert launches == {"1": 6, "0": 8}, launches
+    assert folded <= 2 * plain + scale * 2 ** -8, errors
 
 
 @pytest.mark.parametrize("replay", [False, True], ids=["step", "replay"])

@@ -1,7 +1,8 @@
 """Fold an RMSNorm into the projections it feeds, for a batched decode step's cuBLAS products.
 
-A decode step of more than MIN_ROWS - 1 rows keeps its projections on cuBLAS (codegen/linear.py's matmul
-groups take at most 16), and cuBLAS takes no norm before it: a Llama layer is then 8 launches, two of them
+A decode step of more rows than codegen/linear.py's matmul groups take (``max_rows``: 16, unless
+OSTINATO_DOT_ROWS asks for its tl.dot kernel) keeps its projections on cuBLAS, and cuBLAS takes no norm
+before it: a Llama layer is then 8 launches, two of them
 the add + RMSNorm kernels between the products. Since ``rstd`` is one number per row,
 
     rms_norm(x, w) @ W^T  =  rstd(x) * (x @ (W * w)^T)
@@ -19,8 +20,8 @@ eager's bf16 path.
 A norm is folded when
 
 - it is an ``ost.rms_norm`` or ``ost.add_rms_norm`` (any algebraic form the rms_norm pattern recognises)
-  with a constant 1-d weight, over fp16/bf16 rows of static shape [B, 1, ..., H], B >= MIN_ROWS (a decode
-  step's tokens along dim 0);
+  with a constant 1-d weight, over fp16/bf16 rows of static shape [B, 1, ..., H], B more than the matmul
+  groups take (a decode step's tokens along dim 0);
 - its normalized output is read only by projections (``aten.linear`` without a bias, ``ost.multi_linear``
   without biases) of constant [N, H] weights;
 - for ``ost.add_rms_norm``: one operand is made by a projection (``aten.linear`` without a bias, a constant
@@ -46,8 +47,8 @@ import torch
 from ..ir import Graph, Node, TensorMeta, Value, get_op
 from .rewrite import pinned_values, replace_values
 
-MIN_ROWS = 17       # codegen.linear.MAX_ROWS + 1: fewer rows are matmul groups that take the norm as a prologue
 _HALF = (torch.float16, torch.bfloat16)
+_CODES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # views a row scale moves past: they keep the rows along dim 0 and the elements in order (a transpose of
 # heads and tokens stays after the scale, where the attention looks for the token's rows)
 _ROW_VIEWS = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.unsqueeze", "aten.slice.Tensor"}
@@ -170,7 +171,8 @@ def _fold(g: Graph, node: Node) -> bool:
     w, eps, offset = (args[2], args[3], args[5]) if add else (args[1], args[2], args[4])
     y = node.outputs[1] if add else node.outputs[0]
     shape = _static(y)
-    if shape is None or y.meta.dtype not in _HALF or len(shape) < 2 or shape[0] < MIN_ROWS \
+    from ..codegen.linear import max_rows       # (OSTINATO_DOT_ROWS: matmul groups then take more rows)
+    if shape is None or y.meta.dtype not in _HALF or len(shape) < 2 or shape[0] <= max_rows(_CODES[y.meta.dtype]) \
             or math.prod(shape[1:-1]) != 1 or not _constant(w, 1) or tuple(w.meta.shape) != (shape[-1],) \
             or not isinstance(eps, (int, float)) or y.id in pinned:
         return False
