@@ -255,7 +255,7 @@ class FusedLauncher:
         parts of the row, combined by the next kernel. 1: no split (many rows, switched off, or a
         reduction that does not accumulate in fp32)."""
         programs, rblock = split_tiles()
-        if xnumel >= programs or not split_enabled():
+        if xnumel >= programs or not split_enabled() or _gathered_statistics(self.spec):
             return 1
         if any(op[0] in REDUCTIONS and compute_code(op[1]) != "f32" for op in self.spec.ops):
             return 1
@@ -498,3 +498,28 @@ def run_fused(spec_json: str, *args) -> tuple[torch.Tensor, ...]:
 
 
 run_fused.multi_output = True
+
+
+def _gathered_statistics(spec) -> bool:
+    """Whether every reduction of ``spec`` reads only gathered inputs (ost.row_scale's statistic over a row
+    narrower than the group's, passes/fold_norms.py): a split row would then launch more kernels for
+    partial sums of a few thousand elements, where each program of one chunked kernel recomputes them."""
+    ops = spec.ops
+    reductions = [i for i, op in enumerate(ops) if op[0] in REDUCTIONS]
+    if not reductions:
+        return False
+    for i in reductions:
+        stack, seen = [ops[i][3]], set()
+        while stack:
+            j = stack.pop()
+            if j in seen:
+                continue
+            seen.add(j)
+            name, _, level, *args = ops[j]
+            if name == "in" and level == "x":
+                return False
+            if name == "gather":
+                stack.append(args[1])
+            elif name not in ("in", "scalar", "const", "rnumel", "rindex") and name not in REDUCTIONS:
+                stack.extend(args)
+    return True
