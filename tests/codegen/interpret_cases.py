@@ -217,10 +217,10 @@ def main(what: str, dtype_name: str) -> None:
             except Exception as e:  # noqa: BLE001 - reported per case
                 results[family] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         # rows longer than one block of the row-scale group: its statistic over x (1100 wide) walked in chunks,
-        # the gate/up rows (2500) split over programs
+        # the gate/up rows (5000: a looped kernel) split over programs
         try:
             torch.manual_seed(0)
-            model = FoldedMLP(1100, 2500).to(dtype).eval()
+            model = FoldedMLP(1100, 5000).to(dtype).eval()
             args = (torch.randn(24, 1, 1100).to(dtype) * 3,)
             exe = fused_executable(ostinato.export(model, args, passes=DEFAULT_PIPELINE), InterpretedFusionBackend())
             ops = [l.op for l in exe.launches if does_device_work(l.op)]

@@ -241,3 +241,35 @@ def parse_spec(text: str) -> "GroupSpec | LinearSpec":
     if isinstance(d, dict) and d.get("kind") == "linear":
         return LinearSpec.from_dict(d)
     return GroupSpec.from_dict(d)
+
+
+def gathered_statistics(spec: GroupSpec) -> int | None:
+    """The one gathered input (its index) every reduction of ``spec`` reads, all of them sums, through no
+    loaded input of the group's row (ost.row_scale's statistic over a row narrower than the group's,
+    passes/fold_norms.py), gathered along the last dim; else None. Past that input's width the gathered
+    values are 0, so a sum walks only its width, and a split row would launch more kernels for partial
+    sums of a few thousand elements."""
+    ops = spec.ops
+    reductions = [i for i, op in enumerate(ops) if op[0] in REDUCTIONS]
+    if not reductions or any(ops[i][0] != "sum" for i in reductions):
+        return None
+    found: set[int] = set()
+    for i in reductions:
+        stack, seen = [ops[i][3]], set()
+        while stack:
+            j = stack.pop()
+            if j in seen:
+                continue
+            seen.add(j)
+            name, _, level, *args = ops[j]
+            if name == "in" and level == "x":
+                return None
+            if name == "gather":
+                found.add(args[0])
+                stack.append(args[1])
+            elif name not in ("in", "scalar", "const", "rnumel", "rindex") and name not in REDUCTIONS:
+                stack.extend(args)
+    if len(found) != 1:
+        return None
+    k = found.pop()
+    return k if spec.inputs[k][3] == spec.rank - 1 else None

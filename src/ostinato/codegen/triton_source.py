@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .prims import (BINARY, COMPARE, FLOATS, HALF, LOGICAL, REDUCTIONS, TRITON_TYPES, UNARY, compute_code,
                     decode_const, literal, template)
-from .spec import GroupSpec
+from .spec import GroupSpec, gathered_statistics
 
 
 def kernel_name(spec: GroupSpec) -> str:
@@ -228,9 +228,11 @@ class Emitter:
         """Each reduction as a loop over the row in RBLOCK chunks (recomputing the pointwise ops it
         reads), then every row-level op: the statistics the x-level outputs need."""
         spec = self.spec
+        k = gathered_statistics(spec)
+        stop = "rnumel" if k is None else f"tl.minimum(rnumel, gsz{k})"     # (past its width: zeros)
         for j in [i for i, op in enumerate(spec.ops) if op[0] in REDUCTIONS]:
             self._emit_r_before(j, r_done)
-            self._accumulate(j, "0", "rnumel")
+            self._accumulate(j, "0", stop)
             r_done.add(j)
         self._emit_r_before(len(spec.ops), r_done)
 

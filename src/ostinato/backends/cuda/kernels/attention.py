@@ -12,7 +12,7 @@ import torch
 from ....cache.op_cache import op_graph_cache, op_key
 from ....ir.fused_ops import sequence_major
 from ..runtime import KernelLibrary
-from .common import SHORT_QUERIES, block_for, cdiv
+from .common import SHORT_QUERIES, block_for, cdiv, pow2
 
 
 def _row_strides(new: torch.Tensor, dim: int) -> tuple[int, int, int, int] | None:
@@ -321,7 +321,7 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
     LIBRARY.kernel("decode_attention_kv", n_keys=S, HAS_POS=q_pos is not None, MASK=mask_kind,
                    SOFTCAP=softcap is not None, ROPE=rope, INTERLEAVED=bool(interleaved), RING=ring is not None,
                    NORM=norm, WHOLE=whole, WIDE=bool(wide) and rope, ROWSCALE=scaled, BLOCK_N=block_n,
-                   BLOCK_D=block_d, BLOCK_R=min(block_for(row_x.shape[-1]), 1024) if scaled else 16)(
+                   BLOCK_D=block_d, BLOCK_R=min(pow2(row_x.shape[-1]), 4096) if scaled else 16)(
         q, k, v, k_cache, v_cache, index, index if q_pos is None else q_pos, cos, sin, q if mask is None else mask,
         q_norm if normed else q, k_norm if normed else q, row_x if scaled else q, out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),

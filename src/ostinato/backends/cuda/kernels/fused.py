@@ -20,7 +20,7 @@ from ....codegen.linear import MAX_DOT_ROWS, MAX_ROWS
 from ....codegen.prims import DTYPES, HALF, REDUCTIONS, compute_code
 from ....codegen.reference import (base_shape, epilogue_inputs, evaluate, evaluate_linear, iteration_shape, parse,
                                    split_dims, split_linear_args)
-from ....codegen.spec import GroupSpec, LinearSpec
+from ....codegen.spec import GroupSpec, LinearSpec, gathered_statistics
 from ....codegen.triton_linear import render_linear
 from ....codegen.triton_source import render, split_slots, split_stages
 from ....ir.fused_ops import _packed_rows
@@ -34,6 +34,7 @@ from .split_k import lone_tiles, split_scratch
 MAX_PERSISTENT_ROW = 4096   # rows up to this many elements are held in registers
 _LOOP_RBLOCK = 4096        # long rows: few, wide iterations (each pass over a row is a chain of dependent loads)
 _TARGET_PROGRAMS = 512      # a looped row kernel splits its output pass until about this many programs run
+_GATHERED_RBLOCK = 2048     # a looped row kernel whose statistics read a narrower gathered row (ost.row_scale)
 _SPLIT_RBLOCK = 1024        # a split row's programs walk their part in chunks of this many elements
 
 
@@ -229,7 +230,9 @@ class FusedLauncher:
                 nsplit = self._splits(xnumel, rnumel) if loop else 1
                 if nsplit > 1:
                     return self._split_plan(xs, rs, i64, ints, nsplit, out_shapes, formats)
-                rblock = _LOOP_RBLOCK if loop else _pow2(rnumel)
+                # (statistics over a narrower gathered row: narrower chunks, so more programs share the outputs)
+                rblock = (_GATHERED_RBLOCK if gathered_statistics(spec) is not None else _LOOP_RBLOCK) if loop \
+                    else _pow2(rnumel)
                 xblock = 1 if loop else min(_pow2(xnumel), max(1, 2048 // rblock))
             warps = 8 if rblock * xblock >= 2048 else 4
             lib, name = self.library(len(xs), len(rs), loop, i64)
@@ -255,7 +258,7 @@ class FusedLauncher:
         parts of the row, combined by the next kernel. 1: no split (many rows, switched off, or a
         reduction that does not accumulate in fp32)."""
         programs, rblock = split_tiles()
-        if xnumel >= programs or not split_enabled() or _gathered_statistics(self.spec):
+        if xnumel >= programs or not split_enabled() or gathered_statistics(self.spec) is not None:
             return 1
         if any(op[0] in REDUCTIONS and compute_code(op[1]) != "f32" for op in self.spec.ops):
             return 1
@@ -499,27 +502,3 @@ def run_fused(spec_json: str, *args) -> tuple[torch.Tensor, ...]:
 
 run_fused.multi_output = True
 
-
-def _gathered_statistics(spec) -> bool:
-    """Whether every reduction of ``spec`` reads only gathered inputs (ost.row_scale's statistic over a row
-    narrower than the group's, passes/fold_norms.py): a split row would then launch more kernels for
-    partial sums of a few thousand elements, where each program of one chunked kernel recomputes them."""
-    ops = spec.ops
-    reductions = [i for i, op in enumerate(ops) if op[0] in REDUCTIONS]
-    if not reductions:
-        return False
-    for i in reductions:
-        stack, seen = [ops[i][3]], set()
-        while stack:
-            j = stack.pop()
-            if j in seen:
-                continue
-            seen.add(j)
-            name, _, level, *args = ops[j]
-            if name == "in" and level == "x":
-                return False
-            if name == "gather":
-                stack.append(args[1])
-            elif name not in ("in", "scalar", "const", "rnumel", "rindex") and name not in REDUCTIONS:
-                stack.extend(args)
-    return True
