@@ -13,7 +13,7 @@ outside it reads one of its values (its kernel must have run by then) and when a
 (a state write must not move across a group's reads). Groups of one node stay ordinary ATen nodes:
 torch's kernel for one op is as good as a generated one, except a copy of a permuted or expanded view
 (_strided_copy: attention's heads made dense before a batched matmul), where torch's generic copy kernel
-was slower than the generated one. A group's kernel runs where its last member stood; its outputs are
+was slower than the generated one, and a lone ost.row_scale, whose reference is several torch kernels. A group's kernel runs where its last member stood; its outputs are
 the members' values read outside it or returned by the graph.
 
 One exception to the space rule: a small pointwise group (or lone node) whose values only one group
@@ -256,6 +256,9 @@ def read_outside(nodes: list[Node], users: dict, graph_reads: set[int]) -> set[i
 _MAX_RECOMPUTED = 8     # nodes of a broadcast producer group computed again per element of its reader
 
 _COPIES = ("aten.clone", "aten._to_copy", "aten.to.dtype", "prims.convert_element_type")
+# fused ops whose reference is a chain of torch kernels: a generated kernel even alone (ost.row_scale: the
+# statistic of a folded norm, passes/fold_norms.py, where no group reads it)
+_GENERATED_ALONE = ("ost.row_scale",)
 _REORDERING = ("aten.permute", "aten.transpose.int", "aten.t", "aten.expand")
 _VIEWS = _REORDERING + ("aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
                         "aten.squeeze.dim", "aten.squeeze.dims", "aten.alias", "aten.slice.Tensor",
@@ -475,7 +478,8 @@ def schedule(graph: Graph, channels_last: frozenset = frozenset()) -> list[Node 
         own, extra = list(g.nodes), absorbed[id(g)]
         if extra and build(g, own + [n for h in extra for n in h.nodes]):
             continue
-        if len(own) > 1 or copies and _strided_copy(own[0]):    # a group of one stays an ATen node
+        # a group of one stays an ATen node, but where the op's own path is several torch kernels
+        if len(own) > 1 or copies and _strided_copy(own[0]) or own[0].op in _GENERATED_ALONE:
             build(g, own)
         for h in extra:     # refused together: each as it was
             if len(h.nodes) > 1:

@@ -180,6 +180,8 @@ def _fold(g: Graph, node: Node) -> bool:
     projections = [(p, _projection(p, y, shape[-1])) for p in readers]
     if not readers or any(ws is None for _, ws in projections) or len({id(p) for p in readers}) != len(readers):
         return False
+    if any(e.id in pinned for p, _ in projections for o in p.outputs for e in _ends(o, users, pinned, shape[0])):
+        return False        # a result the graph returns (an LM head's logits): its row scale would launch alone
     before: dict[int, list[Node]] = {}      # node id -> new nodes placed before it
     after: dict[int, list[Node]] = {}       # node id -> new nodes placed after it
     dead = {id(node)}
@@ -226,6 +228,14 @@ def _fold(g: Graph, node: Node) -> bool:
 
 
 _PACKED = {"ost.swiglu_packed": "ost.swiglu", "ost.geglu_packed": "ost.geglu"}
+
+
+def _ends(v: Value, users: dict, pinned: set[int], rows: int) -> list[Value]:
+    """The values at the ends of the row-keeping views that read ``v`` (``v`` itself when none does)."""
+    readers = users.get(v.id, [])
+    if v.id in pinned or not readers or not all(_row_view(r, rows) for r in readers):
+        return [v]
+    return [e for r in readers for e in _ends(r.outputs[0], users, pinned, rows)]
 
 
 def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value, eps: float, rows: int, users: dict,
