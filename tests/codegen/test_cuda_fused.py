@@ -212,7 +212,9 @@ def test_batched_llama_folded_norms_on_cuda(monkeypatch):
     for fold in ("1", "0"):
         monkeypatch.setenv("OSTINATO_FOLD_NORMS", fold)
         prog = ostinato.export(copy.deepcopy(wrapper), (), steps[0], trace_strict=True)
-        assert (prog.op_counts().get("ost.linear_acc_", 0) == 6) == (fold == "1"), prog.op_counts()
+        # every residual add but the last (the final norm before the head is not folded: its logits are the
+        # graph's) accumulates into the product before it
+        assert prog.op_counts().get("ost.linear_acc_", 0) == (5 if fold == "1" else 0), prog.op_counts()
         exe = ostinato.compile(prog, device="cuda", replay=True)
         kernels = [l.op for l in exe.launches if does_device_work(l.op)]
         at = [i for i, op in enumerate(kernels) if op == "ost.decode_attention_"]
