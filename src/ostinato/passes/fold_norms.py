@@ -48,6 +48,9 @@ from ..ir import Graph, Node, TensorMeta, Value, get_op
 from .rewrite import pinned_values, replace_values
 
 _HALF = (torch.float16, torch.bfloat16)
+# ops that may return their input itself (no copy where nothing changes): never accumulated into in place
+_MAY_ALIAS = {"aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.type_as", "aten.view_as",
+              "aten.reshape_as", "aten.expand_as", "aten.contiguous", "aten.reshape", "aten.alias"}
 _CODES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # views a row scale moves past: they keep the rows along dim 0 and the elements in order (a transpose of
 # heads and tokens stays after the scale, where the attention looks for the token's rows)
@@ -138,7 +141,8 @@ def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[in
             continue
         op = get_op(r.producer.op)
         # (the residual stream may already be an accumulation's result: it is its own buffer, not a view)
-        if op is None or op.category == "view" or (not op.pure and r.producer.op != "ost.linear_acc_"):
+        if op is None or op.category == "view" or r.producer.op in _MAY_ALIAS \
+                or (not op.pure and r.producer.op != "ost.linear_acc_"):
             continue
         if mine is None:
             mine = _ancestors(node)

@@ -1,0 +1,131 @@
+"""passes/fold_norms.py: a batched step's RMSNorms folded into the projections they feed (fp32 products, a row
+scale after them, residual adds accumulated in place), and where it must not fold. The folded programs run
+on the CPU (the ops' references) against eager on random inputs."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ostinato
+from ostinato.passes import DEFAULT_PIPELINE
+from ostinato.passes.fold_norms import fold_norms
+from ostinato.passes.manager import default_pipeline
+
+H, I, V = 64, 96, 50
+
+
+def _rms(x, w, eps=1e-6):
+    h = x.float()
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class Stack(nn.Module):
+    """Two pre-norm gated-MLP blocks over embedded tokens ([B, 1, H] rows), separate gate and up
+    projections, a final norm and a head. ``keep``: the embedding is returned too (read after the first
+    residual add: it cannot be accumulated into); ``peek``: the first norm's output is also returned."""
+
+    def __init__(self, keep: bool = False, peek: bool = False):
+        super().__init__()
+        self.keep, self.peek = keep, peek
+        self.embed = nn.Embedding(V, H)
+        self.norms = nn.ParameterList([nn.Parameter(torch.rand(H) + 0.5) for _ in range(3)])
+        self.gate = nn.ModuleList([nn.Linear(H, I, bias=False) for _ in range(2)])
+        self.up = nn.ModuleList([nn.Linear(H, I, bias=False) for _ in range(2)])
+        self.down = nn.ModuleList([nn.Linear(I, H, bias=False) for _ in range(2)])
+        self.head = nn.Linear(H, V, bias=False)
+
+    def forward(self, ids):
+        x0 = x = self.embed(ids)
+        first = None
+        for k in range(2):
+            h = _rms(x, self.norms[k])
+            first = h if first is None else first
+            x = x + self.down[k](F.silu(self.gate[k](h)) * self.up[k](h))
+        out = self.head(_rms(x, self.norms[2]))
+        return (out, x0) if self.keep else (out, first) if self.peek else out
+
+
+def _export(model, batch: int, dtype=torch.bfloat16):
+    torch.manual_seed(0)
+    model = model.to(dtype).eval()
+    ids = torch.randint(0, V, (batch, 1), generator=torch.Generator().manual_seed(batch))
+    return model, ids, ostinato.export(copy.deepcopy(model), (ids,), passes=DEFAULT_PIPELINE, cache=False)
+
+
+def _matches_eager(model, ids, prog, tol: float = 3e-2):
+    with torch.no_grad():
+        want = model(ids)
+    got = ostinato.compile(prog)(ids)
+    for g, w in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want))):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        err = (g.float() - w.float()).abs().max().item()
+        assert err <= tol * w.float().abs().max().item(), (err, w.float().abs().max().item())
+
+
+def test_folds_norms_and_accumulates_the_residual_in_place():
+    """32 rows: both blocks' norms fold (the first over the embedding, the second's residual add into the
+    embedding's buffer, which nothing reads after it); the final norm stays (the head's logits are the
+    graph's: its row scale would launch alone). The result equals eager's within bf16's rounding."""
+    model, ids, prog = _export(Stack(), 32)
+    ops = prog.op_counts()
+    assert ops.get("ost.fold_weights") == 2 and ops.get("ost.linear_out") == 2, ops
+    assert ops.get("ost.row_scale") == 4 and ops.get("ost.linear_acc_") == 1, ops
+    assert ops.get("ost.add_rms_norm") == 1 and "ost.rms_norm" not in ops, ops
+    acc = next(n for n in prog.graph.nodes if n.op == "ost.linear_acc_")
+    assert acc.args[0].producer.op == "aten.embedding"
+    _matches_eager(model, ids, prog)
+
+
+def test_no_fold_where_the_matmul_groups_take_the_rows():
+    """16 rows: the matmul groups take the norms as prologues; nothing folds."""
+    _, _, prog = _export(Stack(), 16)
+    assert not {"ost.fold_weights", "ost.linear_out", "ost.row_scale", "ost.linear_acc_"} & set(prog.op_counts())
+
+
+def test_a_residual_read_later_is_not_accumulated_into():
+    """The embedding is also returned: the second norm's add cannot write into it, so that norm stays (its
+    add would otherwise be a launch of its own); the first still folds (it only reads the embedding)."""
+    model, ids, prog = _export(Stack(keep=True), 32)
+    ops = prog.op_counts()
+    assert "ost.linear_acc_" not in ops and ops.get("ost.add_rms_norm") == 2 and ops.get("ost.fold_weights") == 1, ops
+    _matches_eager(model, ids, prog)
+
+
+def test_a_norm_read_by_more_than_projections_stays():
+    """The first norm's output is returned as well: it is not folded (it must still be computed)."""
+    model, ids, prog = _export(Stack(peek=True), 32)
+    ops = prog.op_counts()
+    assert ops.get("ost.rms_norm") == 1 and ops.get("ost.fold_weights") == 1, ops
+    _matches_eager(model, ids, prog)
+
+
+def test_float32_and_the_switch():
+    """fp32 rows fold nothing (the fold is for half-precision cuBLAS products); OSTINATO_FOLD_NORMS=0 leaves
+    the pass out of the default pipeline and makes it a no-op."""
+    _, _, prog = _export(Stack(), 32, torch.float32)
+    assert "ost.fold_weights" not in prog.op_counts()
+    cuda_like = torch.zeros(1, device="meta")
+    assert "fold_norms" in [n for n, _ in default_pipeline((cuda_like,))]
+    assert "fold_norms" not in [n for n, _ in default_pipeline((torch.zeros(1),))]     # a CPU export
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OSTINATO_FOLD_NORMS", "0")
+        assert "fold_norms" not in [n for n, _ in default_pipeline((cuda_like,))]
+        model, ids, prog = _export(Stack(), 32)
+        assert "ost.fold_weights" not in prog.op_counts()
+        g = prog.graph
+        assert fold_norms(g) is g and "ost.fold_weights" not in prog.op_counts()
+
+
+@pytest.mark.parametrize("rows", [17, 40])
+def test_random_rows_match_eager(rows):
+    """Rows of varied scale (each token's embedding scaled), just past the matmul groups' limit and more."""
+    model, ids, prog = _export(Stack(), rows)
+    with torch.no_grad():
+        model.embed.weight.mul_(torch.rand(V, 1, generator=torch.Generator().manual_seed(rows)) * 8)
+    prog = ostinato.export(copy.deepcopy(model), (ids,), passes=DEFAULT_PIPELINE, cache=False)
+    assert prog.op_counts().get("ost.linear_acc_") == 1
+    _matches_eager(model, ids, prog)
