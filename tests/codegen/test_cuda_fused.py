@@ -166,6 +166,20 @@ def test_dot_matmul_groups_on_cuda(rows, dtype, monkeypatch):
             assert any("_md11" in p.kernel.library.module for p in f._plans.values()), cls.__name__
 
 
+def _logit_error(exe, wrapper, steps) -> tuple[float, float]:
+    """(the largest |logit - eager's| over the decode steps, the largest |logit| of eager's), eager being a
+    fresh copy of ``wrapper`` (its own cache)."""
+    ref = copy.deepcopy(wrapper)
+    worst, scale = 0.0, 0.0
+    for kwargs in steps:
+        with torch.no_grad():
+            want = ref(**kwargs).float()
+        got = exe(**kwargs).float()
+        worst = max(worst, (got - want).abs().max().item())
+        scale = max(scale, want.abs().max().item())
+    return worst, scale
+
+
 @pytest.mark.parametrize("pick", ["all", "prologue"])
 def test_batched_llama_decode_on_cuda(pick, monkeypatch):
     """A batch-32 bf16 decode of a tiny transformers Llama (every projection a tl.dot matmul group, 5
@@ -186,15 +200,7 @@ def test_batched_llama_decode_on_cuda(pick, monkeypatch):
         groups = sum(l.op == "ost.fused" and '"kind":"linear"' in l.args[0] for l in exe.launches)
         # 4 per layer and norm + head; picked: q/k/v and down
         assert groups == (0 if rows == "16" else 3 * 4 + 1 if pick == "all" else 3 * 2), groups
-        ref = copy.deepcopy(wrapper)
-        worst, scale = 0.0, 0.0
-        for kwargs in steps:
-            with torch.no_grad():
-                want = ref(**kwargs).float()
-            got = exe(**kwargs).float()
-            worst = max(worst, (got - want).abs().max().item())
-            scale = max(scale, want.abs().max().item())
-        errors[rows] = (worst, scale)
+        errors[rows] = _logit_error(exe, wrapper, steps)
     (dot, scale), (cublas, _) = errors["64"], errors["16"]
     print("max |logits - eager's| (tl.dot, cuBLAS), max |logits|:", dot, cublas, scale)
     assert dot <= 2 * cublas + scale * 2 ** -8, errors
@@ -223,15 +229,7 @@ def test_batched_llama_folded_norms_on_cuda(monkeypatch):
             live = [v.name for v in prog.graph.constants if exe._template[v.slot] is not None]
             assert not [n for n in live if n.endswith(("q_proj.weight", "gate_proj.weight"))], live
             assert any(n.endswith("o_proj.weight") for n in live), live
-        ref = copy.deepcopy(wrapper)
-        worst, scale = 0.0, 0.0
-        for kwargs in steps:
-            with torch.no_grad():
-                want = ref(**kwargs).float()
-            got = exe(**kwargs).float()
-            worst = max(worst, (got - want).abs().max().item())
-            scale = max(scale, want.abs().max().item())
-        errors[fold] = (worst, scale)
+        errors[fold] = _logit_error(exe, wrapper, steps)
     (folded, scale), (plain, _) = errors["1"], errors["0"]
     print("max |logits - eager's| (folded, unfolded), max |logits|:", folded, plain, scale)
     assert launches == {"1": 6, "0": 8}, launches
