@@ -129,3 +129,15 @@ def test_random_rows_match_eager(rows):
     prog = ostinato.export(copy.deepcopy(model), (ids,), passes=DEFAULT_PIPELINE, cache=False)
     assert prog.op_counts().get("ost.linear_acc_") == 1
     _matches_eager(model, ids, prog)
+
+
+def test_a_folded_program_saves_and_loads(tmp_path):
+    """The fold's ops (their lists of weights and splits, dtypes, the in-place accumulation) go through the
+    .ost file: the loaded program has them and gives the same outputs."""
+    model, ids, prog = _export(Stack(), 24)
+    path = tmp_path / "folded.ost"
+    prog.save(str(path))
+    loaded = ostinato.load(str(path))
+    assert loaded.op_counts() == prog.op_counts()
+    assert torch.equal(ostinato.compile(loaded)(ids), ostinato.compile(prog)(ids))
+    _matches_eager(model, ids, loaded)

@@ -31,11 +31,13 @@ A norm is folded when
 
 The row scale is placed after the chain of views (reshape, slices of a packed projection) that keep dim
 0 as the rows and read each product, so the attention finds it on q's, k's and v's rows (before their
-transposes to heads first). Runs for accelerator exports
-only (manager.CPU_ONLY_SKIPS) and not in torch.compile's backend (its weights stay the model's own, and a
-folded weight would not follow their in-place updates). ``OSTINATO_FOLD_NORMS=0`` turns it off (the A/B
-switch: ``default_pipeline`` then leaves the pass out, so the export cache's key, which names the
-passes, tells the two apart).
+transposes to heads first). Not folded: a norm whose projection's result the graph returns (an LM head's
+logits: its row scale would be a launch of its own). In a program with other entry points
+(``ostinato.llm``'s prefill) the original weights stay among the constants beside their folded copies
+(the prefill reads them: more memory). Runs for accelerator exports only (manager.CPU_ONLY_SKIPS) and not
+in torch.compile's backend (its weights stay the model's own, and a folded weight would not follow their
+in-place updates). ``OSTINATO_FOLD_NORMS=0`` turns it off (the A/B switch: ``default_pipeline`` then
+leaves the pass out, so the export cache's key, which names the passes, tells the two apart).
 """
 from __future__ import annotations
 
