@@ -27,7 +27,8 @@ residual over ``[B, 1, H]``, then reshapes the sum to ``[B, H]`` for its LayerNo
 second add): the add and the norm then have one iteration space, and the code generator makes them one
 kernel, as it does for GPT-2's layer, which has no reshape between them. Such a view moves no element,
 so the result's layout, and every reader's, is what it was; its operands must have the op's full shape
-(or none), so each one's view is the same view.
+(or none), so each one's view is the same view. It does not sink where it would end on a gather's result
+(read through a view, a gather is not taken into its reader's kernel).
 """
 from __future__ import annotations
 
@@ -110,6 +111,8 @@ def _sink_view(g: Graph, view: Node, users: dict, pinned: set[int], fresh) -> tu
     operands = [a for a in (*f.args, *f.kwargs.values()) if isinstance(a, Value) and isinstance(a.meta, TensorMeta)]
     if any(a.meta.rank and tuple(a.meta.shape) != shape for a in operands):
         return None     # a broadcast operand would need a view of its own shape
+    if any(_sinks_onto_gather(a, users, pinned) for a in operands):
+        return None
     new_nodes: list[Node] = []
 
     def operand(a):
@@ -125,6 +128,26 @@ def _sink_view(g: Graph, view: Node, users: dict, pinned: set[int], fresh) -> tu
     moved.outputs = [out]
     out.producer = moved
     return f, new_nodes + [moved]
+
+
+def _sinks_onto_gather(a: Value, users: dict, pinned: set[int]) -> bool:
+    """Whether a unit view placed on ``a`` would sink on, through the pointwise ops only their reader reads,
+    until it stands on a gather's result: the code generator takes a gather into its reader's kernel only
+    where the reader reads it directly (DeBERTa-v3's relative scores, gathered, scaled and added before a
+    view to four dims: that view stays after the add, or the two gathers are kernels of their own)."""
+    seen: set[int] = set()
+    stack = [a]
+    while stack:
+        v = stack.pop()
+        node = v.producer if isinstance(v, Value) else None
+        if node is None or id(node) in seen or v.id in pinned or len(users.get(v.id, ())) != 1:
+            continue
+        seen.add(id(node))
+        if node.op == GATHER:
+            return True
+        if _pointwise(node):
+            stack.extend(x for x in (*node.args, *node.kwargs.values()) if isinstance(x, Value))
+    return False
 
 
 def _sink(g: Graph, perm: Node, users: dict, pinned: set[int], fresh) -> tuple[Node, list[Node]] | None:
