@@ -141,3 +141,37 @@ def test_a_folded_program_saves_and_loads(tmp_path):
     assert loaded.op_counts() == prog.op_counts()
     assert torch.equal(ostinato.compile(loaded)(ids), ostinato.compile(prog)(ids))
     _matches_eager(model, ids, loaded)
+
+
+class _SelfResidual(nn.Module):
+    """``x = x + lin0(x)`` before a normed block: the projection reads the residual itself."""
+
+    def __init__(self, view_read: bool = False):
+        super().__init__()
+        self.view_read = view_read
+        self.embed = nn.Embedding(V, 128)
+        self.lin0 = nn.Linear(128 // (2 if view_read else 1), 128, bias=False)
+        self.n1, self.n2 = nn.Parameter(torch.rand(128) + 0.5), nn.Parameter(torch.rand(128) + 0.5)
+        self.gate, self.up = nn.Linear(128, I, bias=False), nn.Linear(128, I, bias=False)
+        self.down, self.head = nn.Linear(I, 128, bias=False), nn.Linear(128, V, bias=False)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        if self.view_read:      # a view of the residual, read before the add and after it
+            v = x.view(x.shape[0], 1, 2, 64)
+            x = x + self.lin0(F.silu(v).sum(2))
+        else:
+            x = x + self.lin0(x)
+        h = _rms(x, self.n1)
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        out = self.head(_rms(x, self.n2))
+        return (out, v.sum(-1)) if self.view_read else out
+
+
+@pytest.mark.parametrize("view_read", [False, True], ids=["product-reads-residual", "view-read-after"])
+def test_no_accumulation_into_a_buffer_read_through_an_alias(view_read):
+    """The residual is the accumulating projection's own input, or a view of it is read after the add: the
+    add is not accumulated in place (it would overwrite what is read), so that norm stays."""
+    model, ids, prog = _export(_SelfResidual(view_read), 32)
+    assert "ost.linear_acc_" not in prog.op_counts(), prog.op_counts()
+    _matches_eager(model, ids, prog)

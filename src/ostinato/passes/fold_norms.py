@@ -134,23 +134,46 @@ def fold_norms(g: Graph) -> Graph:
 
 def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[int]):
     """(the projection, the other operand) of an ost.add_rms_norm whose sum can be the projection's in-place
-    accumulation into the other operand, else None."""
+    accumulation into the other operand, else None. The operand's buffer is written: it must be a
+    temporary of its own (not a view, nor a result that may be its input itself), neither it nor any view
+    of it may be the projection's input, a graph output or state, and everything that reads it or a view
+    of it must run before the add (an ancestor of it)."""
     mine = None
     for o, r in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
         lin = _lone_linear(o, users, pinned, node)
         if lin is None or not isinstance(r, Value) or r.role != "temp" or r.producer is None \
-                or r.id in pinned or _static(r) != shape or r.meta.dtype != dtype:
+                or _static(r) != shape or r.meta.dtype != dtype:
             continue
         op = get_op(r.producer.op)
         # (the residual stream may already be an accumulation's result: it is its own buffer, not a view)
         if op is None or op.category == "view" or r.producer.op in _MAY_ALIAS \
                 or (not op.pure and r.producer.op != "ost.linear_acc_"):
             continue
+        aliases = _aliases(r, users)
+        if any(a.id in pinned for a in aliases) or any(a is lin.args[0] for a in aliases):
+            continue
         if mine is None:
             mine = _ancestors(node)
-        if all(id(u) in mine for u in users.get(r.id, []) if u is not node):
+        if all(id(u) in mine for a in aliases for u in users.get(a.id, []) if u is not node):
             return lin, r
     return None
+
+
+def _aliases(v: Value, users: dict) -> list[Value]:
+    """``v`` and every value that may share its memory: views of it (and views of those), and results of ops
+    that may return their input itself."""
+    out, stack, seen = [], [v], set()
+    while stack:
+        a = stack.pop()
+        if a.id in seen:
+            continue
+        seen.add(a.id)
+        out.append(a)
+        for u in users.get(a.id, []):
+            op = get_op(u.op)
+            if op is not None and (op.category in ("view", "inplace") or u.op in _MAY_ALIAS):
+                stack.extend(o for o in u.outputs if o is not None)
+    return out
 
 
 def _ancestors(node: Node) -> set[int]:
