@@ -167,3 +167,23 @@ def test_decode_attention_plan_takes_sequence_major_caches():
     assert _fused_decode_plan(strided, strided, q, k, k, index, 1, None, None, None, 2, None) is None
     assert _fused_decode_plan(cache, cache, q.transpose(1, 2), k, k, index, 1, None, None, None, 2, None) is None
     assert _fused_decode_plan(cache, cache, q, k, k, index, 2, None, None, None, 2, None) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_row_scaled_decode_attention_takes_the_kernel(dtype):
+    """Each row-scaled case of the table (q, k and v fp32 products of a folded norm: passes/fold_norms.py),
+    the heads' norms in the caches' dtype included, plans the fused kernel rather than the reference (the
+    interpreter's comparison would pass either way); q in the caches' dtype with a row scale does not."""
+    from kernel_cases import CASES as TABLE
+    from ostinato.backends.cuda.kernels.attention import _fused_decode_plan, _norm_plan
+    cases = [c for c in TABLE if c.name.startswith("row-scaled")]
+    assert len(cases) == 3
+    for case in cases:
+        args, _ = case.make(torch.Generator().manual_seed(0), dtype, "cpu")
+        kc, vc, q, k, v, index, dim, _, cos, sin, _, q_pos, _, n_rep, mask = args[:15]
+        qn, kn, _, ndt, _, first, rotary, wide, row_x = args[16:25]
+        assert _norm_plan(q, k, qn, kn, ndt, first, kc.dtype) is not None, case.name
+        assert _fused_decode_plan(kc, vc, q, k, v, index, dim, cos, sin, q_pos, n_rep, mask, qn is not None, rotary,
+                                  wide, row_x) is not None, case.name
+        assert _fused_decode_plan(kc, vc, q.to(dtype), k, v, index, dim, cos, sin, q_pos, n_rep, mask,
+                                  qn is not None, rotary, wide, row_x) is None, case.name

@@ -191,8 +191,17 @@ def capture_tape(exe, launches: list[Launch], env0: list, state: dict[str, torch
     snapshot = snapshot_buffers(state, mutations)
     env = list(env0)
     probe: list[tuple] = []
+    # What each launch's results held when it ran, where a later in-place launch overwrote them (an
+    # accumulation into a temporary: ost.linear_acc_): the values step 4 checks its static run against.
+    checks: dict[int, tuple] = {}
     with torch.no_grad():
         for launch in launches:
+            if writes_argument(launch.op):
+                written = [t for slot, t in _arg_tensors(launch, env)[:1]]
+                for j, earlier in enumerate(probe):
+                    if j not in checks and any(isinstance(r, torch.Tensor) and _same_storage(r, w)
+                                               for r in earlier for w in written):
+                        checks[j] = tuple(r.clone() if isinstance(r, torch.Tensor) else r for r in earlier)
             res = _results(launch, launch.fn(*[resolve(a, env) for a in launch.args],
                                              **{k: resolve(a, env) for k, a in launch.kwargs.items()}))
             if launch.op in _UNINITIALIZED and len(res) == 1 and isinstance(res[0], torch.Tensor):
@@ -273,6 +282,7 @@ def capture_tape(exe, launches: list[Launch], env0: list, state: dict[str, torch
                 _store(launch, got, senv)
                 writer.add(writer.call(launch.fn, args, kwargs), _note(launch))
                 continue
+            res = checks.get(i, res)
             bufs = [static_bufs[out_buffer[(i, k)]] if (i, k) in out_buffer else None for k in range(len(res))]
             if launch.op in _UNINITIALIZED and len(bufs) == 1 and bufs[0] is not None \
                     and _layout_of(bufs[0]) == _layout_of(res[0]):

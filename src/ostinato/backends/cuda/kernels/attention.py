@@ -218,15 +218,17 @@ def _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed: bool = False) 
             v.transpose(1, 2), *swap)
 
 
-def _norm_plan(q, k, q_norm, k_norm, norm_dtype, norm_first) -> int | None:
+def _norm_plan(q, k, q_norm, k_norm, norm_dtype, norm_first, dtype=None) -> int | None:
     """The kernel's NORM for the heads' norms: 0 without them; 1 (the weight after the cast back, Qwen 3's)
     or 2 (weight first, Gemma 3's and OLMo 2's) with weights of q's dtype as wide as the rows normed (each
-    head's, or [B, 1, H * D] rows normed whole), computed in fp32; None (the reference) else."""
+    head's, or [B, 1, H * D] rows normed whole), computed in fp32; None (the reference) else. ``dtype``: the
+    rows' dtype as normed (q's, unless q and k are fp32 products scaled to the caches' dtype first)."""
     if q_norm is None:
         return 0
-    if q.dim() != k.dim() or not all(w.shape == (x.shape[-1],) and w.is_contiguous() and w.dtype == q.dtype
+    dtype = dtype or q.dtype
+    if q.dim() != k.dim() or not all(w.shape == (x.shape[-1],) and w.is_contiguous() and w.dtype == dtype
                                      for w, x in ((q_norm, q), (k_norm, k))) \
-            or (norm_dtype or q.dtype) != torch.float32:
+            or (norm_dtype or dtype) != torch.float32:
         return None
     return 2 if norm_first else 1
 
@@ -293,8 +295,8 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
                  masked=mask is not None, normed=normed, norm_dtype=str(norm_dtype), norm_first=bool(norm_first),
                  rotary=rotary, wide=bool(wide))
 
-    def plan_of():
-        norm = _norm_plan(q, k, q_norm, k_norm, norm_dtype, norm_first)
+    def plan_of():     # (row-scaled q and k come as fp32 products: the heads' norms are in the caches' dtype)
+        norm = _norm_plan(q, k, q_norm, k_norm, norm_dtype, norm_first, k_cache.dtype if scaled else q.dtype)
         plan = None if norm is None else _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos,
                                                             n_rep, mask, normed, rotary, wide, row_x)
         return None if plan is None else (*plan, norm)
