@@ -187,3 +187,24 @@ def test_replayed_on_the_cpu():
     for _ in range(3):
         got = exe(ids)
         assert (got.float() - want.float()).abs().max().item() <= 3e-2 * want.float().abs().max().item()
+
+
+def test_the_export_cache_tells_the_switches_apart(monkeypatch):
+    """A program exported (and cached) with the fold is not what a cached export gives under
+    OSTINATO_FOLD_NORMS=0 (same pipeline names) nor under OSTINATO_DOT_ROWS=64 (the matmul groups then take
+    32 rows): the fold's switches are part of the export cache's key."""
+    torch.manual_seed(0)
+    model = Stack().to(torch.bfloat16).eval()
+    ids = torch.randint(0, V, (32, 1), generator=torch.Generator().manual_seed(3))
+
+    def folds() -> int:
+        prog = ostinato.export(copy.deepcopy(model), (ids,), passes=DEFAULT_PIPELINE, cache=True)
+        return prog.op_counts().get("ost.fold_weights", 0)
+    assert folds() == 2 and folds() == 2       # (the second from the cache)
+    monkeypatch.setenv("OSTINATO_FOLD_NORMS", "0")
+    assert folds() == 0
+    monkeypatch.delenv("OSTINATO_FOLD_NORMS")
+    monkeypatch.setenv("OSTINATO_DOT_ROWS", "64")
+    assert folds() == 0
+    monkeypatch.delenv("OSTINATO_DOT_ROWS")
+    assert folds() == 2

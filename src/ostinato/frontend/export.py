@@ -246,9 +246,12 @@ def _cache_key(model, args, kwargs, dynamic_shapes, strict, trace_strict, passes
     names = [n for n, _ in _resolve_passes(passes, args, kwargs)]
     if any(n not in known for n in names):
         return None, {"hit": False, "why": "custom passes: not cached"}
+    options = {"strict": strict, "trace_strict": trace_strict, "passes": names}
+    if "fold_norms" in names:       # (its switches change what it makes of one graph)
+        from ..passes.fold_norms import fold_key
+        options["fold_norms"] = fold_key()
     try:
-        key = export_cache.export_key(model, args, kwargs, dynamic_shapes,
-                                      {"strict": strict, "trace_strict": trace_strict, "passes": names})
+        key = export_cache.export_key(model, args, kwargs, dynamic_shapes, options)
     except export_cache.Uncacheable as e:
         log.log(_report_level(), "%s: export not cached: %s", type(model).__name__, e)
         return None, {"hit": False, "why": str(e)}

@@ -63,6 +63,13 @@ def fold_enabled() -> bool:
     return os.environ.get("OSTINATO_FOLD_NORMS", "1") != "0"
 
 
+def fold_key() -> str:
+    """What the pass's result depends on besides the graph (the switch, and the rows the matmul groups take,
+    OSTINATO_DOT_ROWS): part of the export cache's key where the pipeline holds the pass."""
+    from ..codegen.linear import max_rows
+    return f"{int(fold_enabled())}-{max_rows('f16')}-{max_rows('bf16')}"
+
+
 def _static(v) -> tuple[int, ...] | None:
     if not isinstance(v, Value) or not isinstance(v.meta, TensorMeta):
         return None
