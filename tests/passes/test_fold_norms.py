@@ -208,3 +208,13 @@ def test_the_export_cache_tells_the_switches_apart(monkeypatch):
     assert folds() == 0
     monkeypatch.delenv("OSTINATO_DOT_ROWS")
     assert folds() == 2
+
+
+def test_folded_weights_replace_the_originals():
+    """After compile, the gate and up weights live only in their folded copy (runtime/folding.py drops each
+    as soon as the fold that read it last has run); the down projections and the head keep theirs."""
+    _, _, prog = _export(Stack(), 32)
+    exe = ostinato.compile(prog)
+    live = {v.name for v in prog.graph.constants if exe._template[v.slot] is not None}
+    assert not {n for n in live if "gate" in n or "up." in n}, live
+    assert {"down.0.weight", "down.1.weight", "head.weight"} <= {n.split("model.")[-1] for n in live}, live

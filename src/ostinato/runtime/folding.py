@@ -110,7 +110,13 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
     folded: set[int] = set()          # launch indices
     made: set[int] = set()            # slots produced by folded launches
     total = 0
+    # A weight a folded ost.fold_weights read last leaves at once (its copy replaces it), unless a launch
+    # left to run reads it: the copies are not all made before any original goes (peak memory).
+    last_read = {i: k for k, launch in enumerate(launches) for i in slot_reads(launch)}
+    unfolded_reads: set[int] = set()  # slots read by the launches before this one left to run
     for k, launch in enumerate(launches):
+        if k and k - 1 not in folded:
+            unfolded_reads.update(slot_reads(launches[k - 1]))
         reads = list(slot_reads(launch))
         outs = [o for o in launch.outs if o >= 0]
         if not outs or any(o in protected for o in outs) or not all(i in known for i in reads) \
@@ -131,8 +137,9 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
         largest = max((_nbytes(template[i]) for i in reads), default=0)
         size = sum(_nbytes(r) for r in results)
         limit = 2 * largest + _GROWTH_SLACK if reads else _CREATION_LIMIT
-        if launch.op in _REPLACING:
-            pass        # its weights leave the template (below): no memory grows
+        replacing = drop_weights and launch.op in _REPLACING
+        if replacing:
+            pass        # its weights leave the template: no memory grows
         elif size > limit or total + size > _TOTAL_LIMIT:
             continue
         else:
@@ -143,6 +150,10 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
                 known.add(o)
                 made.add(o)
         folded.add(k)
+        if replacing:
+            for i in reads:
+                if i in constant_slots and last_read[i] == k and i not in unfolded_reads and i not in keep:
+                    template[i] = None
     if not folded:
         return launches, frozenset()
     rest = [l for k, l in enumerate(launches) if k not in folded]
