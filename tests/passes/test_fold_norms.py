@@ -218,3 +218,30 @@ def test_folded_weights_replace_the_originals():
     live = {v.name for v in prog.graph.constants if exe._template[v.slot] is not None}
     assert not {n for n in live if "gate" in n or "up." in n}, live
     assert {"down.0.weight", "down.1.weight", "head.weight"} <= {n.split("model.")[-1] for n in live}, live
+
+
+class _Constants(nn.Module):
+    """A weight-only value returned (kept per call), an arange (a creation op: folded), a weight's exp read
+    by the step (folded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        return x + torch.arange(8) * 0.5 + self.w.exp(), self.w * 2
+
+
+def test_the_launch_table_leaves_out_what_compile_folds():
+    """ostinato inspect's launch table leaves out the launches compile-time folding runs once (a folded
+    norm's weights, a creation op and what it makes), as the runtime decides, and keeps a weight-only
+    value the graph returns (the runtime keeps it per call)."""
+    from ostinato.codegen.report import launch_table
+    prog = ostinato.export(_Constants().eval(), (torch.randn(8),), cache=False)
+    table = [r["kind"] for r in launch_table(prog.graph, "cpu")]
+    exe = ostinato.compile(prog)
+    from ostinato.ir.ops import does_device_work
+    assert table == [l.op for l in exe.launches if does_device_work(l.op)], table
+    assert "aten.arange.start_step" not in table and "aten.mul.Tensor" in table
+    _, _, folded = _export(Stack(), 32)
+    assert "ost.fold_weights" not in [r["kind"] for r in launch_table(folded.graph, "cuda")]

@@ -8,7 +8,7 @@ import importlib.util
 import os
 from typing import Any, Iterable
 
-from ..ir import Graph, Node, Value
+from ..ir import Graph, Node, Value, get_op
 from ..ir.ops import does_device_work
 from ..ir.types import TensorMeta
 from .schedule import FusionGroup, fusion_enabled, schedule
@@ -54,15 +54,29 @@ def node_bytes(node: Node) -> int | None:
 
 
 def constant_nodes(graph: Graph) -> set[int]:
-    """ids of the nodes compile-time folding runs once (runtime/folding.py): pure ops reading only constants,
-    literals and such nodes' results. (The runtime also leaves unfolded a result much larger than its
-    inputs, and any past 1 GiB folded in all; those limits are not applied here.)"""
-    from ..runtime.folding import _foldable_op
+    """ids of the nodes compile-time folding runs once (runtime/folding.py), as it decides: pure ops reading
+    only constants, literals and such nodes' results (creation ops reading nothing included), none of whose
+    results the graph returns or writes back, an impure node takes, or one of those is a view of. (The
+    runtime also leaves unfolded a result much larger than its inputs, and any past 1 GiB folded in all;
+    those limits, which depend on sizes at compile, are not applied here.) Empty where folding is off."""
+    from ..runtime.folding import _MAY_ALIAS, _foldable_op, folding_enabled
+    if not folding_enabled():
+        return set()
+    protected = {v.id for v in graph.output_values()} | {v.id for pair in graph.mutations for v in pair}
+    for node in graph.nodes:
+        op = get_op(node.op)
+        if op is None or not op.pure:
+            protected.update(v.id for v in node.inputs)
+    for node in reversed(graph.nodes):      # what a protected value may be a view of
+        op = get_op(node.op)
+        if (node.op in _MAY_ALIAS or (op is not None and op.category == "view")) \
+                and any(v is not None and v.id in protected for v in node.outputs):
+            protected.update(v.id for v in node.inputs)
     made = {v.id for v in graph.constants}
     out: set[int] = set()
     for node in graph.nodes:
-        if node.inputs and all(v.id in made for v in node.inputs) and _foldable_op(node.op) \
-                and all(v is not None for v in node.outputs):
+        if all(v.id in made for v in node.inputs) and _foldable_op(node.op) and node.outputs \
+                and all(v is not None and v.id not in protected for v in node.outputs):
             out.add(id(node))
             made.update(v.id for v in node.outputs)
     return out
