@@ -206,7 +206,10 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
 @handles("ost.decode_attention_", multi=True)
 def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
                      q_pos=None, scale=None, n_rep=1, mask=None, softcap=None, q_norm=None, k_norm=None, norm_eps=0.0,
-                     norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None, wide=False):
+                     norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None, wide=False, row_x=None,
+                     row_eps=0.0):
+    if row_x is not None:      # q, k and v as fp32 products of a folded norm's input (passes/fold_norms.py)
+        q, k, v = (row_scale_of(t, row_x, row_eps, k_cache.dtype) for t in (q, k, v))
     if q_norm is not None:     # ir/fused_ops.decode_attention_: the heads' norms, then [B, H, 1, D] rows
         q = rms_norm_of(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         k = rms_norm_of(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
@@ -227,3 +230,34 @@ def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None,
     if sequence_major(dim, k_cache):     # [B, S, H, D] caches; q, k and v in that layout too
         q, keys, values = mx.swapaxes(q, 1, 2), mx.swapaxes(keys, 1, 2), mx.swapaxes(values, 1, 2)
     return sdpa_of(q, keys, values, mask, q_pos, scale, n_rep, False, softcap), k_cache, v_cache
+
+
+# -- a norm folded into the projections it feeds (passes/fold_norms.py; ir/fused_ops.py's references) ------
+def row_scale_of(p, x, eps, dtype):
+    h = x.astype(mx.float32)
+    rstd = mx.rsqrt(mx.mean(h * h, axis=-1) + eps)
+    return (p.astype(mx.float32) * mx.reshape(rstd, (x.shape[0],) + (1,) * (p.ndim - 1))).astype(mxd(dtype))
+
+
+@handles("ost.row_scale")
+def row_scale(p, x, eps, dtype):
+    return row_scale_of(p, x, eps, dtype)
+
+
+@handles("ost.fold_weights")
+def fold_weights(weights, norm_weight, offset=0.0):
+    scale = norm_weight.astype(mx.float32) + offset
+    return mx.concatenate([w.astype(mx.float32) * scale for w in weights], axis=0).astype(weights[0].dtype)
+
+
+@handles("ost.linear_out", multi=True)
+def linear_out(x, weight, splits, dtype):
+    y = mx.matmul(x.astype(mxd(dtype)), mx.transpose(weight.astype(mxd(dtype))))
+    ends = [sum(splits[:i + 1]) for i in range(len(splits) - 1)]
+    return tuple(mx.split(y, ends, axis=-1))
+
+
+@handles("ost.linear_acc_")
+def linear_acc(acc, h, weight):
+    # MLX arrays are values: the accumulation is a new one (the in-place write is the CUDA plan's)
+    return acc + linear_of(h, weight, None)
