@@ -70,6 +70,12 @@ def _window(n_keys: int, pos: int, width: int, dt, dev) -> torch.Tensor:
 
 
 CASES = [
+    # a folded norm's row scale where nothing takes it (passes/fold_norms.py): fp32 products of rows along
+    # dim 0 scaled by x's rows (x 100 and 5000 wide: one block, and a loop), one row's elements off the block
+    KernelCase("ost.row_scale", "heads", lambda g, dt, dev: ((_r(g, (5, 1, 3, 40), torch.float32, dev, 3.0),
+                                                             _r(g, (5, 1, 100), dt, dev, 2.0), 1e-5, dt), {})),
+    KernelCase("ost.row_scale", "long-x-wide-rows", lambda g, dt, dev: ((_r(g, (3, 1, 1300), torch.float32, dev),
+                                                                        _r(g, (3, 5000), dt, dev), 1e-6, dt), {})),
     KernelCase("ost.rms_norm", "w", lambda g, dt, dev: ((_r(g, (3, 5, 64), dt, dev), _r(g, (64,), dt, dev), 1e-6), {}),
                cpu_tol={torch.float16: 2e-3}),
     KernelCase("ost.rms_norm", "noweight-odd", lambda g, dt, dev: ((_r(g, (7, 100), dt, dev), None, 1e-5), {})),

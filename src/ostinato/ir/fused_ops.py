@@ -518,13 +518,14 @@ linear_out.multi_output = True
 register_op(OpDef("ost.linear_out", linear_out, category="fused"))
 
 
-def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
+def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, *,
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """``p * rsqrt(mean(x ** 2, -1) + eps)`` in fp32, rounded to ``dtype``: RMSNorm's statistic applied to a
     product of its (unnormalized) input. ``x``'s rows are along its dim 0 (its other dims before the last are
     1: a decode step's tokens); ``p``'s dim 0 indexes the same rows, its other dims broadcast."""
     h = x.float()
     rstd = torch.rsqrt(h.pow(2).mean(-1) + eps).reshape(x.shape[0], *(1,) * (p.dim() - 1))
-    return (p.float() * rstd).to(dtype)
+    return _into(out, (p.float() * rstd).to(dtype))
 
 
 register_op(OpDef("ost.row_scale", row_scale, category="fused"))

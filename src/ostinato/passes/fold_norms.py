@@ -11,7 +11,8 @@ so the projection can read ``x`` itself, with ``W * w`` a constant (``ost.fold_w
 compile), its product kept in fp32 (``ost.linear_out``) and scaled by ``rstd`` in the kernel that reads it
 anyway (``ost.row_scale``): the attention kernel takes the row scale of q, k and v (codegen/attention.py),
 a pointwise group (SwiGLU) computes it from ``x``'s row (codegen/expand_rows.py, a reduction over the
-product's row that reads ``x`` masked past its width). The residual add before the norm becomes the
+product's row that reads ``x`` masked past its width); any other runs a kernel of its own
+(backends/cuda/kernels/norms.row_scale). The residual add before the norm becomes the
 beta=1 accumulation of the product that made one of its operands, in place (``ost.linear_acc_``: one
 cuBLAS call), so no kernel is left for the add or the norm: q/k/v, attention, o (+= x), gate/up,
 SwiGLU, down (+= x), 6 launches. Accuracy (bench/fold_numerics.py): with the fp32 product, no worse than

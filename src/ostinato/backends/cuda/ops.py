@@ -29,6 +29,7 @@ def triton_kernels() -> dict[str, Callable]:
         "ost.rms_norm": norms.rms_norm,
         "ost.add_rms_norm": norms.add_rms_norm,
         "ost.layer_norm": norms.layer_norm,
+        "ost.row_scale": norms.row_scale,
         "ost.rope": elementwise.rope,
         "ost.swiglu": elementwise.swiglu,
         "ost.geglu": elementwise.geglu,

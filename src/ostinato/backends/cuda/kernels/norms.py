@@ -5,7 +5,7 @@ import torch
 
 from ....ir import fused_ops
 from ..runtime import KernelLibrary
-from .common import block_for, rows_of
+from .common import block_for, cdiv, pow2, rows_of
 
 
 def _norm_flags(x: torch.Tensor, weight: torch.Tensor | None, compute_dtype, weight_first: bool) -> tuple | None:
@@ -69,5 +69,26 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     return out
 
 
+def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, *,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """ost.row_scale on CUDA where neither the decode attention nor a generated group takes it (passes/
+    fold_norms.py): one kernel rather than the reference's chain of torch ops."""
+    rows = x.shape[0] if x.dim() else 0
+    if x.dim() < 1 or p.dim() < 1 or p.shape[0] != rows or any(d != 1 for d in x.shape[1:-1]) or not rows \
+            or p.numel() == 0 or x.shape[-1] == 0:
+        return fused_ops.row_scale(p, x, eps, dtype, out=out)
+    p = p.contiguous()
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    n_per_row, n_x = p.numel() // rows, x.shape[-1]
+    if out is None or not out.is_contiguous():
+        res = torch.empty(p.shape, dtype=dtype, device=p.device)
+    else:
+        res = out
+    block = min(pow2(n_per_row), 1024)
+    LIBRARY.kernel("row_scale", BLOCK=block, BLOCK_X=min(pow2(n_x), 4096))(
+        p, x, res, n_per_row, n_x, x.stride(0), float(eps), grid=(rows, cdiv(n_per_row, block)))
+    return res if out is None or out is res else out.copy_(res)
+
+
 LIBRARY = KernelLibrary("norms", {"rms_norm": "rms_norm_kernel", "add_rms_norm": "add_rms_norm_kernel",
-                                  "layer_norm": "layer_norm_kernel"})
+                                  "layer_norm": "layer_norm_kernel", "row_scale": "row_scale_kernel"})

@@ -70,3 +70,22 @@ def layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_cols, eps, HAS_WEIGHT: tl.
     if HAS_BIAS:
         h = h + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, h.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def row_scale_kernel(p_ptr, x_ptr, out_ptr, n_per_row, n_x, x_stride, eps, BLOCK: tl.constexpr,
+                     BLOCK_X: tl.constexpr):
+    """ost.row_scale: out[row, j] = p[row, j] * rsqrt(mean(x[row] ** 2) + eps) in fp32, rounded to out's
+    dtype, for rows of ``n_per_row`` dense elements. One program per row and block of BLOCK of its
+    elements, each reading its row of x (``n_x`` wide, rows ``x_stride`` apart)."""
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK_X], tl.float32)
+    for r0 in range(0, n_x, BLOCK_X):
+        r = r0 + tl.arange(0, BLOCK_X)
+        v = tl.load(x_ptr + row * x_stride + r, mask=r < n_x, other=0.0).to(tl.float32)
+        acc += v * v
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_x + eps)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n_per_row
+    p = tl.load(p_ptr + row * n_per_row + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_per_row + offs, (p * rstd).to(out_ptr.dtype.element_ty), mask=m)
