@@ -226,7 +226,7 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     q_rstd = 1.0
     k_rstd = 1.0
     srow = 1.0
-    if ROWSCALE:
+    if ROWSCALE:    # (norms.row_scale_kernel's statistic: not imported, a binary's cache key hashes one file)
         racc = tl.zeros([BLOCK_R], tl.float32)
         for r0 in range(0, rx_n, BLOCK_R):
             rr = r0 + tl.arange(0, BLOCK_R)

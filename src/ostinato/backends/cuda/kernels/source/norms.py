@@ -79,6 +79,8 @@ def row_scale_kernel(p_ptr, x_ptr, out_ptr, n_per_row, n_x, x_stride, eps, BLOCK
     dtype, for rows of ``n_per_row`` dense elements. One program per row and block of BLOCK of its
     elements, each reading its row of x (``n_x`` wide, rows ``x_stride`` apart)."""
     row = tl.program_id(0).to(tl.int64)
+    # (the attention kernel's ROWSCALE computes the same statistic: kernel sources import no other, as a
+    # binary's cache key hashes its own file only)
     acc = tl.zeros([BLOCK_X], tl.float32)
     for r0 in range(0, n_x, BLOCK_X):
         r = r0 + tl.arange(0, BLOCK_X)
