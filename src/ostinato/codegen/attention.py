@@ -262,8 +262,6 @@ def _row_scaled(rows, members: list[Node], cache: Value, users, graph_reads, lon
             taken.append(turn)
         if node is None or node.op != "ost.row_scale" or id(node) not in lone or node.kwargs or len(node.args) != 4:
             return None
-        if turn is None and [id(u) for u in users.get(v.id, ())] not in ([id(m)] for m in members):
-            return None
         nodes.append(node)
         products.append(node.args[0])
     x, eps, dtype = nodes[0].args[1:]

@@ -8,7 +8,7 @@ import importlib.util
 import os
 from typing import Any, Iterable
 
-from ..ir import Graph, Node, Value, get_op
+from ..ir import Graph, Node, Value
 from ..ir.ops import does_device_work
 from ..ir.types import TensorMeta
 from .schedule import FusionGroup, fusion_enabled, schedule
@@ -59,19 +59,12 @@ def constant_nodes(graph: Graph) -> set[int]:
     results the graph returns or writes back, an impure node takes, or one of those is a view of. (The
     runtime also leaves unfolded a result much larger than its inputs, and any past 1 GiB folded in all;
     those limits, which depend on sizes at compile, are not applied here.) Empty where folding is off."""
-    from ..runtime.folding import _MAY_ALIAS, _foldable_op, folding_enabled
+    from ..runtime.folding import _foldable_op, folding_enabled, protected as protected_of
     if not folding_enabled():
         return set()
-    protected = {v.id for v in graph.output_values()} | {v.id for pair in graph.mutations for v in pair}
-    for node in graph.nodes:
-        op = get_op(node.op)
-        if op is None or not op.pure:
-            protected.update(v.id for v in node.inputs)
-    for node in reversed(graph.nodes):      # what a protected value may be a view of
-        op = get_op(node.op)
-        if (node.op in _MAY_ALIAS or (op is not None and op.category == "view")) \
-                and any(v is not None and v.id in protected for v in node.outputs):
-            protected.update(v.id for v in node.inputs)
+    keep = {v.id for v in graph.output_values()} | {v.id for pair in graph.mutations for v in pair}
+    protected = protected_of([(n.op, [v.id for v in n.inputs], [v.id for v in n.outputs if v is not None])
+                              for n in graph.nodes], keep)
     made = {v.id for v in graph.constants}
     out: set[int] = set()
     for node in graph.nodes:

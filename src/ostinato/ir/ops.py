@@ -51,6 +51,18 @@ _WRITING = frozenset("""aten.clone aten.cat aten.copy aten.stack aten.constant_p
     aten.zeros_like aten.ones_like aten.fill.Scalar aten.slice_scatter aten.select_scatter""".split())
 
 
+# Ops that may return their input itself besides the view category (``to`` without a change, ``contiguous``
+# of a dense tensor): a write into their result may be a write into their input.
+MAY_ALIAS = frozenset({"aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.type_as", "aten.view_as",
+                       "aten.reshape_as", "aten.expand_as", "aten.contiguous", "aten.reshape", "aten.alias"})
+
+
+def may_alias(name: str) -> bool:
+    """Whether the op's result may share its input's memory: a view, or one of MAY_ALIAS."""
+    op = get_op(name)
+    return name in MAY_ALIAS or (op is not None and op.category == "view")
+
+
 def does_device_work(name: str) -> bool:
     """Whether an op, once lowered, launches device work: views and size arithmetic do not (a count of
     launches per step skips them)."""

@@ -38,7 +38,7 @@ logits: its row scale would be a launch of its own). In a program with other ent
 (the prefill reads them: more memory). Runs for accelerator exports only (manager.CPU_ONLY_SKIPS) and not
 in torch.compile's backend (its weights stay the model's own, and a folded weight would not follow their
 in-place updates). ``OSTINATO_FOLD_NORMS=0`` turns it off (the A/B switch: ``default_pipeline`` then
-leaves the pass out, so the export cache's key, which names the passes, tells the two apart).
+leaves the pass out); ``fold_key`` puts it and the matmul groups' rows into the export cache's key.
 """
 from __future__ import annotations
 
@@ -48,12 +48,10 @@ import os
 import torch
 
 from ..ir import Graph, Node, TensorMeta, Value, get_op
+from ..ir.ops import may_alias
 from .rewrite import pinned_values, replace_values
 
 _HALF = (torch.float16, torch.bfloat16)
-# ops that may return their input itself (no copy where nothing changes): never accumulated into in place
-_MAY_ALIAS = {"aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.type_as", "aten.view_as",
-              "aten.reshape_as", "aten.expand_as", "aten.contiguous", "aten.reshape", "aten.alias"}
 _CODES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # views a row scale moves past: they keep the rows along dim 0 and the elements in order (a transpose of
 # heads and tokens stays after the scale, where the attention looks for the token's rows)
@@ -154,8 +152,7 @@ def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[in
             continue
         op = get_op(r.producer.op)
         # (the residual stream may already be an accumulation's result: it is its own buffer, not a view)
-        if op is None or op.category == "view" or r.producer.op in _MAY_ALIAS \
-                or (not op.pure and r.producer.op != "ost.linear_acc_"):
+        if op is None or may_alias(r.producer.op) or (not op.pure and r.producer.op != "ost.linear_acc_"):
             continue
         aliases = _aliases(r, users)
         if any(a.id in pinned for a in aliases) or any(a is lin.args[0] for a in aliases):
@@ -179,7 +176,7 @@ def _aliases(v: Value, users: dict) -> list[Value]:
         out.append(a)
         for u in users.get(a.id, []):
             op = get_op(u.op)
-            if op is not None and (op.category in ("view", "inplace") or u.op in _MAY_ALIAS):
+            if may_alias(u.op) or (op is not None and op.category == "inplace"):
                 stack.extend(o for o in u.outputs if o is not None)
     return out
 

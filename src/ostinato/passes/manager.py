@@ -89,7 +89,7 @@ def default_pipeline(example) -> list[tuple[str, Pass]]:
     devices = {x.device.type for x in _pytree.tree_leaves(example) if isinstance(x, torch.Tensor)}
     skip = set() if devices - {"cpu"} else set(CPU_ONLY_SKIPS)
     if not fold_enabled():
-        skip.add("fold_norms")      # (so the export cache's key, which names the passes, tells them apart)
+        skip.add("fold_norms")      # (the pipeline shown is what runs; the export cache's key has fold_key)
     return [p for p in DEFAULT_PIPELINE if p[0] not in skip]
 
 

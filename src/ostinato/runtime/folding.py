@@ -35,6 +35,7 @@ import torch
 
 from ..backends.base import Launch, resolve, slot_reads
 from ..ir import get_op
+from ..ir.ops import may_alias
 from .packing import weights_live
 
 log = logging.getLogger("ostinato")
@@ -69,29 +70,20 @@ def _nbytes(x: Any) -> int:
     return 0
 
 
-# Ops that may return their input itself (``to`` without a change) besides the view category.
-_MAY_ALIAS = ("aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.type_as", "aten.view_as",
-              "aten.reshape_as", "aten.expand_as")
-
-
-def _aliasing(op: str) -> bool:
-    d = get_op(op)
-    return op in _MAY_ALIAS or (d is not None and d.category == "view")
-
-
-def _protected(launches: list[Launch], keep: set[int]) -> set[int]:
-    """Slots a folded value must never be: those the plan returns or writes back (``keep``), those an
-    impure launch takes as an argument (it could write them), and every slot they may be a view of.
-    A folded value is shared by every call and session: a caller writing into what it received, or a
-    state write into a view of it, would change it for the next call."""
+def protected(steps: list[tuple[str, list, list]], keep: set) -> set:
+    """What a folded value must never be, over ``steps`` in run order, each (op, what it reads, what it
+    makes): what the plan returns or writes back (``keep``), what an impure step takes as an argument (it
+    could write it), and everything those may be a view of. A folded value is shared by every call and
+    session: a caller writing into what it received, or a state write into a view of it, would change it
+    for the next call. (Slots for launches; value ids for the launch report's graph, codegen/report.py.)"""
     out = set(keep)
-    for launch in launches:
-        d = get_op(launch.op)
-        if launch.op not in _FUSED and (d is None or not d.pure):
-            out.update(slot_reads(launch))
-    for launch in reversed(launches):
-        if _aliasing(launch.op) and any(o in out for o in launch.outs):
-            out.update(slot_reads(launch))
+    for op, reads, _ in steps:
+        d = get_op(op)
+        if op not in _FUSED and (d is None or not d.pure):
+            out.update(reads)
+    for op, reads, outs in reversed(steps):
+        if may_alias(op) and any(o in out for o in outs):
+            out.update(reads)
     return out
 
 
@@ -105,7 +97,7 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
     False where other executables share the template's weights by name: a program's methods)."""
     if not folding_enabled():
         return launches, frozenset()
-    protected = _protected(launches, keep)
+    protected_slots = protected([(l.op, list(slot_reads(l)), l.outs) for l in launches], keep)
     known = set(constant_slots)
     folded: set[int] = set()          # launch indices
     made: set[int] = set()            # slots produced by folded launches
@@ -119,7 +111,7 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
             unfolded_reads.update(slot_reads(launches[k - 1]))
         reads = list(slot_reads(launch))
         outs = [o for o in launch.outs if o >= 0]
-        if not outs or any(o in protected for o in outs) or not all(i in known for i in reads) \
+        if not outs or any(o in protected_slots for o in outs) or not all(i in known for i in reads) \
                 or not _foldable_op(launch.op):
             continue
         args = [resolve(a, template) for a in launch.args]

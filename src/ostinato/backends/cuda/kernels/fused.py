@@ -501,4 +501,3 @@ def run_fused(spec_json: str, *args) -> tuple[torch.Tensor, ...]:
 
 
 run_fused.multi_output = True
-
