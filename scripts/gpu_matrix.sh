@@ -33,24 +33,6 @@ start=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - start))); }
 SUITE="$PY bench/run_suite.py --device cuda --no-startup --runners eager,torch_compile_ro,ostinato_replay"
 
-if [ ! -e "$STATE/warm.done" ]; then
-  read -r -a cpus <<<"$($PY -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
-  share=$(( ${#cpus[@]} / WARM_PARTS )); [ "$share" -ge 1 ] || share=1
-  echo "matrix: warm-up, $WARM_PARTS parts side by side, at most ${WARM_S} s"
-  pids=()
-  for ((k = 1; k <= WARM_PARTS; k++)); do
-    list=$(IFS=,; echo "${cpus[*]:$(((k - 1) * share % ${#cpus[@]})):$share}")
-    TORCHINDUCTOR_COMPILE_THREADS=$share OSTINATO_COMPILE_WORKERS=$share \
-      taskset -c "$list" timeout --signal=INT "$WARM_S" $SUITE --part "$k/$WARM_PARTS" --costs "$COSTS" \
-      --trial-seconds 0.001 --out "$STATE/warm$k" >"$STATE/warm$k.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p"; done
-  # a part the limit cut leaves some configurations cold: the timed run compiles them itself
-  touch "$STATE/warm.done"
-  echo "matrix: warm-up done after $(($(date +%s) - start)) s"
-fi
-
 # the configurations not yet timed, in the suite's order, as exact names joined by commas
 untimed() {
   $PY - "$STATE/timed" <<'EOF'
@@ -63,6 +45,25 @@ for f in glob.glob(os.path.join(sys.argv[1], "*", "results*.json")):
 print(",".join(c.name for c in configs.select("cuda") if c.name not in done))
 EOF
 }
+todo=$(untimed)
+if [ ! -e "$STATE/warm.done" ] && [ -n "$todo" ]; then
+  read -r -a cpus <<<"$($PY -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+  share=$(( ${#cpus[@]} / WARM_PARTS )); [ "$share" -ge 1 ] || share=1
+  echo "matrix: warm-up, $WARM_PARTS parts side by side, at most ${WARM_S} s"
+  pids=()
+  for ((k = 1; k <= WARM_PARTS; k++)); do
+    list=$(IFS=,; echo "${cpus[*]:$(((k - 1) * share % ${#cpus[@]})):$share}")
+    TORCHINDUCTOR_COMPILE_THREADS=$share OSTINATO_COMPILE_WORKERS=$share \
+      taskset -c "$list" timeout --signal=INT "$WARM_S" $SUITE --configs "$todo" --part "$k/$WARM_PARTS" --costs "$COSTS" \
+      --trial-seconds 0.001 --out "$STATE/warm$k" >"$STATE/warm$k.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  # a part the limit cut leaves some configurations cold: the timed run compiles them itself
+  touch "$STATE/warm.done"
+  echo "matrix: warm-up done after $(($(date +%s) - start)) s"
+fi
+
 todo=$(untimed)
 if [ -n "$todo" ] && [ "$(left)" -gt 60 ]; then
   run=$(ls -d "$STATE"/timed/run*/ 2>/dev/null | wc -l)
