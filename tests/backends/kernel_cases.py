@@ -76,6 +76,10 @@ CASES = [
                                                              _r(g, (5, 1, 100), dt, dev, 2.0), 1e-5, dt), {})),
     KernelCase("ost.row_scale", "long-x-wide-rows", lambda g, dt, dev: ((_r(g, (3, 1, 1300), torch.float32, dev),
                                                                         _r(g, (3, 5000), dt, dev), 1e-6, dt), {})),
+    # with a biased projection's bias (Qwen 2's q, k and v), one element per element of a row
+    KernelCase("ost.row_scale", "bias-heads", lambda g, dt, dev: ((_r(g, (4, 1, 3, 40), torch.float32, dev, 3.0),
+                                                                  _r(g, (4, 1, 100), dt, dev, 2.0), 1e-5, dt,
+                                                                  _r(g, (120,), dt, dev)), {})),
     KernelCase("ost.rms_norm", "w", lambda g, dt, dev: ((_r(g, (3, 5, 64), dt, dev), _r(g, (64,), dt, dev), 1e-6), {}),
                cpu_tol={torch.float16: 2e-3}),
     KernelCase("ost.rms_norm", "noweight-odd", lambda g, dt, dev: ((_r(g, (7, 100), dt, dev), None, 1e-5), {})),
@@ -339,6 +343,14 @@ CASES = [
          torch.tensor([29], device=dev), 2, None, _r(g, (3, 1, 1, 24), dt, dev), _r(g, (3, 1, 1, 24), dt, dev), False,
          torch.tensor([20, 35, 3], device=dev).view(3, 1, 1, 1), None, 2, None, None, None, None, 0.0, None, 0.0, False,
          None, False, _r(g, (3, 1, 40), dt, dev, 4.0), 1e-5), {}), tol=_ROPE_TOL),
+    # with q's, k's and v's projection biases added after the scale (Qwen 2)
+    KernelCase("ost.decode_attention_", "row-scaled-bias-rows-rope-gqa", lambda g, dt, dev: (
+        (_r(g, (3, 2, 40, 24), dt, dev), _r(g, (3, 2, 40, 24), dt, dev), _r(g, (3, 1, 4, 24), torch.float32, dev, 3.0),
+         _r(g, (3, 1, 2, 24), torch.float32, dev, 3.0), _r(g, (3, 1, 2, 24), torch.float32, dev, 3.0),
+         torch.tensor([29], device=dev), 2, None, _r(g, (3, 1, 1, 24), dt, dev), _r(g, (3, 1, 1, 24), dt, dev), False,
+         torch.tensor([20, 35, 3], device=dev).view(3, 1, 1, 1), None, 2, None, None, None, None, 0.0, None, 0.0, False,
+         None, False, _r(g, (3, 1, 40), dt, dev, 4.0), 1e-5,
+         [_r(g, (96,), dt, dev, 2.0), _r(g, (48,), dt, dev, 2.0), _r(g, (48,), dt, dev, 2.0)]), {}), tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "row-scaled-qk-norm-rows", lambda g, dt, dev: (
         (_r(g, (2, 2, 20, 16), dt, dev), _r(g, (2, 2, 20, 16), dt, dev), _r(g, (2, 1, 4, 16), torch.float32, dev, 3.0),
          _r(g, (2, 1, 2, 16), torch.float32, dev, 3.0), _r(g, (2, 1, 2, 16), torch.float32, dev),

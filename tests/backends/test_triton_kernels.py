@@ -35,9 +35,10 @@ def _compile_specs():
               "W_FIRST": "constexpr", "BLOCK": "constexpr"},
              {"HAS_WEIGHT": True, "UPCAST": True, "W_FIRST": dt != "fp32", "BLOCK": 256}),
             ("row_scale", norms.row_scale_kernel,
-             {"p_ptr": "*fp32", "x_ptr": ptr(dt), "out_ptr": ptr(dt), "n_per_row": "i32", "n_x": "i32",
-              "x_stride": "i32", "eps": "fp32", "BLOCK": "constexpr", "BLOCK_X": "constexpr"},
-             {"BLOCK": 1024, "BLOCK_X": 4096}),
+             {"p_ptr": "*fp32", "x_ptr": ptr(dt), "b_ptr": ptr(dt), "out_ptr": ptr(dt), "n_per_row": "i32",
+              "n_x": "i32", "x_stride": "i32", "eps": "fp32", "HAS_BIAS": "constexpr", "BLOCK": "constexpr",
+              "BLOCK_X": "constexpr"},
+             {"HAS_BIAS": dt != "fp32", "BLOCK": 1024, "BLOCK_X": 4096}),
             ("layer_norm", norms.layer_norm_kernel,
              {"x_ptr": ptr(dt), "w_ptr": ptr(dt), "b_ptr": ptr(dt), "out_ptr": ptr(dt), "n_cols": "i32",
               "eps": "fp32", "HAS_WEIGHT": "constexpr", "HAS_BIAS": "constexpr", "BLOCK": "constexpr"},
@@ -71,17 +72,19 @@ def _compile_specs():
             ("decode_attention_kv", attention.decode_attention_kv_kernel,
              {**{k: ptr(dt) for k in ("q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr")}, "index_ptr": "*i64",
               "pos_ptr": "*i64", "cos_ptr": ptr(dt), "sin_ptr": ptr(dt), "mask_ptr": ptr(dt), "qw_ptr": ptr(dt),
-              "kw_ptr": ptr(dt), "rx_ptr": ptr(dt), "out_ptr": ptr(dt), "head_dim": "i32", "n_rep": "i32", "hq": "i32",
+              "kw_ptr": ptr(dt), "rx_ptr": ptr(dt), "qb_ptr": ptr(dt), "kb_ptr": ptr(dt), "vb_ptr": ptr(dt),
+              "out_ptr": ptr(dt), "head_dim": "i32", "n_rep": "i32", "hq": "i32",
               "scale": "fp32", "cap": "fp32", "ring": "i32", "eps": "fp32", "w_offset": "fp32", "rot": "i32",
               "rx_sb": "i32", "rx_n": "i32", "row_eps": "fp32",
               **{k: "i32" for k in ("q_sb", "q_sh", "k_sb", "k_sh", "v_sb", "v_sh", "cq_b", "cq_h", "sq_b", "sq_h",
                                      "ck_b", "ck_h", "sk_b", "sk_h", "c_sb", "c_sh", "c_ss", "o_sb", "o_sh", "pos_sb",
                                      "m_sb", "m_sh", "m_sn")},
               **{k: "constexpr" for k in ("n_keys", "HAS_POS", "MASK", "SOFTCAP", "ROPE", "INTERLEAVED", "RING",
-                                          "NORM", "WHOLE", "WIDE", "ROWSCALE", "BLOCK_N", "BLOCK_D", "BLOCK_R")}},
+                                          "NORM", "WHOLE", "WIDE", "ROWSCALE", "RBIAS", "BLOCK_N", "BLOCK_D",
+                                          "BLOCK_R")}},
              {"n_keys": 4096, "HAS_POS": True, "MASK": 1, "SOFTCAP": dt != "fp16", "ROPE": True, "INTERLEAVED": dt == "fp16",
               "RING": dt == "fp32", "NORM": {"fp32": 0, "fp16": 1, "bf16": 2}[dt], "WHOLE": dt == "bf16",
-              "WIDE": dt != "fp16", "ROWSCALE": dt != "bf16", "BLOCK_N": 64,
+              "WIDE": dt != "fp16", "ROWSCALE": dt != "bf16", "RBIAS": dt == "fp16", "BLOCK_N": 64,
               "BLOCK_D": 128, "BLOCK_R": 1024}),
             ("moe_up", moe.moe_up_kernel,
              {"x_ptr": ptr(dt), "logits_ptr": ptr(dt), "w_ptr": ptr(dt), "out_ptr": ptr(dt), "ids_ptr": "*i64",
@@ -179,9 +182,9 @@ def test_row_scaled_decode_attention_takes_the_kernel(dtype):
     the heads' norms in the caches' dtype included, plans the fused kernel rather than the reference (the
     interpreter's comparison would pass either way); q in the caches' dtype with a row scale does not."""
     from kernel_cases import CASES as TABLE
-    from ostinato.backends.cuda.kernels.attention import _fused_decode_plan, _norm_plan
+    from ostinato.backends.cuda.kernels.attention import _biases_fit, _fused_decode_plan, _norm_plan
     cases = [c for c in TABLE if c.name.startswith("row-scaled")]
-    assert len(cases) == 3
+    assert len(cases) == 4
     for case in cases:
         args, _ = case.make(torch.Generator().manual_seed(0), dtype, "cpu")
         kc, vc, q, k, v, index, dim, _, cos, sin, _, q_pos, _, n_rep, mask = args[:15]
@@ -191,3 +194,6 @@ def test_row_scaled_decode_attention_takes_the_kernel(dtype):
                                   wide, row_x) is not None, case.name
         assert _fused_decode_plan(kc, vc, q.to(dtype), k, v, index, dim, cos, sin, q_pos, n_rep, mask,
                                   qn is not None, rotary, wide, row_x) is None, case.name
+        if len(args) > 26:      # q's, k's and v's biases: one element per element of each's row
+            assert _biases_fit(args[26], (q, k, v)), case.name
+            assert not _biases_fit(args[26][::-1], (q, k, v)), case.name

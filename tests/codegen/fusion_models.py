@@ -212,13 +212,14 @@ class LongLoneProjections(LoneProjections):
 
 class FoldedMLP(nn.Module):
     """HF's RMSNorm (upcast, weight after the cast back) before a gated MLP's gate and up projections: in a
-    half dtype with more than 16 rows, the default pipeline folds the norm into them (passes/fold_norms.py)."""
+    half dtype with more than 16 rows, the default pipeline folds the norm into them (passes/fold_norms.py);
+    ``bias``: gate and up have biases (the row scales add them)."""
 
-    def __init__(self, hidden: int = 64, inter: int = 160):
+    def __init__(self, hidden: int = 64, inter: int = 160, bias: bool = False):
         super().__init__()
         self.w = nn.Parameter(torch.rand(hidden) + 0.5)
-        self.gate = nn.Linear(hidden, inter, bias=False)
-        self.up = nn.Linear(hidden, inter, bias=False)
+        self.gate = nn.Linear(hidden, inter, bias=bias)
+        self.up = nn.Linear(hidden, inter, bias=bias)
         self.down = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x):

@@ -196,8 +196,9 @@ def main(what: str, dtype_name: str) -> None:
         import launch_census
         from fusion_models import FoldedMLP
         # Llama (q, k, v; gate, up), Qwen 3 (the heads' norms after the scale), Phi-3 (packed q/k/v and gate/up:
-        # slices of one product), Gemma (1 + w, GeGLU): 2 layers, 20 sequences, 3 steps, every launch between two
-        # attentions one of the six, the attention taking q's, k's and v's row scales
+        # slices of one product), Gemma (1 + w, GeGLU), Qwen 2 (q's, k's and v's biases after the scale): 2
+        # layers, 20 sequences, 3 steps, every launch between two attentions one of the six, the attention
+        # taking q's, k's and v's row scales
         from ostinato.ir import fused_ops as reference_ops
         real = reference_ops.decode_attention_
         fallbacks = []
@@ -206,7 +207,7 @@ def main(what: str, dtype_name: str) -> None:
             fallbacks.append(1)
             return real(*args, **kwargs)
         reference_ops.decode_attention_ = counted
-        for family in ("llama", "qwen3", "phi3", "gemma"):
+        for family in ("llama", "qwen3", "phi3", "gemma", "qwen2"):
             fallbacks.clear()
             try:
                 wrapper, steps = launch_census.build(family, 2, "sdpa", 20, dtype)
@@ -228,20 +229,26 @@ def main(what: str, dtype_name: str) -> None:
                 results[family] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         reference_ops.decode_attention_ = real
         # rows longer than one block of the row-scale group: its statistic over x (1100 wide) walked in chunks,
-        # the gate/up rows (5000: a looped kernel) split over programs
-        try:
-            torch.manual_seed(0)
-            model = FoldedMLP(1100, 5000).to(dtype).eval()
-            args = (torch.randn(24, 1, 1100).to(dtype) * 3,)
-            exe = fused_executable(ostinato.export(model, args, passes=DEFAULT_PIPELINE), InterpretedFusionBackend())
-            ops = [l.op for l in exe.launches if does_device_work(l.op)]
-            if ops != ["ost.linear_out", "ost.fused", "aten.linear"]:
-                raise AssertionError(f"launches {ops}")
-            with torch.no_grad():
-                assert_same(exe(*args), model(*args), tol=2e-2)
-            results["long_rows"] = "ok"
-        except Exception as e:  # noqa: BLE001 - reported per case
-            results["long_rows"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        # the gate/up rows (5000: a looped kernel) split over programs; biased gate and up projections: the
+        # row-scale group adds each bias after the scale
+        for name, kwargs, width, biased in (("long_rows", {"hidden": 1100, "inter": 5000}, 1100, 0),
+                                            ("biased_mlp", {"bias": True}, 64, 2)):
+            try:
+                torch.manual_seed(0)
+                model = FoldedMLP(**kwargs).to(dtype).eval()
+                args = (torch.randn(24, 1, width).to(dtype) * 3,)
+                prog = ostinato.export(model, args, passes=DEFAULT_PIPELINE)
+                if sum(len(n.args) == 5 for n in prog.graph.nodes if n.op == "ost.row_scale") != biased:
+                    raise AssertionError(f"not {biased} biased row scales: {prog.op_counts()}")
+                exe = fused_executable(prog, InterpretedFusionBackend())
+                ops = [l.op for l in exe.launches if does_device_work(l.op)]
+                if ops != ["ost.linear_out", "ost.fused", "aten.linear"]:
+                    raise AssertionError(f"launches {ops}")
+                with torch.no_grad():
+                    assert_same(exe(*args), model(*args), tol=2e-2)
+                results[name] = "ok"
+            except Exception as e:  # noqa: BLE001 - reported per case
+                results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         print(json.dumps(results))
         return
     if what == "edge":      # the reviewer's cases: each must equal eager (NaN where eager has NaN)

@@ -173,12 +173,15 @@ def test_interpreted_decoders_with_other_ropes_in_fp16():
 
 def test_interpreted_folded_norms():
     """Batched decode steps (20 sequences, fp16) whose norms fold into their projections (passes/fold_norms.py):
-    Llama, Qwen 3, Phi-3 (packed projections) and Gemma from transformers, three steps each against eager,
+    Llama, Qwen 3, Phi-3 (packed projections), Gemma and Qwen 2 (biased q, k and v) from transformers, three
+    steps each against eager,
     through the row-scaling attention kernel and the generated row-scale groups in Triton's interpreter, each
-    layer the six launches (attention, o += x, gate/up, the row-scaled gating, down += x, q/k/v); and a gated
-    MLP whose rows are longer than a block (the statistic over x walked in chunks)."""
+    layer the six launches (attention, o += x, gate/up, the row-scaled gating, down += x, q/k/v); a gated
+    MLP whose rows are longer than a block (the statistic over x walked in chunks), and one whose gate and
+    up have biases (the row-scale group adds them)."""
     results = _interpret("fold", "float16")
-    assert results == dict.fromkeys(("llama", "qwen3", "phi3", "gemma", "long_rows"), "ok"), results
+    assert results == dict.fromkeys(("llama", "qwen3", "phi3", "gemma", "qwen2", "long_rows", "biased_mlp"), "ok"), \
+        results
 
 
 def _variants():
@@ -189,7 +192,9 @@ def _variants():
     scan = Case("selective_scan", lambda dt: (SelectiveScan(), SelectiveScan.inputs(dt)), 6)
     # a norm folded into a gated MLP's projections (bf16, 24 rows): the row-scale group over gate/up's rows
     fold = Case("folded_mlp", lambda dt: (FoldedMLP().to(dt), (torch.randn(24, 1, 64).to(dt) * 3,)), 1)
-    cases = [(c, GENERIC_PIPELINE) for c in CASES] + [(scan, DEFAULT_PIPELINE), (fold, DEFAULT_PIPELINE)]
+    biased = Case("folded_mlp_bias", lambda dt: (FoldedMLP(bias=True).to(dt), (torch.randn(24, 1, 64).to(dt),)), 1)
+    cases = [(c, GENERIC_PIPELINE) for c in CASES] + [(scan, DEFAULT_PIPELINE), (fold, DEFAULT_PIPELINE),
+                                                      (biased, DEFAULT_PIPELINE)]
     return [(c, p, dt) for c, p in cases for dt in (torch.bfloat16, torch.float32)]
 
 
@@ -233,7 +238,7 @@ def test_every_variant_compiles_for_sm90():
                     compiled.add(key)
                     cases_compiled.add(case.name)
                     split_stages += bool(plan.stages)
-    assert len(compiled) >= len(CASES) and {"selective_scan", "folded_mlp"} <= cases_compiled
+    assert len(compiled) >= len(CASES) and {"selective_scan", "folded_mlp", "folded_mlp_bias"} <= cases_compiled
     assert split_stages, "no split row was compiled"
 
 

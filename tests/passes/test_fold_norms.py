@@ -256,3 +256,63 @@ def test_a_folded_program_runs_on_mlx():
     with torch.no_grad():
         want = model(ids)
     assert (got.float() - want.float()).abs().max().item() <= 3e-2 * want.float().abs().max().item()
+
+
+class _BiasedQKV(nn.Module):
+    """A pre-norm block whose q, k and v projections have biases (Qwen 2's), read as [B, 1, heads, D] rows;
+    ``packed``: one biased projection cut into the three, by ``split`` ("split") or by slices ("slice")."""
+
+    def __init__(self, packed: str | None = None):
+        super().__init__()
+        self.packed = packed
+        self.embed = nn.Embedding(V, H)
+        self.norm = nn.Parameter(torch.rand(H) + 0.5)
+        if packed:
+            self.qkv = nn.Linear(H, 3 * H)
+        else:
+            self.q, self.k, self.v = nn.Linear(H, H), nn.Linear(H, H), nn.Linear(H, H)
+        self.o, self.head = nn.Linear(H, H, bias=False), nn.Linear(H, V, bias=False)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        h = _rms(x, self.norm)
+        if self.packed == "split":
+            q, k, v = self.qkv(h).split(H, -1)
+        elif self.packed == "slice":
+            t = self.qkv(h)
+            q, k, v = t[..., :H], t[..., H:2 * H], t[..., 2 * H:]
+        else:
+            q, k, v = self.q(h), self.k(h), self.v(h)
+        b = ids.shape[0]
+        q, k, v = (t.view(b, 1, 4, H // 4) for t in (q, k, v))
+        a = torch.softmax((q * k).sum(-1, keepdim=True), dim=2) * v
+        return self.head(x + self.o(a.reshape(b, 1, H)))
+
+
+def test_biased_projections_fold_with_their_bias_after_the_scale():
+    """q, k and v with biases: one folded product, and each row scale adds its projection's bias (5 args)
+    after the scale. The result equals eager's within bf16's rounding."""
+    model, ids, prog = _export(_BiasedQKV(), 32)
+    ops = prog.op_counts()
+    assert ops.get("ost.fold_weights") == 1 and ops.get("ost.linear_out") == 1, ops
+    scales = [n for n in prog.graph.nodes if n.op == "ost.row_scale"]
+    assert len(scales) == 3 and all(len(n.args) == 5 and n.args[4].role == "constant" for n in scales)
+    assert sorted(tuple(n.args[4].meta.shape) for n in scales) == [(H,)] * 3
+    _matches_eager(model, ids, prog)
+    got = ostinato.compile(prog, device="mlx")(ids)     # MLX's row scale adds the bias too
+    with torch.no_grad():
+        want = model(ids)
+    assert (got.float() - want.float()).abs().max().item() <= 3e-2 * want.float().abs().max().item()
+
+
+def test_a_bias_the_slices_would_cut_is_not_folded():
+    """One biased projection sliced into q, k and v (row-keeping views the row scales would move past): each
+    would need a slice of the bias, so the norm stays. Split instead (not a view the scale moves past), the
+    one row scale adds the whole bias before the split."""
+    model, ids, prog = _export(_BiasedQKV(packed="slice"), 32)
+    assert "ost.fold_weights" not in prog.op_counts(), prog.op_counts()
+    _matches_eager(model, ids, prog)
+    model, ids, prog = _export(_BiasedQKV(packed="split"), 32)
+    scales = [n for n in prog.graph.nodes if n.op == "ost.row_scale"]
+    assert len(scales) == 1 and tuple(scales[0].args[4].meta.shape) == (3 * H,), prog.op_counts()
+    _matches_eager(model, ids, prog)

@@ -245,9 +245,10 @@ def _norms(q_in: Value, k_in: Value, v: Value, ropes: list[Node], k_write: Node,
 
 
 def _row_scaled(rows, members: list[Node], cache: Value, users, graph_reads, lone: set[int]):
-    """((q, k, v) as the fp32 products, x, eps, the three ost.row_scale nodes) when q, k and v (as the
-    attention's members read them) are each a lone ``ost.row_scale`` to the caches' dtype of one ``x``
-    and ``eps``, read by a member alone; else None."""
+    """((q, k, v) as the fp32 products, x, eps, their biases or None, the ost.row_scale nodes and the
+    transposes taken) when q, k and v (as the attention's members read them) are each a lone
+    ``ost.row_scale`` to the caches' dtype of one ``x`` and ``eps``, read by a member alone, all three with a
+    bias or none; else None."""
     nodes, taken, products = [], [], []
     for v in rows:
         if not _tensor(v) or v.id in graph_reads or [id(u) for u in users.get(v.id, ())] not in ([id(m)] for m in members):
@@ -260,14 +261,18 @@ def _row_scaled(rows, members: list[Node], cache: Value, users, graph_reads, lon
             if v.meta.shape[1] != 1 or [id(u) for u in users.get(v.id, ())] != [id(turn)]:
                 return None
             taken.append(turn)
-        if node is None or node.op != "ost.row_scale" or id(node) not in lone or node.kwargs or len(node.args) != 4:
+        if node is None or node.op != "ost.row_scale" or id(node) not in lone or node.kwargs \
+                or len(node.args) not in (4, 5):
             return None
         nodes.append(node)
         products.append(node.args[0])
-    x, eps, dtype = nodes[0].args[1:]
+    x, eps, dtype = nodes[0].args[1:4]
     if any(n.args[1] is not x or n.args[2] != eps or n.args[3] != dtype for n in nodes) or dtype != cache.meta.dtype:
         return None
-    return tuple(products), x, float(eps), nodes + taken
+    biases = [n.args[4] if len(n.args) == 5 else None for n in nodes]
+    if any(b is None for b in biases) != all(b is None for b in biases):
+        return None         # (the kernel adds all three or none)
+    return tuple(products), x, float(eps), None if biases[0] is None else biases, nodes + taken
 
 
 def _transposed(v: Value, sdpa: Node, users, graph_reads, lone: set[int]) -> Node | None:
@@ -347,9 +352,9 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
             members = taken + members
     scaled = _row_scaled((q_in, k_in, v_in), members, kc, users, graph_reads, lone)
     if scaled is not None:      # q, k and v as fp32 products of a folded norm's input (passes/fold_norms.py)
-        (q_in, k_in, v_in), row_x, row_eps, taken = scaled
+        (q_in, k_in, v_in), row_x, row_eps, row_bias, taken = scaled
         members = taken + members
-        extra = (*norms, rotary, bool(wide), row_x, row_eps)
+        extra = (*norms, rotary, bool(wide), row_x, row_eps, *(() if row_bias is None else (row_bias,)))
     else:
         extra = (*norms, rotary, True) if wide else (*norms, rotary) if rotary else norms if norms is not _NO_NORMS else ()
     node = Node(OP, (kc, vc, q_in, k_in, v_in, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,

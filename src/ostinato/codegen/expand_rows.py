@@ -133,25 +133,33 @@ def _row_scale_kind(node: Node) -> Kind | None:
     """ost.row_scale as a reduction over its product's rows: their width N is walked, and ``x``'s row (H <= N
     wide, its rows along dim 0 as the product's) is read where the coordinate is below H (a gather)."""
     p, x = node.args[0], node.args[1]
+    bias = node.args[4] if len(node.args) > 4 else None
     if not (isinstance(p, Value) and isinstance(x, Value)) or code_of(p) not in FLOATS or code_of(x) not in FLOATS:
         return None
     ps, xs = tuple(p.meta.shape), tuple(x.meta.shape)
     if not ps or len(xs) != len(ps) or not all(isinstance(d, int) for d in ps + xs) or xs[0] != ps[0] \
             or xs[-1] > ps[-1] or any(d != 1 for d in xs[1:-1]):
         return None
+    if bias is not None and not (isinstance(bias, Value) and code_of(bias) in FLOATS
+                                 and tuple(bias.meta.shape) == ps[-1:] and all(d == 1 for d in ps[1:-1])):
+        return None     # (a bias over a row of several dims: the library kernel takes it)
     return Kind((len(ps) - 1,), p, True)
 
 
 @handles("ost.row_scale", kind=_row_scale_kind)
 def _row_scale(b: Builder, node: Node):
-    """ost.row_scale (ir/fused_ops.py): p * rsqrt(mean(x ** 2) + eps) in fp32, rounded to its dtype."""
+    """ost.row_scale (ir/fused_ops.py): p * rsqrt(mean(x ** 2) + eps) (+ bias) in fp32, rounded to its dtype."""
     p, x, eps = node.args[:3]
+    bias = node.args[4] if len(node.args) > 4 else None
     xv = b._push(["gather", code_of(x), "x", b.gathered(x, x.meta.rank - 1), b.rindex()])
     xf = _f(b, xv, "f32")
     mean = b.emit("div", "f32", b.emit("sum", "f32", b.emit("mul", "f32", xf, xf)),
                   b.const(float(x.meta.shape[-1]), "f32"))
     scale = b.emit("rsqrt", "f32", b.emit("add", "f32", mean, b.const(float(eps), "f32")))
-    return [b.cast(b.emit("mul", "f32", _f(b, b.value(p), "f32"), scale), _out(node))]
+    h = b.emit("mul", "f32", _f(b, b.value(p), "f32"), scale)
+    if bias is not None:
+        h = b.emit("add", "f32", h, _f(b, b.value(bias), "f32"))
+    return [b.cast(h, _out(node))]
 
 
 @handles("ost.rms_norm", kind=_last_dim_kind)

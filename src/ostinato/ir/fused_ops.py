@@ -312,7 +312,8 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
                       norm_first: bool = False,
                       rotary: int | None = None,
                       wide: bool = False, row_x: torch.Tensor | None = None,
-                      row_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      row_eps: float = 0.0, row_bias: list | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step's attention with the step's cache writes: ``rope`` on q and k when ``cos`` and
     ``sin`` are given, ``kv_update_`` of k and v into the caches (in place), then ``sdpa`` of q over the
     caches with the explicit ``mask``, if any, and the scores' ``softcap``. Returns (attention, k_cache,
@@ -340,9 +341,11 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
 
     ``row_x`` (passes/fold_norms.py): q, k and v come as fp32 products of a norm's input ``row_x`` with the
     norm's weight folded in, and are first ``row_scale``d by ``row_x``'s rows (``row_eps``) to the caches'
-    dtype, before anything else."""
+    dtype, before anything else; ``row_bias`` (q's, k's and v's projection biases, as row_scale takes them),
+    added after the scale."""
     if row_x is not None:
-        q, k, v = (row_scale(t, row_x, row_eps, k_cache.dtype) for t in (q, k, v))
+        q, k, v = (row_scale(t, row_x, row_eps, k_cache.dtype, b)
+                   for t, b in zip((q, k, v), row_bias or (None, None, None)))
     if q_norm is not None:
         q = rms_norm(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         k = rms_norm(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
@@ -518,14 +521,19 @@ linear_out.multi_output = True
 register_op(OpDef("ost.linear_out", linear_out, category="fused"))
 
 
-def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, *,
-              out: torch.Tensor | None = None) -> torch.Tensor:
+def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, bias: torch.Tensor | None = None,
+              *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``p * rsqrt(mean(x ** 2, -1) + eps)`` in fp32, rounded to ``dtype``: RMSNorm's statistic applied to a
     product of its (unnormalized) input. ``x``'s rows are along its dim 0 (its other dims before the last are
-    1: a decode step's tokens); ``p``'s dim 0 indexes the same rows, its other dims broadcast."""
+    1: a decode step's tokens); ``p``'s dim 0 indexes the same rows, its other dims broadcast. ``bias`` (the
+    projection's, 1-d, one element per element of a row of ``p`` in its order) is added in fp32 after the
+    scale, before the rounding: a biased projection's result (Qwen 2's q, k and v)."""
     h = x.float()
     rstd = torch.rsqrt(h.pow(2).mean(-1) + eps).reshape(x.shape[0], *(1,) * (p.dim() - 1))
-    return _into(out, (p.float() * rstd).to(dtype))
+    scaled = p.float() * rstd
+    if bias is not None:
+        scaled = (scaled.reshape(p.shape[0], -1) + bias.float()).reshape(p.shape)
+    return _into(out, scaled.to(dtype))
 
 
 register_op(OpDef("ost.row_scale", row_scale, category="fused"))

@@ -23,8 +23,10 @@ A norm is folded when
 - it is an ``ost.rms_norm`` or ``ost.add_rms_norm`` (any algebraic form the rms_norm pattern recognises)
   with a constant 1-d weight, over fp16/bf16 rows of static shape [B, 1, ..., H], B more than the matmul
   groups take (a decode step's tokens along dim 0);
-- its normalized output is read only by projections (``aten.linear`` without a bias, ``ost.multi_linear``
-  without biases) of constant [N, H] weights;
+- its normalized output is read only by projections (``aten.linear``, ``ost.multi_linear``) of constant
+  [N, H] weights. A constant bias is added by the row scale after its scale (``rstd * p + b``: Qwen 2's q, k
+  and v, which the attention kernel then takes with their biases), where the views between the product and
+  the row scale keep each row's elements in order (no slice, no packed gating);
 - for ``ost.add_rms_norm``: one operand is made by a projection (``aten.linear`` without a bias, a constant
   weight) read by this add alone, and the other is a temporary made by a node that is not a view,
   returned by nothing, whose every other reader runs before the add (an ancestor of it): the sum is then
@@ -80,23 +82,27 @@ def _constant(v, rank: int) -> bool:
     return isinstance(v, Value) and v.role == "constant" and isinstance(v.meta, TensorMeta) and v.meta.rank == rank
 
 
-def _projection(node: Node, y: Value, hidden: int) -> list[Value] | None:
-    """The weights of a projection of ``y`` this pass folds into (no bias, constant [N, hidden] weights of
-    y's dtype), else None."""
+def _projection(node: Node, y: Value, hidden: int) -> tuple[list[Value], list[Value | None]] | None:
+    """(the weights, the biases or Nones) of a projection of ``y`` this pass folds into (constant [N, hidden]
+    weights of y's dtype, constant [N] biases of that dtype or none), else None."""
     if node.kwargs:
         return None
-    if node.op == "aten.linear" and len(node.args) in (2, 3) and (len(node.args) == 2 or node.args[2] is None):
-        weights = [node.args[1]]
-    elif node.op == "ost.multi_linear" and len(node.args) == 3 and node.args[2] is None:
+    if node.op == "aten.linear" and len(node.args) in (2, 3):
+        weights, biases = [node.args[1]], [node.args[2] if len(node.args) == 3 else None]
+    elif node.op == "ost.multi_linear" and len(node.args) == 3:
         weights = list(node.args[1])
+        biases = list(node.args[2]) if node.args[2] is not None else [None] * len(weights)
     else:
         return None
-    if node.args[0] is not y or len(node.outputs) != len(weights):
+    if node.args[0] is not y or len(node.outputs) != len(weights) or len(biases) != len(weights):
         return None
-    for w in weights:
+    for w, b in zip(weights, biases):
         if not _constant(w, 2) or w.meta.dtype != y.meta.dtype or _static(w) is None or w.meta.shape[1] != hidden:
             return None
-    return weights
+        if b is not None and (not _constant(b, 1) or b.meta.dtype != y.meta.dtype
+                              or tuple(b.meta.shape) != (w.meta.shape[0],)):
+            return None
+    return weights, biases
 
 
 def _lone_linear(v, users: dict, pinned: set[int], reader: Node) -> Node | None:
@@ -212,10 +218,13 @@ def _fold(g: Graph, node: Node) -> bool:
         return False
     readers = users.get(y.id, [])
     projections = [(p, _projection(p, y, shape[-1])) for p in readers]
-    if not readers or any(ws is None for _, ws in projections) or len({id(p) for p in readers}) != len(readers):
+    if not readers or any(wb is None for _, wb in projections) or len({id(p) for p in readers}) != len(readers):
         return False
     if any(e.id in pinned for p, _ in projections for o in p.outputs for e in _ends(o, users, pinned, shape[0])):
         return False        # a result the graph returns (an LM head's logits): its row scale would launch alone
+    if any(b is not None and not _bias_carried(o, users, pinned, shape[0])
+           for p, (_, biases) in projections for o, b in zip(p.outputs, biases)):
+        return False        # a bias a slice or a packed gating would cut
     before: dict[int, list[Node]] = {}      # node id -> new nodes placed before it
     after: dict[int, list[Node]] = {}       # node id -> new nodes placed after it
     dead = {id(node)}
@@ -237,7 +246,7 @@ def _fold(g: Graph, node: Node) -> bool:
         s = node.args[0]
         if _static(s) != shape or s.meta.dtype != y.meta.dtype:
             return False
-    for p, weights in projections:
+    for p, (weights, biases) in projections:
         splits = [int(wt.meta.shape[0]) for wt in weights]
         fw = Node("ost.fold_weights", (list(weights), w, float(offset or 0.0)), {}, f"{p.name}_folded", p.source)
         fw.outputs = [g.new_value(fw.name, TensorMeta(y.meta.dtype, (sum(splits), shape[-1])), "temp", fw)]
@@ -246,8 +255,8 @@ def _fold(g: Graph, node: Node) -> bool:
                       for k, n in enumerate(splits)]
         before.setdefault(id(p), []).extend([fw, lo])
         dead.add(id(p))
-        for old, new in zip(p.outputs, lo.outputs):
-            _scale_after_views(g, p, old, new, s, float(eps), shape[0], users, pinned, mapping, after, fixups)
+        for old, new, bias in zip(p.outputs, lo.outputs, biases):
+            _scale_after_views(g, p, old, new, s, float(eps), bias, shape[0], users, pinned, mapping, after, fixups)
     nodes: list[Node] = []
     for n in g.nodes:
         nodes.extend(before.get(id(n), ()))
@@ -272,17 +281,28 @@ def _ends(v: Value, users: dict, pinned: set[int], rows: int) -> list[Value]:
     return [e for r in readers for e in _ends(r.outputs[0], users, pinned, rows)]
 
 
-def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value, eps: float, rows: int, users: dict,
-                       pinned: set[int], mapping: dict, after: dict, fixups: list) -> None:
+def _bias_carried(v: Value, users: dict, pinned: set[int], rows: int) -> bool:
+    """Whether a bias of ``v`` (a projection's result) can be the row scale's at each end of its views: the
+    views keep every element of a row in order (no slice), and no packed gating reads an end."""
+    readers = users.get(v.id, [])
+    if v.id in pinned or not readers or not all(_row_view(r, rows) for r in readers):
+        return not (len(readers) == 1 and readers[0].op in _PACKED)
+    return all(r.op != "aten.slice.Tensor" and _bias_carried(r.outputs[0], users, pinned, rows) for r in readers)
+
+
+def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value, eps: float, bias: Value | None,
+                       rows: int, users: dict, pinned: set[int], mapping: dict, after: dict, fixups: list) -> None:
     """Read ``new`` (the fp32 product) where ``old`` (the projection ``anchor``'s result) was read: through the
     row-keeping views that read it (each branch of a packed projection's slices), now over fp32 values, then
-    ``ost.row_scale`` back to old's dtype at the end of each branch. A packed gating (``swiglu_packed``) reading
-    a branch's end becomes the gating of its two halves' row scales, which a generated group takes whole."""
+    ``ost.row_scale`` back to old's dtype at the end of each branch, adding the projection's ``bias`` (its
+    views keep a row's elements in order: ``_bias_carried``). A packed gating (``swiglu_packed``) reading a
+    branch's end becomes the gating of its two halves' row scales, which a generated group takes whole."""
     dtype = old.meta.dtype
     mapping[old.id] = new
 
     def scale(end: Value, at: Node, name: str) -> Value:
-        node = Node("ost.row_scale", (end, x, eps, dtype), {}, f"{name}_scaled", "")
+        node = Node("ost.row_scale", (end, x, eps, dtype, *(() if bias is None else (bias,))), {},
+                    f"{name}_scaled", "")
         node.outputs = [g.new_value(node.name, TensorMeta(dtype, tuple(end.meta.shape)), "temp", node)]
         fixups.append((node, node.args))
         after.setdefault(id(at), []).append(node)

@@ -207,9 +207,10 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
 def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
                      q_pos=None, scale=None, n_rep=1, mask=None, softcap=None, q_norm=None, k_norm=None, norm_eps=0.0,
                      norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None, wide=False, row_x=None,
-                     row_eps=0.0):
+                     row_eps=0.0, row_bias=None):
     if row_x is not None:      # q, k and v as fp32 products of a folded norm's input (passes/fold_norms.py)
-        q, k, v = (row_scale_of(t, row_x, row_eps, k_cache.dtype) for t in (q, k, v))
+        q, k, v = (row_scale_of(t, row_x, row_eps, k_cache.dtype, b)
+                   for t, b in zip((q, k, v), row_bias or (None, None, None)))
     if q_norm is not None:     # ir/fused_ops.decode_attention_: the heads' norms, then [B, H, 1, D] rows
         q = rms_norm_of(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         k = rms_norm_of(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
@@ -233,15 +234,18 @@ def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None,
 
 
 # -- a norm folded into the projections it feeds (passes/fold_norms.py; ir/fused_ops.py's references) ------
-def row_scale_of(p, x, eps, dtype):
+def row_scale_of(p, x, eps, dtype, bias=None):
     h = x.astype(mx.float32)
     rstd = mx.rsqrt(mx.mean(h * h, axis=-1) + eps)
-    return (p.astype(mx.float32) * mx.reshape(rstd, (x.shape[0],) + (1,) * (p.ndim - 1))).astype(mxd(dtype))
+    scaled = p.astype(mx.float32) * mx.reshape(rstd, (x.shape[0],) + (1,) * (p.ndim - 1))
+    if bias is not None:       # one element per element of a row, in its order
+        scaled = mx.reshape(mx.reshape(scaled, (p.shape[0], -1)) + bias.astype(mx.float32), p.shape)
+    return scaled.astype(mxd(dtype))
 
 
 @handles("ost.row_scale")
-def row_scale(p, x, eps, dtype):
-    return row_scale_of(p, x, eps, dtype)
+def row_scale(p, x, eps, dtype, bias=None):
+    return row_scale_of(p, x, eps, dtype, bias)
 
 
 @handles("ost.fold_weights")

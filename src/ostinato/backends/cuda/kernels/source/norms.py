@@ -73,11 +73,11 @@ def layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_cols, eps, HAS_WEIGHT: tl.
 
 
 @triton.jit
-def row_scale_kernel(p_ptr, x_ptr, out_ptr, n_per_row, n_x, x_stride, eps, BLOCK: tl.constexpr,
-                     BLOCK_X: tl.constexpr):
-    """ost.row_scale: out[row, j] = p[row, j] * rsqrt(mean(x[row] ** 2) + eps) in fp32, rounded to out's
-    dtype, for rows of ``n_per_row`` dense elements. One program per row and block of BLOCK of its
-    elements, each reading its row of x (``n_x`` wide, rows ``x_stride`` apart)."""
+def row_scale_kernel(p_ptr, x_ptr, b_ptr, out_ptr, n_per_row, n_x, x_stride, eps, HAS_BIAS: tl.constexpr,
+                     BLOCK: tl.constexpr, BLOCK_X: tl.constexpr):
+    """ost.row_scale: out[row, j] = p[row, j] * rsqrt(mean(x[row] ** 2) + eps) (+ b[j] when HAS_BIAS) in
+    fp32, rounded to out's dtype, for rows of ``n_per_row`` dense elements. One program per row and block of
+    BLOCK of its elements, each reading its row of x (``n_x`` wide, rows ``x_stride`` apart)."""
     row = tl.program_id(0).to(tl.int64)
     # (the attention kernel's ROWSCALE computes the same statistic: kernel sources import no other, as a
     # binary's cache key hashes its own file only)
@@ -89,5 +89,7 @@ def row_scale_kernel(p_ptr, x_ptr, out_ptr, n_per_row, n_x, x_stride, eps, BLOCK
     rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_x + eps)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n_per_row
-    p = tl.load(p_ptr + row * n_per_row + offs, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * n_per_row + offs, (p * rstd).to(out_ptr.dtype.element_ty), mask=m)
+    p = tl.load(p_ptr + row * n_per_row + offs, mask=m, other=0.0).to(tl.float32) * rstd
+    if HAS_BIAS:
+        p += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_per_row + offs, p.to(out_ptr.dtype.element_ty), mask=m)
