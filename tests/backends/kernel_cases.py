@@ -351,6 +351,20 @@ CASES = [
          torch.tensor([20, 35, 3], device=dev).view(3, 1, 1, 1), None, 2, None, None, None, None, 0.0, None, 0.0, False,
          None, False, _r(g, (3, 1, 40), dt, dev, 4.0), 1e-5,
          [_r(g, (96,), dt, dev, 2.0), _r(g, (48,), dt, dev, 2.0), _r(g, (48,), dt, dev, 2.0)]), {}), tol=_ROPE_TOL),
+    # biases over sequence-major caches, multi-query (one KV head), no rope; and before the heads' norms
+    KernelCase("ost.decode_attention_", "row-scaled-bias-seq-major-mqa", lambda g, dt, dev: (
+        (_r(g, (2, 16, 1, 16), dt, dev), _r(g, (2, 16, 1, 16), dt, dev), _r(g, (2, 1, 4, 16), torch.float32, dev),
+         _r(g, (2, 1, 1, 16), torch.float32, dev), _r(g, (2, 1, 1, 16), torch.float32, dev),
+         torch.tensor([5], device=dev), 1, None, None, None, False, None, None, 4, None, None, None, None, 0.0, None,
+         0.0, False, None, False, _r(g, (2, 64), dt, dev), 1e-5,
+         [_r(g, (64,), dt, dev, 2.0), _r(g, (16,), dt, dev, 2.0), _r(g, (16,), dt, dev, 2.0)]), {})),
+    KernelCase("ost.decode_attention_", "row-scaled-bias-qk-norm-rows", lambda g, dt, dev: (
+        (_r(g, (2, 2, 20, 16), dt, dev), _r(g, (2, 2, 20, 16), dt, dev), _r(g, (2, 1, 4, 16), torch.float32, dev, 3.0),
+         _r(g, (2, 1, 2, 16), torch.float32, dev, 3.0), _r(g, (2, 1, 2, 16), torch.float32, dev),
+         torch.tensor([9], device=dev), 2, None, _r(g, (2, 1, 1, 16), dt, dev), _r(g, (2, 1, 1, 16), dt, dev), True,
+         None, None, 2, None, None, _r(g, (16,), dt, dev), _r(g, (16,), dt, dev), 1e-6, torch.float32, 0.0, False,
+         None, False, _r(g, (2, 1, 100), dt, dev), 1e-6,
+         [_r(g, (64,), dt, dev, 2.0), _r(g, (32,), dt, dev, 2.0), _r(g, (32,), dt, dev, 2.0)]), {}), tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "row-scaled-qk-norm-rows", lambda g, dt, dev: (
         (_r(g, (2, 2, 20, 16), dt, dev), _r(g, (2, 2, 20, 16), dt, dev), _r(g, (2, 1, 4, 16), torch.float32, dev, 3.0),
          _r(g, (2, 1, 2, 16), torch.float32, dev, 3.0), _r(g, (2, 1, 2, 16), torch.float32, dev),

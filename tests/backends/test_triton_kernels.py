@@ -184,7 +184,7 @@ def test_row_scaled_decode_attention_takes_the_kernel(dtype):
     from kernel_cases import CASES as TABLE
     from ostinato.backends.cuda.kernels.attention import _biases_fit, _fused_decode_plan, _norm_plan
     cases = [c for c in TABLE if c.name.startswith("row-scaled")]
-    assert len(cases) == 4
+    assert len(cases) == 6
     for case in cases:
         args, _ = case.make(torch.Generator().manual_seed(0), dtype, "cpu")
         kc, vc, q, k, v, index, dim, _, cos, sin, _, q_pos, _, n_rep, mask = args[:15]

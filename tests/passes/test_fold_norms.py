@@ -260,9 +260,10 @@ def test_a_folded_program_runs_on_mlx():
 
 class _BiasedQKV(nn.Module):
     """A pre-norm block whose q, k and v projections have biases (Qwen 2's), read as [B, 1, heads, D] rows;
-    ``packed``: one biased projection cut into the three, by ``split`` ("split") or by slices ("slice")."""
+    ``packed``: one biased projection cut into the three, by ``split`` ("split") or by slices ("slice");
+    ``k_bias``: False leaves k's projection without one (Whisper's)."""
 
-    def __init__(self, packed: str | None = None):
+    def __init__(self, packed: str | None = None, k_bias: bool = True):
         super().__init__()
         self.packed = packed
         self.embed = nn.Embedding(V, H)
@@ -270,7 +271,7 @@ class _BiasedQKV(nn.Module):
         if packed:
             self.qkv = nn.Linear(H, 3 * H)
         else:
-            self.q, self.k, self.v = nn.Linear(H, H), nn.Linear(H, H), nn.Linear(H, H)
+            self.q, self.k, self.v = nn.Linear(H, H), nn.Linear(H, H, bias=k_bias), nn.Linear(H, H)
         self.o, self.head = nn.Linear(H, H, bias=False), nn.Linear(H, V, bias=False)
 
     def forward(self, ids):
@@ -316,3 +317,33 @@ def test_a_bias_the_slices_would_cut_is_not_folded():
     scales = [n for n in prog.graph.nodes if n.op == "ost.row_scale"]
     assert len(scales) == 1 and tuple(scales[0].args[4].meta.shape) == (3 * H,), prog.op_counts()
     _matches_eager(model, ids, prog)
+
+
+def test_some_biased_some_not_is_not_folded():
+    """q and v biased, k not: the attention kernel adds the three biases or none, so the norm stays (folded,
+    its row scales would each launch alone)."""
+    model, ids, prog = _export(_BiasedQKV(k_bias=False), 32)
+    assert "ost.fold_weights" not in prog.op_counts(), prog.op_counts()
+    _matches_eager(model, ids, prog)
+
+
+def test_the_mlx_attention_takes_row_scaled_biased_rows():
+    """MLX's merged decode attention with q, k and v as row-scaled fp32 products and their biases (the caches'
+    dtype an MLX dtype there) equals the reference's."""
+    import mlx.core as mx
+    import numpy as np
+
+    from ostinato.backends.mlx.ops_fused import decode_attention
+    from ostinato.ir.fused_ops import decode_attention_
+    g = torch.Generator().manual_seed(0)
+    kc, vc = torch.randn(2, 2, 8, 4, generator=g).half(), torch.randn(2, 2, 8, 4, generator=g).half()
+    q, k, v = (torch.randn(2, 1, n, 4, generator=g) * 3 for n in (4, 2, 2))
+    x, index = torch.randn(2, 1, 12, generator=g).half(), torch.tensor([3])
+    biases = [torch.randn(n, generator=g).half() for n in (16, 8, 8)]
+    want = decode_attention_(kc.clone(), vc.clone(), q, k, v, index, 2, n_rep=2, row_x=x, row_eps=1e-5,
+                             row_bias=biases)
+    m = lambda t: mx.array(t.float().numpy()).astype(mx.float16 if t.dtype == torch.float16 else mx.float32)  # noqa: E731
+    got = decode_attention(m(kc), m(vc), m(q), m(k), m(v), mx.array(index.numpy()), 2, n_rep=2, row_x=m(x),
+                           row_eps=1e-5, row_bias=[m(b) for b in biases])
+    for a, b in zip(got, want):
+        assert np.allclose(np.array(a.astype(mx.float32)), b.float().numpy(), atol=2e-3), (a, b)

@@ -26,7 +26,8 @@ A norm is folded when
 - its normalized output is read only by projections (``aten.linear``, ``ost.multi_linear``) of constant
   [N, H] weights. A constant bias is added by the row scale after its scale (``rstd * p + b``: Qwen 2's q, k
   and v, which the attention kernel then takes with their biases), where the views between the product and
-  the row scale keep each row's elements in order (no slice, no packed gating);
+  the row scale keep each row's elements in order (no slice, no packed gating), and every projection of the
+  norm has one (the attention kernel adds q's, k's and v's or none);
 - for ``ost.add_rms_norm``: one operand is made by a projection (``aten.linear`` without a bias, a constant
   weight) read by this add alone, and the other is a temporary made by a node that is not a view,
   returned by nothing, whose every other reader runs before the add (an ancestor of it): the sum is then
@@ -225,6 +226,9 @@ def _fold(g: Graph, node: Node) -> bool:
     if any(b is not None and not _bias_carried(o, users, pinned, shape[0])
            for p, (_, biases) in projections for o, b in zip(p.outputs, biases)):
         return False        # a bias a slice or a packed gating would cut
+    present = {b is not None for _, (_, biases) in projections for b in biases}
+    if len(present) > 1:
+        return False        # some biased, some not: the attention kernel adds q's, k's and v's biases or none
     before: dict[int, list[Node]] = {}      # node id -> new nodes placed before it
     after: dict[int, list[Node]] = {}       # node id -> new nodes placed after it
     dead = {id(node)}

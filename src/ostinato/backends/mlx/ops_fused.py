@@ -235,12 +235,13 @@ def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None,
 
 # -- a norm folded into the projections it feeds (passes/fold_norms.py; ir/fused_ops.py's references) ------
 def row_scale_of(p, x, eps, dtype, bias=None):
+    """``dtype``: torch's (the op's argument) or MLX's (the caches' in the merged attention)."""
     h = x.astype(mx.float32)
     rstd = mx.rsqrt(mx.mean(h * h, axis=-1) + eps)
     scaled = p.astype(mx.float32) * mx.reshape(rstd, (x.shape[0],) + (1,) * (p.ndim - 1))
     if bias is not None:       # one element per element of a row, in its order
         scaled = mx.reshape(mx.reshape(scaled, (p.shape[0], -1)) + bias.astype(mx.float32), p.shape)
-    return scaled.astype(mxd(dtype))
+    return scaled.astype(dtype if isinstance(dtype, mx.Dtype) else mxd(dtype))
 
 
 @handles("ost.row_scale")

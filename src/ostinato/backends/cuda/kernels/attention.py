@@ -297,6 +297,11 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
     normed = q_norm is not None
     scaled = row_x is not None
     biased = scaled and row_bias is not None
+    if biased and (len(row_bias) != 3 or any(b is None for b in row_bias)):
+        from ....ir.fused_ops import decode_attention_ as reference     # (the kernel adds all three or none)
+        return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
+                         mask, softcap, q_norm, k_norm, norm_eps, norm_dtype, norm_offset, norm_first, rotary, wide,
+                         row_x, row_eps, row_bias)
     key = op_key("ost.decode_attention_", k_cache, v_cache, q, k, v, index,
                  *(() if cos is None else (cos, sin)), *(() if q_pos is None else (q_pos,)),
                  *(() if mask is None else (mask,)), *((q_norm, k_norm) if normed else ()),
