@@ -69,7 +69,7 @@ if [ -n "$todo" ] && [ "$(left)" -gt 60 ]; then
   run=$(ls -d "$STATE"/timed/run*/ 2>/dev/null | wc -l)
   echo "matrix: timing $(echo "$todo" | tr ',' '\n' | wc -l) configurations for at most $(($(left) - 15)) s (run $run)"
   timeout --signal=INT $(($(left) - 15)) $SUITE --configs "$todo" --out "$STATE/timed/run$run" \
-    2>&1 | tee "$STATE/timed/run$run.log" | grep -E "^\[|ms/step|WRONG|error" 
+    2>&1 | tee "$STATE/timed/run$run.log" | grep -E "^\[|ms/step|WRONG|error"
 fi
 
 # what came back so far

@@ -274,7 +274,7 @@ def _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos, n
 
 
 def _biases_fit(biases, rows) -> bool:
-    """Whether q's, k's and v's biases are one element per element of each's row, [B, 1, H, D] or
+    """Whether q's, k's and v's biases are all given, one element per element of each's row, [B, 1, H, D] or
     [B, H, 1, D] (the kernel reads head h's at h * D), as ost.row_scale adds them."""
     return len(biases) == 3 and all(
         isinstance(b, torch.Tensor) and b.dim() == 1 and t.dim() == 4 and 1 in t.shape[1:3]
@@ -297,16 +297,11 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
     normed = q_norm is not None
     scaled = row_x is not None
     biased = scaled and row_bias is not None
-    if biased and (len(row_bias) != 3 or any(b is None for b in row_bias)):
-        from ....ir.fused_ops import decode_attention_ as reference     # (the kernel adds all three or none)
-        return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
-                         mask, softcap, q_norm, k_norm, norm_eps, norm_dtype, norm_offset, norm_first, rotary, wide,
-                         row_x, row_eps, row_bias)
     key = op_key("ost.decode_attention_", k_cache, v_cache, q, k, v, index,
                  *(() if cos is None else (cos, sin)), *(() if q_pos is None else (q_pos,)),
                  *(() if mask is None else (mask,)), *((q_norm, k_norm) if normed else ()),
-                 *((row_x,) if scaled else ()), *(row_bias if biased else ()), dim=dim, n_rep=n_rep, scaled=scaled,
-                 biased=biased,
+                 *((row_x,) if scaled else ()), *(b for b in row_bias or () if b is not None), dim=dim,
+                 n_rep=n_rep, scaled=scaled, biased=biased,
                  masked=mask is not None, normed=normed, norm_dtype=str(norm_dtype), norm_first=bool(norm_first),
                  rotary=rotary, wide=bool(wide))
 
@@ -315,7 +310,7 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         plan = None if norm is None else _fused_decode_plan(k_cache, v_cache, q, k, v, index, dim, cos, sin, q_pos,
                                                             n_rep, mask, normed, rotary, wide, row_x)
         if plan is not None and biased and not _biases_fit(row_bias, (q, k, v)):
-            plan = None
+            plan = None     # (the kernel adds all three, one element per element of each row, or none)
         return None if plan is None else (*plan, norm)
     plan = op_graph_cache.get(key, plan_of)
     if plan is None:
