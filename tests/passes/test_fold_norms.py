@@ -319,11 +319,18 @@ def test_a_bias_the_slices_would_cut_is_not_folded():
     _matches_eager(model, ids, prog)
 
 
-def test_some_biased_some_not_is_not_folded():
-    """q and v biased, k not: the attention kernel adds the three biases or none, so the norm stays (folded,
-    its row scales would each launch alone)."""
+def test_some_biased_some_not_folds_with_a_zero_bias():
+    """q and v biased, k not: the attention kernel adds the three biases or none, so k's row scale adds zeros
+    (``ost.fold_bias`` of neither a shift nor a bias: an fp32 constant once folded), and the three row scales
+    stay alike for the attention to take. The result equals eager's within bf16's rounding."""
     model, ids, prog = _export(_BiasedQKV(k_bias=False), 32)
-    assert "ost.fold_weights" not in prog.op_counts(), prog.op_counts()
+    ops = prog.op_counts()
+    assert ops.get("ost.fold_weights") == 2 and ops.get("ost.fold_bias") == 1, ops
+    scales = [n for n in prog.graph.nodes if n.op == "ost.row_scale"][:3]
+    assert all(len(n.args) == 5 for n in scales)
+    zero = [n.args[4] for n in scales if n.args[4].role != "constant"]
+    assert len(zero) == 1 and zero[0].producer.op == "ost.fold_bias" and zero[0].meta.dtype == torch.float32
+    assert zero[0].producer.args[1:] == (None, None)
     _matches_eager(model, ids, prog)
 
 

@@ -245,16 +245,19 @@ def _norms(q_in: Value, k_in: Value, v: Value, ropes: list[Node], k_write: Node,
 
 
 def _row_scaled(rows, members: list[Node], cache: Value, users, graph_reads, lone: set[int]):
-    """((q, k, v) as the fp32 products, x, eps, their biases or None, the ost.row_scale nodes and the
+    """((q, k, v) as the fp32 products, x, eps, their biases or None, whether the statistic is LayerNorm's
+    (row_scale's ``center``), the ost.row_scale nodes and the
     transposes taken) when q, k and v (as the attention's members read them) are each a lone
     ``ost.row_scale`` to the caches' dtype of one ``x`` and ``eps``, read by a member alone, all three with a
     bias or none; else None."""
     nodes, taken, products = [], [], []
-    for v in rows:
-        if not _tensor(v) or v.id in graph_reads or [id(u) for u in users.get(v.id, ())] not in ([id(m)] for m in members):
+    inside = {id(m) for m in members}
+    for v in rows:      # (read by members only: a partial rope's two slices read q and k)
+        readers = users.get(v.id, ())
+        if not _tensor(v) or v.id in graph_reads or not readers or any(id(u) not in inside for u in readers):
             return None
         node = v.producer
-        turn = _transposed(v, users[v.id][0], users, graph_reads, lone) if node is not None \
+        turn = _transposed(v, None, users, graph_reads, lone) if node is not None \
             and node.op != "ost.row_scale" else None
         if turn is not None:    # [B, 1, H, D] rows scaled, then turned to [B, H, 1, D]: the kernel takes the rows
             v, node = turn.args[0], turn.args[0].producer
@@ -262,23 +265,28 @@ def _row_scaled(rows, members: list[Node], cache: Value, users, graph_reads, lon
                 return None
             taken.append(turn)
         if node is None or node.op != "ost.row_scale" or id(node) not in lone or node.kwargs \
-                or len(node.args) not in (4, 5):
+                or len(node.args) not in (4, 5, 6):
             return None
         nodes.append(node)
         products.append(node.args[0])
     x, eps, dtype = nodes[0].args[1:4]
     if any(n.args[1] is not x or n.args[2] != eps or n.args[3] != dtype for n in nodes) or dtype != cache.meta.dtype:
         return None
-    biases = [n.args[4] if len(n.args) == 5 else None for n in nodes]
+    biases = [n.args[4] if len(n.args) > 4 else None for n in nodes]
     if any(b is None for b in biases) != all(b is None for b in biases):
         return None         # (the kernel adds all three or none)
-    return tuple(products), x, float(eps), None if biases[0] is None else biases, nodes + taken
+    centers = {bool(n.args[5]) if len(n.args) > 5 else False for n in nodes}
+    if len(centers) != 1:
+        return None         # (one statistic for the three)
+    return tuple(products), x, float(eps), None if biases[0] is None else biases, centers.pop(), nodes + taken
 
 
 def _transposed(v: Value, sdpa: Node, users, graph_reads, lone: set[int]) -> Node | None:
-    """The lone node swapping dims 1 and 2 of a 4-D tensor that makes ``v``, read by ``sdpa`` alone."""
+    """The lone node swapping dims 1 and 2 of a 4-D tensor that makes ``v``, read by ``sdpa`` alone (None: its
+    readers checked by the caller)."""
     node = v.producer
-    if node is None or id(node) not in lone or node.kwargs or not _only_reader(v, sdpa, users, graph_reads) \
+    if node is None or id(node) not in lone or node.kwargs \
+            or sdpa is not None and not _only_reader(v, sdpa, users, graph_reads) \
             or not _tensor(node.args[0]) or len(node.args[0].meta.shape) != 4:
         return None
     if node.op == "aten.permute" and [d % 4 for d in node.args[1]] == [0, 2, 1, 3]:
@@ -352,9 +360,10 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
             members = taken + members
     scaled = _row_scaled((q_in, k_in, v_in), members, kc, users, graph_reads, lone)
     if scaled is not None:      # q, k and v as fp32 products of a folded norm's input (passes/fold_norms.py)
-        (q_in, k_in, v_in), row_x, row_eps, row_bias, taken = scaled
+        (q_in, k_in, v_in), row_x, row_eps, row_bias, center, taken = scaled
         members = taken + members
-        extra = (*norms, rotary, bool(wide), row_x, row_eps, *(() if row_bias is None else (row_bias,)))
+        extra = (*norms, rotary, bool(wide), row_x, row_eps, *((row_bias, True) if center
+                                                                 else () if row_bias is None else (row_bias,)))
     else:
         extra = (*norms, rotary, True) if wide else (*norms, rotary) if rotary else norms if norms is not _NO_NORMS else ()
     node = Node(OP, (kc, vc, q_in, k_in, v_in, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,

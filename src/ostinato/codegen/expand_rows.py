@@ -148,13 +148,20 @@ def _row_scale_kind(node: Node) -> Kind | None:
 
 @handles("ost.row_scale", kind=_row_scale_kind)
 def _row_scale(b: Builder, node: Node):
-    """ost.row_scale (ir/fused_ops.py): p * rsqrt(mean(x ** 2) + eps) (+ bias) in fp32, rounded to its dtype."""
+    """ost.row_scale (ir/fused_ops.py): p * rsqrt(mean(x ** 2) + eps) (+ bias) in fp32, rounded to its dtype;
+    ``center``: LayerNorm's statistic, x less its mean (the coordinates past x's width masked to 0)."""
     p, x, eps = node.args[:3]
     bias = node.args[4] if len(node.args) > 4 else None
-    xv = b._push(["gather", code_of(x), "x", b.gathered(x, x.meta.rank - 1), b.rindex()])
+    center = bool(node.args[5]) if len(node.args) > 5 else False
+    index = b.rindex()
+    xv = b._push(["gather", code_of(x), "x", b.gathered(x, x.meta.rank - 1), index])
     xf = _f(b, xv, "f32")
-    mean = b.emit("div", "f32", b.emit("sum", "f32", b.emit("mul", "f32", xf, xf)),
-                  b.const(float(x.meta.shape[-1]), "f32"))
+    width = b.const(float(x.meta.shape[-1]), "f32")
+    if center:
+        mean = b.emit("div", "f32", b.emit("sum", "f32", xf), width)
+        inside = b.emit("lt", "bool", index, b.const(int(x.meta.shape[-1]), "i64"))
+        xf = b.emit("where", "f32", inside, b.emit("sub", "f32", xf, mean), b.const(0.0, "f32"))
+    mean = b.emit("div", "f32", b.emit("sum", "f32", b.emit("mul", "f32", xf, xf)), width)
     scale = b.emit("rsqrt", "f32", b.emit("add", "f32", mean, b.const(float(eps), "f32")))
     h = b.emit("mul", "f32", _f(b, b.value(p), "f32"), scale)
     if bias is not None:

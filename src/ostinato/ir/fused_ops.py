@@ -312,7 +312,7 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
                       norm_first: bool = False,
                       rotary: int | None = None,
                       wide: bool = False, row_x: torch.Tensor | None = None,
-                      row_eps: float = 0.0, row_bias: list | None = None
+                      row_eps: float = 0.0, row_bias: list | None = None, row_center: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step's attention with the step's cache writes: ``rope`` on q and k when ``cos`` and
     ``sin`` are given, ``kv_update_`` of k and v into the caches (in place), then ``sdpa`` of q over the
@@ -342,9 +342,9 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     ``row_x`` (passes/fold_norms.py): q, k and v come as fp32 products of a norm's input ``row_x`` with the
     norm's weight folded in, and are first ``row_scale``d by ``row_x``'s rows (``row_eps``) to the caches'
     dtype, before anything else; ``row_bias`` (q's, k's and v's projection biases, as row_scale takes them),
-    added after the scale."""
+    added after the scale; ``row_center``: the statistic is LayerNorm's (row_scale's ``center``)."""
     if row_x is not None:
-        q, k, v = (row_scale(t, row_x, row_eps, k_cache.dtype, b)
+        q, k, v = (row_scale(t, row_x, row_eps, k_cache.dtype, b, row_center)
                    for t, b in zip((q, k, v), row_bias or (None, None, None)))
     if q_norm is not None:
         q = rms_norm(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
@@ -495,15 +495,74 @@ register_op(OpDef("ost.moe_down_shared", moe_down_shared, category="fused"))
 
 
 # -- a norm folded into the projections it feeds (passes/fold_norms.py) ------------------------------------
-def fold_weights(weights: list[torch.Tensor], norm_weight: torch.Tensor, offset: float = 0.0) -> torch.Tensor:
+def fold_weights(weights: list[torch.Tensor], norm_weight: torch.Tensor | None, offset: float = 0.0,
+                 center: bool = False) -> torch.Tensor:
     """The projections' weights [N_i, K], one after another, each column k times ``norm_weight[k] + offset``
-    (in fp32, rounded once to the weights' dtype): ``rms_norm(x) @ W^T`` is ``rstd(x) * (x @ fold^T)``.
-    Its inputs are constants: compile-time folding (runtime/folding.py) makes it once."""
-    scale = norm_weight.float() + offset
-    return torch.cat([w.float() * scale for w in weights]).to(weights[0].dtype)
+    (1 + offset without a weight), in fp32, rounded once to the weights' dtype: ``rms_norm(x) @ W^T`` is
+    ``rstd(x) * (x @ fold^T)``. ``center`` (a LayerNorm's): each row then less its mean, so that the product
+    subtracts the input row's mean itself (``(x - mean(x)) @ V^T = x @ (V - mean_k V)^T``): ``layer_norm(x)
+    @ W^T`` is ``rstd(x) * (x @ fold^T)`` plus ``fold_bias``. Its inputs are constants: compile-time folding
+    (runtime/folding.py) makes it once."""
+    scale = (1.0 if norm_weight is None else norm_weight.float()) + offset
+    folded = torch.cat([w.float() * scale for w in weights])
+    if not center:
+        return folded.to(weights[0].dtype)
+    return _round_summing_to_zero(folded - folded.mean(-1, keepdim=True), weights[0].dtype)
+
+
+_MANTISSA = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
+
+
+def _round_summing_to_zero(exact: torch.Tensor, dtype: torch.dtype, rounds: int = 6, width: int = 128) -> torch.Tensor:
+    """``exact`` (fp32 rows summing to 0) rounded to ``dtype`` with each row's sum kept near 0: a centered
+    fold's product subtracts the row's mean only as well as its weights sum to 0, and plain rounding leaves
+    each row a sum of about sqrt(K) half-ulps, which times the input's mean is an error growing with the
+    mean against the spread (bench/fold_numerics.py --layer). Each round moves up to ``width`` elements of a
+    row to their other neighbour -- those nearest halfway between the two, on the side that shrinks the
+    row's sum, by at most twice the sum -- taking the prefix of them that leaves the sum smallest. Every
+    element stays within one ulp of ``exact``."""
+    out = exact.to(dtype)
+    if dtype not in _MANTISSA or exact.dim() != 2 or not exact.numel():
+        return out
+    width = min(width, exact.shape[-1])
+    for _ in range(rounds):
+        cur = out.float()
+        residual = (cur - exact).sum(-1, keepdim=True)                    # [N, 1]
+        toward = -torch.sign(residual)                                    # the direction that shrinks it
+        _, e = torch.frexp(cur)
+        ulp = torch.ldexp(torch.ones_like(cur), e - _MANTISSA[dtype])     # (0 and subnormals: a tiny step)
+        err = cur - exact
+        ok = (torch.sign(-err) == toward) & (ulp <= 2 * residual.abs()) & (cur != 0)
+        cost = torch.where(ok, ulp - 2 * err.abs(), torch.inf)           # how much the element's error grows
+        cost, idx = torch.topk(cost, width, dim=-1, largest=False)
+        step = torch.where(torch.isfinite(cost), toward * ulp.gather(-1, idx), 0.0)
+        left = (residual + torch.cumsum(step, -1)).abs()                  # the sum after each prefix
+        left = torch.cat([residual.abs(), left], -1)
+        take = left.argmin(-1, keepdim=True)                              # prefix length (0: none)
+        moved = torch.arange(width, device=exact.device) < take
+        if not moved.any():
+            break
+        cur = cur.scatter_add(-1, idx, torch.where(moved, step, 0.0))
+        out = cur.to(dtype)
+    return out
 
 
 register_op(OpDef("ost.fold_weights", fold_weights, category="fused"))
+
+
+def fold_bias(weight: torch.Tensor, norm_bias: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """``weight @ norm_bias + bias`` in fp32 (zeros where neither is given): the constant part of a
+    LayerNorm's output (its shift ``norm_bias``) times a projection, plus the projection's own bias; the
+    row scale adds it after its scale (passes/fold_norms.py). Kept in fp32: one rounding, the result's."""
+    out = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
+    if norm_bias is not None:
+        out = out + weight.float() @ norm_bias.float()
+    if bias is not None:
+        out = out + bias.float()
+    return out
+
+
+register_op(OpDef("ost.fold_bias", fold_bias, category="fused"))
 
 
 def linear_out(x: torch.Tensor, weight: torch.Tensor, splits: list[int], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -522,13 +581,17 @@ register_op(OpDef("ost.linear_out", linear_out, category="fused"))
 
 
 def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, bias: torch.Tensor | None = None,
-              *, out: torch.Tensor | None = None) -> torch.Tensor:
+              center: bool = False, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``p * rsqrt(mean(x ** 2, -1) + eps)`` in fp32, rounded to ``dtype``: RMSNorm's statistic applied to a
-    product of its (unnormalized) input. ``x``'s rows are along its dim 0 (its other dims before the last are
-    1: a decode step's tokens); ``p``'s dim 0 indexes the same rows, its other dims broadcast. ``bias`` (the
-    projection's, 1-d, one element per element of a row of ``p`` in its order) is added in fp32 after the
-    scale, before the rounding: a biased projection's result (Qwen 2's q, k and v)."""
+    product of its (unnormalized) input. ``center``: LayerNorm's instead, ``rsqrt(mean((x - mean(x)) ** 2) +
+    eps)`` (the product's weights centered: fold_weights). ``x``'s rows are along its dim 0 (its other dims
+    before the last are 1: a decode step's tokens); ``p``'s dim 0 indexes the same rows, its other dims
+    broadcast. ``bias`` (the projection's, 1-d, one element per element of a row of ``p`` in its order; any
+    float dtype) is added in fp32 after the scale, before the rounding: a biased projection's result (Qwen 2's
+    q, k and v), a folded LayerNorm's shift (fold_bias)."""
     h = x.float()
+    if center:
+        h = h - h.mean(-1, keepdim=True)
     rstd = torch.rsqrt(h.pow(2).mean(-1) + eps).reshape(x.shape[0], *(1,) * (p.dim() - 1))
     scaled = p.float() * rstd
     if bias is not None:

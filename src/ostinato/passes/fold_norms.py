@@ -55,6 +55,7 @@ from ..ir.ops import may_alias
 from .rewrite import pinned_values, replace_values
 
 _HALF = (torch.float16, torch.bfloat16)
+_NORMS = ("ost.rms_norm", "ost.add_rms_norm", "ost.layer_norm")
 _CODES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # views a row scale moves past: they keep the rows along dim 0 and the elements in order (a transpose of
 # heads and tokens stays after the scale, where the attention looks for the token's rows)
@@ -137,8 +138,7 @@ def fold_norms(g: Graph) -> Graph:
         return g
     refused: set[int] = set()
     while True:     # one norm at a time, each seeing the graph the ones before it left (readers, ancestors)
-        node = next((n for n in g.nodes if n.op in ("ost.rms_norm", "ost.add_rms_norm") and id(n) not in refused),
-                    None)
+        node = next((n for n in g.nodes if n.op in _NORMS and id(n) not in refused), None)
         if node is None:
             return g
         if not _fold(g, node):
@@ -154,7 +154,7 @@ def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[in
     mine = None
     for o, r in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
         lin = _lone_linear(o, users, pinned, node)
-        if lin is None or not isinstance(r, Value) or r.role != "temp" or r.producer is None \
+        if lin is None or _static(o) != shape or not isinstance(r, Value) or r.role != "temp" or r.producer is None \
                 or _static(r) != shape or r.meta.dtype != dtype:
             continue
         op = get_op(r.producer.op)
@@ -201,58 +201,99 @@ def _ancestors(node: Node) -> set[int]:
     return seen
 
 
+def _norm_args(node: Node, shape) -> tuple | None:
+    """(its input or None for add_rms_norm, weight or None, its shift or None, eps, offset, LayerNorm's?) of
+    a norm this pass folds: constant 1-d weight and shift as wide as its rows (an RMSNorm has a weight), a
+    LayerNorm computed in its rows' dtype or fp32 (torch's kernels compute in fp32 either way)."""
+    args = list(node.args)
+    if node.op == "ost.layer_norm":
+        args += [None] * (5 - len(args))
+        x, w, shift, eps, compute = args[:5]
+        if compute not in (None, torch.float32) or shift is not None and not _weight_like(shift, shape):
+            return None
+        offset, layer = 0.0, True
+    else:
+        args += [None, 0.0, False]
+        add = node.op == "ost.add_rms_norm"
+        x, w, eps, offset = (None, args[2], args[3], args[5]) if add else (args[0], args[1], args[2], args[4])
+        shift, layer, offset = None, False, offset or 0.0
+        if w is None:
+            return None
+    if w is not None and not _weight_like(w, shape) or not isinstance(eps, (int, float)) \
+            or not isinstance(offset, (int, float)):
+        return None
+    return x, w, shift, float(eps), float(offset), layer
+
+
+def _weight_like(v, shape) -> bool:
+    return _constant(v, 1) and tuple(v.meta.shape) == (shape[-1],)
+
+
 def _fold(g: Graph, node: Node) -> bool:
     """Fold one norm (the module's conditions); whether it did."""
     if node.kwargs:
         return False
     users = g.users()
     pinned = pinned_values(g)
-    add = node.op == "ost.add_rms_norm"
-    args = list(node.args) + [None, 0.0, False]
-    w, eps, offset = (args[2], args[3], args[5]) if add else (args[1], args[2], args[4])
-    y = node.outputs[1] if add else node.outputs[0]
+    y = node.outputs[1] if node.op == "ost.add_rms_norm" else node.outputs[0]
     shape = _static(y)
     from ..codegen.linear import max_rows       # (OSTINATO_DOT_ROWS: matmul groups then take more rows)
     if shape is None or y.meta.dtype not in _HALF or len(shape) < 2 or shape[0] <= max_rows(_CODES[y.meta.dtype]) \
-            or math.prod(shape[1:-1]) != 1 or not _constant(w, 1) or tuple(w.meta.shape) != (shape[-1],) \
-            or not isinstance(eps, (int, float)) or y.id in pinned:
+            or math.prod(shape[1:-1]) != 1 or y.id in pinned:
         return False
+    parsed = _norm_args(node, shape)
+    if parsed is None:
+        return False
+    x_in, w, shift, eps, offset, layer = parsed
     readers = users.get(y.id, [])
     projections = [(p, _projection(p, y, shape[-1])) for p in readers]
     if not readers or any(wb is None for _, wb in projections) or len({id(p) for p in readers}) != len(readers):
         return False
     if any(e.id in pinned for p, _ in projections for o in p.outputs for e in _ends(o, users, pinned, shape[0])):
         return False        # a result the graph returns (an LM head's logits): its row scale would launch alone
-    if any(b is not None and not _bias_carried(o, users, pinned, shape[0])
-           for p, (_, biases) in projections for o, b in zip(p.outputs, biases)):
+    biased = shift is not None or any(b is not None for _, (_, biases) in projections for b in biases)
+    if biased and not all(_bias_carried(o, users, pinned, shape[0]) for p, _ in projections for o in p.outputs):
         return False        # a bias a slice or a packed gating would cut
-    present = {b is not None for _, (_, biases) in projections for b in biases}
-    if len(present) > 1:
-        return False        # some biased, some not: the attention kernel adds q's, k's and v's biases or none
     before: dict[int, list[Node]] = {}      # node id -> new nodes placed before it
     after: dict[int, list[Node]] = {}       # node id -> new nodes placed after it
     dead = {id(node)}
     mapping: dict[int, Value] = {}
     fixups: list[tuple[Node, tuple]] = []   # nodes whose arguments replace_values must not rewrite
-    if add:
-        found = _accumulator(g, node, shape, y.meta.dtype, users, pinned)
+    # the sum before the norm: ost.add_rms_norm's own, or (a LayerNorm's) an aten.add making its input
+    add = node if x_in is None else x_in.producer if isinstance(x_in, Value) and x_in.producer is not None \
+        and x_in.producer.op == "aten.add.Tensor" and not x_in.producer.kwargs and len(x_in.producer.args) == 2 \
+        and x_in.id not in pinned else None
+    if add is not None:
+        found = _accumulator(g, add, shape, y.meta.dtype, users, pinned)
         if found is None:
             return False        # the add would stay a launch: nothing saved
         lin, r = found
-        s_old = node.outputs[0]
-        acc = Node("ost.linear_acc_", (r, lin.args[0], lin.args[1]), {}, f"{node.name}_acc", node.source)
+        s_old = add.outputs[0]
+        acc = Node("ost.linear_acc_", (r, lin.args[0], lin.args[1]), {}, f"{add.name}_acc", add.source)
         s = g.new_value(acc.name, s_old.meta, "temp", acc)
         acc.outputs = [s]
         mapping[s_old.id] = s
-        before[id(node)] = [acc]
-        dead.add(id(lin))
+        before[id(add)] = [acc]
+        dead.update((id(add), id(lin)))
     else:
-        s = node.args[0]
+        s = x_in
         if _static(s) != shape or s.meta.dtype != y.meta.dtype:
             return False
     for p, (weights, biases) in projections:
         splits = [int(wt.meta.shape[0]) for wt in weights]
-        fw = Node("ost.fold_weights", (list(weights), w, float(offset or 0.0)), {}, f"{p.name}_folded", p.source)
+        if biased:      # (fp32: the shift through the weights plus the projection's own bias; zeros for one
+            folded = []     # with neither, as its biased siblings' kernel reads three)
+            for k, (wt, b) in enumerate(zip(weights, biases)):
+                if shift is None and b is not None:
+                    folded.append(b)
+                    continue
+                fb = Node("ost.fold_bias", (wt, shift, b), {}, f"{p.name}_bias{k}", p.source)
+                fb.outputs = [g.new_value(fb.name, TensorMeta(torch.float32, (splits[k],)), "temp", fb)]
+                before.setdefault(id(p), []).append(fb)
+                folded.append(fb.outputs[0])
+            biases = folded
+        fw = Node("ost.fold_weights", (list(weights), w, offset, *((True,) if layer else ())), {},
+                  f"{p.name}_folded", p.source)
         fw.outputs = [g.new_value(fw.name, TensorMeta(y.meta.dtype, (sum(splits), shape[-1])), "temp", fw)]
         lo = Node("ost.linear_out", (s, fw.outputs[0], splits, torch.float32), {}, f"{p.name}_f32", p.source)
         lo.outputs = [g.new_value(f"{lo.name}.{k}", TensorMeta(torch.float32, (*shape[:-1], n)), "temp", lo)
@@ -260,7 +301,7 @@ def _fold(g: Graph, node: Node) -> bool:
         before.setdefault(id(p), []).extend([fw, lo])
         dead.add(id(p))
         for old, new, bias in zip(p.outputs, lo.outputs, biases):
-            _scale_after_views(g, p, old, new, s, float(eps), bias, shape[0], users, pinned, mapping, after, fixups)
+            _scale_after_views(g, p, old, new, s, eps, bias, layer, shape[0], users, pinned, mapping, after, fixups)
     nodes: list[Node] = []
     for n in g.nodes:
         nodes.extend(before.get(id(n), ()))
@@ -295,7 +336,8 @@ def _bias_carried(v: Value, users: dict, pinned: set[int], rows: int) -> bool:
 
 
 def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value, eps: float, bias: Value | None,
-                       rows: int, users: dict, pinned: set[int], mapping: dict, after: dict, fixups: list) -> None:
+                       center: bool, rows: int, users: dict, pinned: set[int], mapping: dict, after: dict,
+                       fixups: list) -> None:
     """Read ``new`` (the fp32 product) where ``old`` (the projection ``anchor``'s result) was read: through the
     row-keeping views that read it (each branch of a packed projection's slices), now over fp32 values, then
     ``ost.row_scale`` back to old's dtype at the end of each branch, adding the projection's ``bias`` (its
@@ -305,8 +347,8 @@ def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value,
     mapping[old.id] = new
 
     def scale(end: Value, at: Node, name: str) -> Value:
-        node = Node("ost.row_scale", (end, x, eps, dtype, *(() if bias is None else (bias,))), {},
-                    f"{name}_scaled", "")
+        tail = (bias, True) if center else () if bias is None else (bias,)
+        node = Node("ost.row_scale", (end, x, eps, dtype, *tail), {}, f"{name}_scaled", "")
         node.outputs = [g.new_value(node.name, TensorMeta(dtype, tuple(end.meta.shape)), "temp", node)]
         fixups.append((node, node.args))
         after.setdefault(id(at), []).append(node)

@@ -207,9 +207,9 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
 def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
                      q_pos=None, scale=None, n_rep=1, mask=None, softcap=None, q_norm=None, k_norm=None, norm_eps=0.0,
                      norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None, wide=False, row_x=None,
-                     row_eps=0.0, row_bias=None):
+                     row_eps=0.0, row_bias=None, row_center=False):
     if row_x is not None:      # q, k and v as fp32 products of a folded norm's input (passes/fold_norms.py)
-        q, k, v = (row_scale_of(t, row_x, row_eps, k_cache.dtype, b)
+        q, k, v = (row_scale_of(t, row_x, row_eps, k_cache.dtype, b, row_center)
                    for t, b in zip((q, k, v), row_bias or (None, None, None)))
     if q_norm is not None:     # ir/fused_ops.decode_attention_: the heads' norms, then [B, H, 1, D] rows
         q = rms_norm_of(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
@@ -234,9 +234,11 @@ def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None,
 
 
 # -- a norm folded into the projections it feeds (passes/fold_norms.py; ir/fused_ops.py's references) ------
-def row_scale_of(p, x, eps, dtype, bias=None):
+def row_scale_of(p, x, eps, dtype, bias=None, center=False):
     """``dtype``: torch's (the op's argument) or MLX's (the caches' in the merged attention)."""
     h = x.astype(mx.float32)
+    if center:      # LayerNorm's statistic
+        h = h - mx.mean(h, axis=-1, keepdims=True)
     rstd = mx.rsqrt(mx.mean(h * h, axis=-1) + eps)
     scaled = p.astype(mx.float32) * mx.reshape(rstd, (x.shape[0],) + (1,) * (p.ndim - 1))
     if bias is not None:       # one element per element of a row, in its order
@@ -245,14 +247,30 @@ def row_scale_of(p, x, eps, dtype, bias=None):
 
 
 @handles("ost.row_scale")
-def row_scale(p, x, eps, dtype, bias=None):
-    return row_scale_of(p, x, eps, dtype, bias)
+def row_scale(p, x, eps, dtype, bias=None, center=False):
+    return row_scale_of(p, x, eps, dtype, bias, center)
 
 
 @handles("ost.fold_weights")
-def fold_weights(weights, norm_weight, offset=0.0):
-    scale = norm_weight.astype(mx.float32) + offset
+def fold_weights(weights, norm_weight, offset=0.0, center=False):
+    if center:      # (its rounding keeps each row's sum near 0: torch's reference, once at compile)
+        from ...ir.fused_ops import fold_weights as reference
+        from .convert import to_mx, to_torch
+        mx.eval(weights, norm_weight)
+        return to_mx(reference([to_torch(w) for w in weights], None if norm_weight is None else to_torch(norm_weight),
+                               offset, True))
+    scale = (1.0 if norm_weight is None else norm_weight.astype(mx.float32)) + offset
     return mx.concatenate([w.astype(mx.float32) * scale for w in weights], axis=0).astype(weights[0].dtype)
+
+
+@handles("ost.fold_bias")
+def fold_bias(weight, norm_bias, bias):
+    out = mx.zeros((weight.shape[0],), dtype=mx.float32)
+    if norm_bias is not None:
+        out = out + mx.matmul(weight.astype(mx.float32), norm_bias.astype(mx.float32))
+    if bias is not None:
+        out = out + bias.astype(mx.float32)
+    return out
 
 
 @handles("ost.linear_out", multi=True)

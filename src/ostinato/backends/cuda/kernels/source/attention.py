@@ -217,7 +217,7 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
                                WHOLE: tl.constexpr, WIDE: tl.constexpr, ROWSCALE: tl.constexpr, RBIAS: tl.constexpr,
                                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
     """One (batch, query head) of ost.decode_attention_ (ROWSCALE: q, k and v fp32 products scaled first by
-    the RMSNorm statistic of batch row b of ``rx_ptr``, ``rx_n`` wide, ``row_eps``; every program reads its
+    the RMSNorm statistic (ROWSCALE 1; 2: LayerNorm's) of batch row b of ``rx_ptr``, ``rx_n`` wide, ``row_eps``; every program reads its
     row, a few kilobytes, rather than launch a norm; RBIAS: then plus their biases qb_ptr, kb_ptr and vb_ptr,
     [heads * head_dim] each): q and the step's key normalized (NORM: each head's
     RMSNorm, weights qw_ptr and kw_ptr; WHOLE: one RMSNorm over all heads of q's row, one over k's, weights
@@ -238,10 +238,19 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     k_rstd = 1.0
     srow = 1.0
     if ROWSCALE:    # (norms.row_scale_kernel's statistic: not imported, a binary's cache key hashes one file)
+        rmean = 0.0
+        if ROWSCALE == 2:   # LayerNorm's: about the row's mean
+            rtot = tl.zeros([BLOCK_R], tl.float32)
+            for r0 in range(0, rx_n, BLOCK_R):
+                rr = r0 + tl.arange(0, BLOCK_R)
+                rtot += tl.load(rx_ptr + b * rx_sb + rr, mask=rr < rx_n, other=0.0).to(tl.float32)
+            rmean = tl.sum(rtot, axis=0) / rx_n
         racc = tl.zeros([BLOCK_R], tl.float32)
         for r0 in range(0, rx_n, BLOCK_R):
             rr = r0 + tl.arange(0, BLOCK_R)
             xv = tl.load(rx_ptr + b * rx_sb + rr, mask=rr < rx_n, other=0.0).to(tl.float32)
+            if ROWSCALE == 2:
+                xv = tl.where(rr < rx_n, xv - rmean, 0.0)
             racc += xv * xv
         srow = 1.0 / tl.sqrt(tl.sum(racc, axis=0) / rx_n + row_eps)
     if WHOLE:

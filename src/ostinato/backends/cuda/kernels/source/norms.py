@@ -74,17 +74,27 @@ def layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_cols, eps, HAS_WEIGHT: tl.
 
 @triton.jit
 def row_scale_kernel(p_ptr, x_ptr, b_ptr, out_ptr, n_per_row, n_x, x_stride, eps, HAS_BIAS: tl.constexpr,
-                     BLOCK: tl.constexpr, BLOCK_X: tl.constexpr):
+                     CENTER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_X: tl.constexpr):
     """ost.row_scale: out[row, j] = p[row, j] * rsqrt(mean(x[row] ** 2) + eps) (+ b[j] when HAS_BIAS) in
-    fp32, rounded to out's dtype, for rows of ``n_per_row`` dense elements. One program per row and block of
-    BLOCK of its elements, each reading its row of x (``n_x`` wide, rows ``x_stride`` apart)."""
+    fp32, rounded to out's dtype, for rows of ``n_per_row`` dense elements (CENTER: LayerNorm's statistic,
+    the mean of ``(x[row] - mean(x[row])) ** 2``). One program per row and block of BLOCK of its elements,
+    each reading its row of x (``n_x`` wide, rows ``x_stride`` apart)."""
     row = tl.program_id(0).to(tl.int64)
     # (the attention kernel's ROWSCALE computes the same statistic: kernel sources import no other, as a
     # binary's cache key hashes its own file only)
+    mean = 0.0
+    if CENTER:
+        tot = tl.zeros([BLOCK_X], tl.float32)
+        for r0 in range(0, n_x, BLOCK_X):
+            r = r0 + tl.arange(0, BLOCK_X)
+            tot += tl.load(x_ptr + row * x_stride + r, mask=r < n_x, other=0.0).to(tl.float32)
+        mean = tl.sum(tot, axis=0) / n_x
     acc = tl.zeros([BLOCK_X], tl.float32)
     for r0 in range(0, n_x, BLOCK_X):
         r = r0 + tl.arange(0, BLOCK_X)
         v = tl.load(x_ptr + row * x_stride + r, mask=r < n_x, other=0.0).to(tl.float32)
+        if CENTER:
+            v = tl.where(r < n_x, v - mean, 0.0)
         acc += v * v
     rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_x + eps)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
