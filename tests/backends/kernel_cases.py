@@ -80,6 +80,13 @@ CASES = [
     KernelCase("ost.row_scale", "bias-heads", lambda g, dt, dev: ((_r(g, (4, 1, 3, 40), torch.float32, dev, 3.0),
                                                                   _r(g, (4, 1, 100), dt, dev, 2.0), 1e-5, dt,
                                                                   _r(g, (120,), dt, dev)), {})),
+    # a folded LayerNorm's: the statistic about the row's mean (rows of mean 3), its shift through the weights
+    # as an fp32 bias; and over x rows walked in chunks
+    KernelCase("ost.row_scale", "center-bias-heads", lambda g, dt, dev: (
+        (_r(g, (4, 1, 3, 40), torch.float32, dev, 3.0), _r(g, (4, 1, 100), dt, dev, 2.0) + 3, 1e-5, dt,
+         _r(g, (120,), torch.float32, dev), True), {})),
+    KernelCase("ost.row_scale", "center-long-x", lambda g, dt, dev: (
+        (_r(g, (3, 1, 1300), torch.float32, dev), _r(g, (3, 5000), dt, dev) - 2, 1e-6, dt, None, True), {})),
     KernelCase("ost.rms_norm", "w", lambda g, dt, dev: ((_r(g, (3, 5, 64), dt, dev), _r(g, (64,), dt, dev), 1e-6), {}),
                cpu_tol={torch.float16: 2e-3}),
     KernelCase("ost.rms_norm", "noweight-odd", lambda g, dt, dev: ((_r(g, (7, 100), dt, dev), None, 1e-5), {})),
@@ -376,6 +383,21 @@ CASES = [
          _r(g, (2, 1, 2, 16), torch.float32, dev), _r(g, (2, 1, 2, 16), torch.float32, dev),
          torch.tensor([5], device=dev), 1, None, None, None, False, None, None, 2, None, None, None, None, 0.0, None,
          0.0, False, None, False, _r(g, (2, 64), dt, dev), 1e-5), {})),
+    # a folded LayerNorm (StableLM's: its shift as fp32 biases, a partial rope of 8 dims; rows of mean 3); then
+    # OLMo's (no shift) over sequence-major caches
+    KernelCase("ost.decode_attention_", "row-scaled-layer-bias-partial-rope", lambda g, dt, dev: (
+        (_r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 1, 4, 24), torch.float32, dev, 3.0),
+         _r(g, (2, 1, 2, 24), torch.float32, dev, 3.0), _r(g, (2, 1, 2, 24), torch.float32, dev, 3.0),
+         torch.tensor([29], device=dev), 2, None, _r(g, (2, 1, 1, 8), dt, dev), _r(g, (2, 1, 1, 8), dt, dev), False,
+         torch.tensor([20, 35], device=dev).view(2, 1, 1, 1), None, 2, None, None, None, None, 0.0, None, 0.0, False,
+         8, False, _r(g, (2, 1, 40), dt, dev, 2.0) + 3, 1e-5,
+         [_r(g, (96,), torch.float32, dev), _r(g, (48,), torch.float32, dev), _r(g, (48,), torch.float32, dev)],
+         True), {}), tol=_ROPE_TOL),
+    KernelCase("ost.decode_attention_", "row-scaled-layer-seq-major", lambda g, dt, dev: (
+        (_r(g, (2, 16, 2, 16), dt, dev), _r(g, (2, 16, 2, 16), dt, dev), _r(g, (2, 1, 4, 16), torch.float32, dev),
+         _r(g, (2, 1, 2, 16), torch.float32, dev), _r(g, (2, 1, 2, 16), torch.float32, dev),
+         torch.tensor([5], device=dev), 1, None, None, None, False, None, None, 2, None, None, None, None, 0.0, None,
+         0.0, False, None, False, _r(g, (2, 5000), dt, dev) - 3, 1e-5, None, True), {})),
     # partial rotary embeddings (GPT-NeoX, Phi-2): the first 8 dims of each head turned, the rest passed
     KernelCase("ost.decode_attention_", "partial-rotary-gqa", lambda g, dt, dev: (
         (_r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 2, 40, 24), dt, dev), _r(g, (2, 4, 1, 24), dt, dev),

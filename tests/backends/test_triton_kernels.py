@@ -36,9 +36,9 @@ def _compile_specs():
              {"HAS_WEIGHT": True, "UPCAST": True, "W_FIRST": dt != "fp32", "BLOCK": 256}),
             ("row_scale", norms.row_scale_kernel,
              {"p_ptr": "*fp32", "x_ptr": ptr(dt), "b_ptr": ptr(dt), "out_ptr": ptr(dt), "n_per_row": "i32",
-              "n_x": "i32", "x_stride": "i32", "eps": "fp32", "HAS_BIAS": "constexpr", "BLOCK": "constexpr",
-              "BLOCK_X": "constexpr"},
-             {"HAS_BIAS": dt != "fp32", "BLOCK": 1024, "BLOCK_X": 4096}),
+              "n_x": "i32", "x_stride": "i32", "eps": "fp32", "HAS_BIAS": "constexpr", "CENTER": "constexpr",
+              "BLOCK": "constexpr", "BLOCK_X": "constexpr"},
+             {"HAS_BIAS": dt != "fp32", "CENTER": dt != "fp16", "BLOCK": 1024, "BLOCK_X": 4096}),
             ("layer_norm", norms.layer_norm_kernel,
              {"x_ptr": ptr(dt), "w_ptr": ptr(dt), "b_ptr": ptr(dt), "out_ptr": ptr(dt), "n_cols": "i32",
               "eps": "fp32", "HAS_WEIGHT": "constexpr", "HAS_BIAS": "constexpr", "BLOCK": "constexpr"},
@@ -84,7 +84,7 @@ def _compile_specs():
                                           "BLOCK_R")}},
              {"n_keys": 4096, "HAS_POS": True, "MASK": 1, "SOFTCAP": dt != "fp16", "ROPE": True, "INTERLEAVED": dt == "fp16",
               "RING": dt == "fp32", "NORM": {"fp32": 0, "fp16": 1, "bf16": 2}[dt], "WHOLE": dt == "bf16",
-              "WIDE": dt != "fp16", "ROWSCALE": dt != "bf16", "RBIAS": dt == "fp16", "BLOCK_N": 64,
+              "WIDE": dt != "fp16", "ROWSCALE": {"fp32": 1, "fp16": 2, "bf16": 0}[dt], "RBIAS": dt == "fp16", "BLOCK_N": 64,
               "BLOCK_D": 128, "BLOCK_R": 1024}),
             ("moe_up", moe.moe_up_kernel,
              {"x_ptr": ptr(dt), "logits_ptr": ptr(dt), "w_ptr": ptr(dt), "out_ptr": ptr(dt), "ids_ptr": "*i64",
@@ -184,7 +184,7 @@ def test_row_scaled_decode_attention_takes_the_kernel(dtype):
     from kernel_cases import CASES as TABLE
     from ostinato.backends.cuda.kernels.attention import _biases_fit, _fused_decode_plan, _norm_plan
     cases = [c for c in TABLE if c.name.startswith("row-scaled")]
-    assert len(cases) == 6
+    assert len(cases) == 8
     for case in cases:
         args, _ = case.make(torch.Generator().manual_seed(0), dtype, "cpu")
         kc, vc, q, k, v, index, dim, _, cos, sin, _, q_pos, _, n_rep, mask = args[:15]
@@ -194,6 +194,6 @@ def test_row_scaled_decode_attention_takes_the_kernel(dtype):
                                   wide, row_x) is not None, case.name
         assert _fused_decode_plan(kc, vc, q.to(dtype), k, v, index, dim, cos, sin, q_pos, n_rep, mask,
                                   qn is not None, rotary, wide, row_x) is None, case.name
-        if len(args) > 26:      # q's, k's and v's biases: one element per element of each's row
+        if len(args) > 26 and args[26] is not None:     # q's, k's and v's biases: one per element of each's row
             assert _biases_fit(args[26], (q, k, v)), case.name
             assert not _biases_fit(args[26][::-1], (q, k, v)), case.name

@@ -213,16 +213,25 @@ class LongLoneProjections(LoneProjections):
 class FoldedMLP(nn.Module):
     """HF's RMSNorm (upcast, weight after the cast back) before a gated MLP's gate and up projections: in a
     half dtype with more than 16 rows, the default pipeline folds the norm into them (passes/fold_norms.py);
-    ``bias``: gate and up have biases (the row scales add them)."""
+    ``bias``: gate and up have biases (the row scales add them); ``layer``: nn.LayerNorm (weight and shift)
+    instead, its shift folded through the weights into the row scales' biases."""
 
-    def __init__(self, hidden: int = 64, inter: int = 160, bias: bool = False):
+    def __init__(self, hidden: int = 64, inter: int = 160, bias: bool = False, layer: bool = False):
         super().__init__()
         self.w = nn.Parameter(torch.rand(hidden) + 0.5)
         self.gate = nn.Linear(hidden, inter, bias=bias)
         self.up = nn.Linear(hidden, inter, bias=bias)
         self.down = nn.Linear(inter, hidden, bias=False)
+        self.norm = nn.LayerNorm(hidden) if layer else None
+        if layer:
+            with torch.no_grad():
+                self.norm.weight.uniform_(0.5, 1.5)
+                self.norm.bias.uniform_(-0.5, 0.5)
 
     def forward(self, x):
+        if self.norm is not None:
+            h = self.norm(x)
+            return self.down(F.silu(self.gate(h)) * self.up(h))
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
         h = self.w * h.to(x.dtype)

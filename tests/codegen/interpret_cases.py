@@ -207,7 +207,7 @@ def main(what: str, dtype_name: str) -> None:
             fallbacks.append(1)
             return real(*args, **kwargs)
         reference_ops.decode_attention_ = counted
-        for family in ("llama", "qwen3", "phi3", "gemma", "qwen2"):
+        for family in ("llama", "qwen3", "phi3", "gemma", "qwen2", "stablelm", "olmo"):
             fallbacks.clear()
             try:
                 wrapper, steps = launch_census.build(family, 2, "sdpa", 20, dtype)
@@ -231,14 +231,20 @@ def main(what: str, dtype_name: str) -> None:
         # rows longer than one block of the row-scale group: its statistic over x (1100 wide) walked in chunks,
         # the gate/up rows (5000: a looped kernel) split over programs; biased gate and up projections: the
         # row-scale group adds each bias after the scale
+        # (a LayerNorm's: its rows' mean 2 against their spread 3, over rows longer than a block too)
         for name, kwargs, width, biased in (("long_rows", {"hidden": 1100, "inter": 5000}, 1100, 0),
-                                            ("biased_mlp", {"bias": True}, 64, 2)):
+                                            ("biased_mlp", {"bias": True}, 64, 2),
+                                            ("layer_norm_mlp", {"layer": True}, 64, 2),
+                                            ("layer_norm_long_rows", {"layer": True, "hidden": 1100, "inter": 5000},
+                                             1100, 2)):
             try:
                 torch.manual_seed(0)
                 model = FoldedMLP(**kwargs).to(dtype).eval()
-                args = (torch.randn(24, 1, width).to(dtype) * 3,)
+                args = ((torch.randn(24, 1, width) * 3 + 2).to(dtype),)
                 prog = ostinato.export(model, args, passes=DEFAULT_PIPELINE)
-                if sum(len(n.args) == 5 for n in prog.graph.nodes if n.op == "ost.row_scale") != biased:
+                layer = kwargs.get("layer", False)
+                if sum(n.args[4] is not None and (len(n.args) == 6) == layer for n in prog.graph.nodes
+                       if n.op == "ost.row_scale" and len(n.args) > 4) != biased:
                     raise AssertionError(f"not {biased} biased row scales: {prog.op_counts()}")
                 exe = fused_executable(prog, InterpretedFusionBackend())
                 ops = [l.op for l in exe.launches if does_device_work(l.op)]

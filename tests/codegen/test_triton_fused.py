@@ -173,15 +173,17 @@ def test_interpreted_decoders_with_other_ropes_in_fp16():
 
 def test_interpreted_folded_norms():
     """Batched decode steps (20 sequences, fp16) whose norms fold into their projections (passes/fold_norms.py):
-    Llama, Qwen 3, Phi-3 (packed projections), Gemma and Qwen 2 (biased q, k and v) from transformers, three
-    steps each against eager,
+    Llama, Qwen 3, Phi-3 (packed projections), Gemma, Qwen 2 (biased q, k and v), StableLM (LayerNorm with a
+    shift, partial rotary) and OLMo (LayerNorm without weights, in fp32) from transformers, three steps each
+    against eager,
     through the row-scaling attention kernel and the generated row-scale groups in Triton's interpreter, each
     layer the six launches (attention, o += x, gate/up, the row-scaled gating, down += x, q/k/v); a gated
     MLP whose rows are longer than a block (the statistic over x walked in chunks), and one whose gate and
-    up have biases (the row-scale group adds them)."""
+    up have biases (the row-scale group adds them); a LayerNorm's MLP, over one block and over longer rows
+    (the statistic about the row's mean)."""
     results = _interpret("fold", "float16")
-    assert results == dict.fromkeys(("llama", "qwen3", "phi3", "gemma", "qwen2", "long_rows", "biased_mlp"), "ok"), \
-        results
+    assert results == dict.fromkeys(("llama", "qwen3", "phi3", "gemma", "qwen2", "stablelm", "olmo", "long_rows",
+                                     "biased_mlp", "layer_norm_mlp", "layer_norm_long_rows"), "ok"), results
 
 
 def _variants():
@@ -193,8 +195,10 @@ def _variants():
     # a norm folded into a gated MLP's projections (bf16, 24 rows): the row-scale group over gate/up's rows
     fold = Case("folded_mlp", lambda dt: (FoldedMLP().to(dt), (torch.randn(24, 1, 64).to(dt) * 3,)), 1)
     biased = Case("folded_mlp_bias", lambda dt: (FoldedMLP(bias=True).to(dt), (torch.randn(24, 1, 64).to(dt),)), 1)
+    layer = Case("folded_mlp_layer_norm", lambda dt: (FoldedMLP(layer=True).to(dt),
+                                                      ((torch.randn(24, 1, 64) * 3 + 2).to(dt),)), 1)
     cases = [(c, GENERIC_PIPELINE) for c in CASES] + [(scan, DEFAULT_PIPELINE), (fold, DEFAULT_PIPELINE),
-                                                      (biased, DEFAULT_PIPELINE)]
+                                                      (biased, DEFAULT_PIPELINE), (layer, DEFAULT_PIPELINE)]
     return [(c, p, dt) for c, p in cases for dt in (torch.bfloat16, torch.float32)]
 
 

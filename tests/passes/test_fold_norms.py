@@ -354,3 +354,102 @@ def test_the_mlx_attention_takes_row_scaled_biased_rows():
                            row_eps=1e-5, row_bias=[m(b) for b in biases])
     for a, b in zip(got, want):
         assert np.allclose(np.array(a.astype(mx.float32)), b.float().numpy(), atol=2e-3), (a, b)
+
+
+class _LayerStack(nn.Module):
+    """Two pre-norm blocks as LayerNorm models write them: ``style`` "affine" (nn.LayerNorm with a weight and a
+    shift, StableLM's; biased up projection) or "plain" (OLMo's: F.layer_norm without either, over the rows
+    cast to fp32, cast back); each block's residual add before the next norm (``x = x + down(...)``), the
+    embedding offset so the rows' mean is about 2 against a spread of about 1."""
+
+    def __init__(self, style: str = "affine"):
+        super().__init__()
+        self.style = style
+        self.embed = nn.Embedding(V, H)
+        self.norms = nn.ModuleList([nn.LayerNorm(H) for _ in range(3)])
+        with torch.no_grad():
+            self.embed.weight.add_(2.0)
+            for n in self.norms:
+                n.weight.uniform_(0.5, 1.5)
+                n.bias.uniform_(-0.5, 0.5)
+        self.up = nn.ModuleList([nn.Linear(H, I, bias=style == "affine") for _ in range(2)])
+        self.down = nn.ModuleList([nn.Linear(I, H, bias=False) for _ in range(2)])
+        self.head = nn.Linear(H, V, bias=False)
+
+    def norm(self, k, x):
+        if self.style == "affine":
+            return self.norms[k](x)
+        return F.layer_norm(x.float(), (H,), None, None, 1e-5).to(x.dtype)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for k in range(2):
+            x = x + self.down[k](F.gelu(self.up[k](self.norm(k, x))))
+        return self.head(self.norm(2, x))
+
+
+@pytest.mark.parametrize("style", ["affine", "plain"])
+def test_layer_norms_fold_with_centered_weights(style):
+    """32 rows: both blocks' LayerNorms fold (centered weights, the row scales with LayerNorm's statistic,
+    ``center``), the first block's residual add (an aten.add before the second norm) becomes the down
+    projection's accumulation (the second's feeds the final norm, which stays); with a shift (and the up projection's own bias), each row scale adds ``W @ shift + bias``
+    from ost.fold_bias; without either, no bias. The final norm feeds the head's logits and stays. The
+    result equals eager's within bf16's rounding, on the CPU and on MLX."""
+    model, ids, prog = _export(_LayerStack(style), 32)
+    ops = prog.op_counts()
+    assert ops.get("ost.fold_weights") == 2 and ops.get("ost.linear_acc_") == 1, ops
+    assert ops.get("ost.layer_norm") == 1 and ops.get("aten.add.Tensor") == 1, ops     # (the final norm's)
+    folds = [n for n in prog.graph.nodes if n.op == "ost.fold_weights"]
+    assert all(n.args[3:] == (True,) and (n.args[1] is None) == (style == "plain") for n in folds)
+    scales = [n for n in prog.graph.nodes if n.op == "ost.row_scale"]
+    assert len(scales) == 2 and all(len(n.args) == 6 and n.args[5] is True for n in scales)
+    if style == "affine":
+        assert all(n.args[4].producer.op == "ost.fold_bias" and n.args[4].meta.dtype == torch.float32
+                   for n in scales), ops
+    else:
+        assert all(n.args[4] is None for n in scales) and "ost.fold_bias" not in ops
+    _matches_eager(model, ids, prog)
+    pytest.importorskip("mlx.core")
+    got = ostinato.compile(prog, device="mlx")(ids)
+    with torch.no_grad():
+        want = model(ids)
+    assert (got.float() - want.float()).abs().max().item() <= 3e-2 * want.float().abs().max().item()
+
+
+def test_a_layer_norm_in_fp16_compute_is_not_folded():
+    """ost.layer_norm computing in a half dtype (not what torch's kernels do for a half LayerNorm): the fold's
+    statistic is fp32's, so the norm stays."""
+    from ostinato.ir import Graph, Node, TensorMeta
+    g = Graph()
+    x = g.new_value("x", TensorMeta(torch.bfloat16, (32, 1, H)), "input")
+    w = g.new_value("w", TensorMeta(torch.bfloat16, (I, H)), "constant")
+    norm = Node("ost.layer_norm", (x, None, None, 1e-5, torch.float16), {}, "norm", "")
+    y = g.new_value("y", TensorMeta(torch.bfloat16, (32, 1, H)), "temp", norm)
+    norm.outputs = [y]
+    lin = Node("aten.linear", (y, w), {}, "lin", "")
+    lin.outputs = [g.new_value("h", TensorMeta(torch.bfloat16, (32, 1, I)), "temp", lin)]
+    act = Node("aten.relu", (lin.outputs[0],), {}, "act", "")
+    act.outputs = [g.new_value("out", TensorMeta(torch.bfloat16, (32, 1, I)), "temp", act)]
+    g.nodes = [norm, lin, act]
+    g.outputs = [act.outputs[0]]
+    assert [n.op for n in fold_norms(g).nodes] == ["ost.layer_norm", "aten.linear", "aten.relu"]
+    norm.args = (x, None, None, 1e-5, torch.float32)
+    assert "ost.fold_weights" in [n.op for n in fold_norms(g).nodes]
+
+
+def test_centered_fold_rounding_keeps_row_sums_near_zero():
+    """fold_weights with ``center``: every element within one ulp of the exact centered value (bf16's 2^-7
+    relative), and each row's sum far below plain rounding's (random rows of 2048 and 4096)."""
+    from ostinato.ir.fused_ops import fold_weights
+    g = torch.Generator().manual_seed(7)
+    for n, k in ((96, 2048), (40, 4096)):
+        W = (torch.randn(n, k, generator=g) / k ** 0.5).bfloat16()
+        w = (torch.rand(k, generator=g) + 0.5).bfloat16()
+        v = W.float() * w.float()
+        exact = v - v.mean(-1, keepdim=True)
+        got = fold_weights([W], w, 0.0, True)
+        assert got.dtype == torch.bfloat16 and got.shape == W.shape
+        assert ((got.float() - exact).abs() <= exact.abs() * 2 ** -7 + 1e-30).all()
+        plain = (exact.bfloat16().double() - exact.double()).sum(-1).abs()
+        ours = (got.double() - exact.double()).sum(-1).abs()
+        assert ours.max() < plain.mean() / 50, (ours.max().item(), plain.mean().item())

@@ -82,7 +82,7 @@ log = logging.getLogger("ostinato")
 
 LINEAR_OPS = ("aten.linear", "ost.multi_linear", "ost.linear")
 # ost.linear's activation as the ATen node the epilogue expands (expand.HANDLERS)
-_ACTIVATION_OPS = {"relu": ("aten.relu", {}), "silu": ("aten.silu", {}), "gelu": ("aten.gelu", {}),
+ACTIVATION_OPS = {"relu": ("aten.relu", {}), "silu": ("aten.silu", {}), "gelu": ("aten.gelu", {}),
                    "gelu_tanh": ("aten.gelu", {"approximate": "tanh"}),
                    # GPT-2's written-out form: one rounding in the generated kernel, as torch.compile's (the
                    # reference rounds at each op, as eager does: ir/fused_ops.py's gelu_new)
@@ -176,7 +176,7 @@ def linear_parts(node: Node) -> tuple[Value, list[Value], list[Value] | None, st
         x, w, b, *rest = node.args
         activation = rest[0] if rest else node.kwargs.get("activation")
         weight_t = bool(rest[1] if len(rest) > 1 else node.kwargs.get("weight_t", False))
-        if activation is not None and activation not in _ACTIVATION_OPS:
+        if activation is not None and activation not in ACTIVATION_OPS:
             return None
         weights, biases = [w], None if b is None else [b]
     elif node.op == "aten.linear":
@@ -218,7 +218,7 @@ def _activation_node(node: Node, activation: str) -> Node:
     a Value made for it (never stored: the epilogue computes the activation on the result's tile)."""
     out = node.outputs[0]
     pre = Value(-1 - out.id, f"{out.name}_pre", out.meta, "temp", node)
-    op, kwargs = _ACTIVATION_OPS[activation]
+    op, kwargs = ACTIVATION_OPS[activation]
     act = Node(op, (pre,), dict(kwargs), node.name, node.source)
     act.outputs = [out]
     return act

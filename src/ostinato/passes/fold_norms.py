@@ -50,6 +50,7 @@ import os
 
 import torch
 
+from ..codegen.linear import ACTIVATION_OPS as _ACTIVATIONS     # ost.linear's activation as an ATen node
 from ..ir import Graph, Node, TensorMeta, Value, get_op
 from ..ir.ops import may_alias
 from .rewrite import pinned_values, replace_values
@@ -84,12 +85,19 @@ def _constant(v, rank: int) -> bool:
     return isinstance(v, Value) and v.role == "constant" and isinstance(v.meta, TensorMeta) and v.meta.rank == rank
 
 
-def _projection(node: Node, y: Value, hidden: int) -> tuple[list[Value], list[Value | None]] | None:
-    """(the weights, the biases or Nones) of a projection of ``y`` this pass folds into (constant [N, hidden]
-    weights of y's dtype, constant [N] biases of that dtype or none), else None."""
+def _projection(node: Node, y: Value, hidden: int) -> tuple[list[Value], list[Value | None], str | None] | None:
+    """(the weights, the biases or Nones, the activation after them or None) of a projection of ``y`` this pass
+    folds into (constant [N, hidden] weights of y's dtype, constant [N] biases of that dtype or none; an
+    ``ost.linear``'s activation runs after the row scale), else None."""
     if node.kwargs:
         return None
-    if node.op == "aten.linear" and len(node.args) in (2, 3):
+    activation = None
+    if node.op == "ost.linear" and 2 <= len(node.args) <= 5:
+        args = list(node.args) + [None, None, False][len(node.args) - 2:]
+        if args[4] or args[3] is not None and args[3] not in _ACTIVATIONS:
+            return None     # (GPT-2's Conv1D weights, [in, out]: not folded)
+        weights, biases, activation = [args[1]], [args[2]], args[3]
+    elif node.op == "aten.linear" and len(node.args) in (2, 3):
         weights, biases = [node.args[1]], [node.args[2] if len(node.args) == 3 else None]
     elif node.op == "ost.multi_linear" and len(node.args) == 3:
         weights = list(node.args[1])
@@ -104,7 +112,7 @@ def _projection(node: Node, y: Value, hidden: int) -> tuple[list[Value], list[Va
         if b is not None and (not _constant(b, 1) or b.meta.dtype != y.meta.dtype
                               or tuple(b.meta.shape) != (w.meta.shape[0],)):
             return None
-    return weights, biases
+    return weights, biases, activation
 
 
 def _lone_linear(v, users: dict, pinned: set[int], reader: Node) -> Node | None:
@@ -251,7 +259,7 @@ def _fold(g: Graph, node: Node) -> bool:
         return False
     if any(e.id in pinned for p, _ in projections for o in p.outputs for e in _ends(o, users, pinned, shape[0])):
         return False        # a result the graph returns (an LM head's logits): its row scale would launch alone
-    biased = shift is not None or any(b is not None for _, (_, biases) in projections for b in biases)
+    biased = shift is not None or any(b is not None for _, (_, biases, _) in projections for b in biases)
     if biased and not all(_bias_carried(o, users, pinned, shape[0]) for p, _ in projections for o in p.outputs):
         return False        # a bias a slice or a packed gating would cut
     before: dict[int, list[Node]] = {}      # node id -> new nodes placed before it
@@ -279,7 +287,7 @@ def _fold(g: Graph, node: Node) -> bool:
         s = x_in
         if _static(s) != shape or s.meta.dtype != y.meta.dtype:
             return False
-    for p, (weights, biases) in projections:
+    for p, (weights, biases, activation) in projections:
         splits = [int(wt.meta.shape[0]) for wt in weights]
         if biased:      # (fp32: the shift through the weights plus the projection's own bias; zeros for one
             folded = []     # with neither, as its biased siblings' kernel reads three)
@@ -301,7 +309,8 @@ def _fold(g: Graph, node: Node) -> bool:
         before.setdefault(id(p), []).extend([fw, lo])
         dead.add(id(p))
         for old, new, bias in zip(p.outputs, lo.outputs, biases):
-            _scale_after_views(g, p, old, new, s, eps, bias, layer, shape[0], users, pinned, mapping, after, fixups)
+            _scale_after_views(g, p, old, new, s, eps, bias, layer, activation, shape[0], users, pinned, mapping,
+                               after, fixups)
     nodes: list[Node] = []
     for n in g.nodes:
         nodes.extend(before.get(id(n), ()))
@@ -336,8 +345,8 @@ def _bias_carried(v: Value, users: dict, pinned: set[int], rows: int) -> bool:
 
 
 def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value, eps: float, bias: Value | None,
-                       center: bool, rows: int, users: dict, pinned: set[int], mapping: dict, after: dict,
-                       fixups: list) -> None:
+                       center: bool, activation: str | None, rows: int, users: dict, pinned: set[int], mapping: dict,
+                       after: dict, fixups: list) -> None:
     """Read ``new`` (the fp32 product) where ``old`` (the projection ``anchor``'s result) was read: through the
     row-keeping views that read it (each branch of a packed projection's slices), now over fp32 values, then
     ``ost.row_scale`` back to old's dtype at the end of each branch, adding the projection's ``bias`` (its
@@ -352,7 +361,14 @@ def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value,
         node.outputs = [g.new_value(node.name, TensorMeta(dtype, tuple(end.meta.shape)), "temp", node)]
         fixups.append((node, node.args))
         after.setdefault(id(at), []).append(node)
-        return node.outputs[0]
+        if activation is None:
+            return node.outputs[0]
+        op, kwargs = _ACTIVATIONS[activation]       # (pointwise: after the views as well as before them)
+        act = Node(op, (node.outputs[0],), dict(kwargs), f"{name}_{activation}", anchor.source)
+        act.outputs = [g.new_value(act.name, TensorMeta(dtype, tuple(end.meta.shape)), "temp", act)]
+        fixups.append((act, act.args))
+        after[id(at)].append(act)
+        return act.outputs[0]
 
     def place(v: Value, end: Value, at: Node) -> None:
         """``v``: the value as the graph has it (read by its old readers); ``end``: what now holds it in fp32."""

@@ -256,7 +256,7 @@ def fold_weights(weights, norm_weight, offset=0.0, center=False):
     if center:      # (its rounding keeps each row's sum near 0: torch's reference, once at compile)
         from ...ir.fused_ops import fold_weights as reference
         from .convert import to_mx, to_torch
-        mx.eval(weights, norm_weight)
+        mx.eval(weights if norm_weight is None else [*weights, norm_weight])
         return to_mx(reference([to_torch(w) for w in weights], None if norm_weight is None else to_torch(norm_weight),
                                offset, True))
     scale = (1.0 if norm_weight is None else norm_weight.astype(mx.float32)) + offset
