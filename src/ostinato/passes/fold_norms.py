@@ -233,6 +233,19 @@ def _norm_args(node: Node, shape) -> tuple | None:
     return x, w, shift, float(eps), float(offset), layer
 
 
+def _sum_before(x: Value) -> Node | None:
+    """The aten.add making ``x``, or making what a chain of reshapes makes ``x`` of: the fold must take it (as
+    the accumulation of a projection) or leave the norm, with which it shares a kernel."""
+    while isinstance(x, Value) and x.producer is not None:
+        node = x.producer
+        if node.op == "aten.add.Tensor":
+            return node
+        if node.op not in ("aten.view", "aten._unsafe_view", "aten.reshape") or not isinstance(node.args[0], Value):
+            return None
+        x = node.args[0]
+    return None
+
+
 def _weight_like(v, shape) -> bool:
     return _constant(v, 1) and tuple(v.meta.shape) == (shape[-1],)
 
@@ -267,26 +280,28 @@ def _fold(g: Graph, node: Node) -> bool:
     dead = {id(node)}
     mapping: dict[int, Value] = {}
     fixups: list[tuple[Node, tuple]] = []   # nodes whose arguments replace_values must not rewrite
-    # the sum before the norm: ost.add_rms_norm's own, or (a LayerNorm's) an aten.add making its input
-    add = node if x_in is None else x_in.producer if isinstance(x_in, Value) and x_in.producer is not None \
-        and x_in.producer.op == "aten.add.Tensor" and not x_in.producer.kwargs and len(x_in.producer.args) == 2 \
-        and x_in.id not in pinned else None
+    # the sum before the norm: ost.add_rms_norm's own, or an aten.add making its input (through reshapes: OPT's)
+    add = node if x_in is None else _sum_before(x_in)
+    summed = shape if add is node or add is None else _static(add.outputs[0])
+    if add is not None and add is not node and (add.kwargs or len(add.args) != 2 or add.outputs[0].id in pinned
+                                                or summed is None or math.prod(summed) != math.prod(shape)):
+        return False        # (a scaled or broadcast add, or a sum the graph returns: it would stay a launch)
+    if x_in is not None and (_static(x_in) != shape or x_in.meta.dtype != y.meta.dtype):
+        return False
+    s = x_in        # the norm's input (an aten.add's sum or a reshape of it: it then reads the accumulation)
     if add is not None:
-        found = _accumulator(g, add, shape, y.meta.dtype, users, pinned)
+        found = _accumulator(g, add, summed, y.meta.dtype, users, pinned)
         if found is None:
             return False        # the add would stay a launch: nothing saved
         lin, r = found
         s_old = add.outputs[0]
         acc = Node("ost.linear_acc_", (r, lin.args[0], lin.args[1]), {}, f"{add.name}_acc", add.source)
-        s = g.new_value(acc.name, s_old.meta, "temp", acc)
-        acc.outputs = [s]
-        mapping[s_old.id] = s
+        total = g.new_value(acc.name, s_old.meta, "temp", acc)
+        acc.outputs = [total]
+        mapping[s_old.id] = total
         before[id(add)] = [acc]
         dead.update((id(add), id(lin)))
-    else:
-        s = x_in
-        if _static(s) != shape or s.meta.dtype != y.meta.dtype:
-            return False
+        s = total if add is node or s_old is x_in else x_in   # (the row scales' arguments are not remapped)
     for p, (weights, biases, activation) in projections:
         splits = [int(wt.meta.shape[0]) for wt in weights]
         if biased:      # (fp32: the shift through the weights plus the projection's own bias; zeros for one
