@@ -27,12 +27,14 @@ from bench.suite import configs, report, run as suite_run, workloads  # noqa: E4
 
 # shape (bench/suite/workloads.HF_SHAPES) -> layers timed by default
 FAMILIES = {"falcon-7b": 4, "gpt-j-6b": 4, "bloom-560m": 12, "olmo2-1b": 8, "mixtral-8x7b": 2,
-            "qwen1.5-moe-a2.7b": 4}
+            "qwen1.5-moe-a2.7b": 4, "stablelm-2-1.6b": 8, "olmo-1b": 8}
 RUNNERS = ["eager", "cuda_graph_eager", "torch_compile_ro", "ostinato_replay"]
 
 
-def family_configs(device: str, shapes: list[str], layers: int | None = None, small: bool = False) -> list:
-    """One decode configuration per shape; ``small``: the suite's narrowed version (hidden 64, 2 layers)."""
+def family_configs(device: str, shapes: list[str], layers: int | None = None, small: bool = False,
+                   batch: int = 1) -> list:
+    """One decode configuration per shape; ``small``: the suite's narrowed version (hidden 64, 2 layers);
+    ``batch``: sequences a step (past 16 a batched step: its norms fold into cuBLAS products)."""
     unknown = sorted(set(shapes) - set(FAMILIES))
     if unknown:
         raise SystemExit(f"family_decode: unknown families {unknown}; known: {', '.join(FAMILIES)}")
@@ -41,8 +43,9 @@ def family_configs(device: str, shapes: list[str], layers: int | None = None, sm
     out = []
     for shape in shapes:
         depth = layers or FAMILIES[shape]
-        cfg = configs.Config(f"{prefix}/{shape}-l{depth}-decode", "small-llm", shape, "hf-decoder",
-                             {"shape": shape, "batch": 1, "tokens": 1, "cache": 256, "layers": depth},
+        name = f"{prefix}/{shape}-l{depth}-decode" + (f"-b{batch}" if batch != 1 else "")
+        cfg = configs.Config(name, "small-llm", shape, "hf-decoder",
+                             {"shape": shape, "batch": batch, "tokens": 1, "cache": 256, "layers": depth},
                              device, dtype, {"build": 10, "export": 10, "compile": 20, "step": 0.03})
         if small:
             cfg = configs.Config(cfg.name + "-small", cfg.category, cfg.family, cfg.builder,
@@ -58,10 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=None, help="every family's depth (default: per family)")
     ap.add_argument("--runners", default=",".join(RUNNERS), help="comma-separated suite runners")
     ap.add_argument("--small", action="store_true", help="the narrowed models (a CPU check of the same code)")
+    ap.add_argument("--batch", type=int, default=1, help="sequences a decode step (default 1)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default="family-decode")
     args = ap.parse_args(argv)
-    selected = family_configs(args.device, args.families.split(","), args.layers, args.small)
+    selected = family_configs(args.device, args.families.split(","), args.layers, args.small, args.batch)
     wanted = [r for r in args.runners.split(",") if r]
     unknown = [r for r in wanted if r not in configs.RUNNERS]
     if unknown:
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         os.replace(partial + ".tmp", partial)
 
     doc = suite_run.run_suite(selected, wanted, False, workdir=args.workdir, checkpoint=checkpoint)
-    doc["selection"] = {"device": args.device, "families": args.families, "layers": args.layers,
+    doc["selection"] = {"device": args.device, "families": args.families, "layers": args.layers, "batch": args.batch,
                         "runners": wanted, "small": args.small, "script": "bench/family_decode.py"}
     paths = report.write(doc, args.out)
     if os.path.exists(partial):

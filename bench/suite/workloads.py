@@ -120,6 +120,13 @@ HF_SHAPES = {
     "olmo2-1b": ("Olmo2Config", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                                      num_attention_heads=16, num_key_value_heads=16, vocab_size=100352,
                                      rope_theta=500000.0, rms_norm_eps=1e-6)),
+    # LayerNorm decoders (a batched step folds their norms: passes/fold_norms.py): StableLM-2-1.6B (a weight
+    # and a shift, q/k/v biases, a quarter of each head roped) and OLMo-1B (no weights, in fp32)
+    "stablelm-2-1.6b": ("StableLmConfig", dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                                               num_attention_heads=32, num_key_value_heads=32, vocab_size=100352,
+                                               partial_rotary_factor=0.25, use_qkv_bias=True)),
+    "olmo-1b": ("OlmoConfig", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                   num_attention_heads=16, num_key_value_heads=16, vocab_size=50304)),
     # mixture of experts: Mixtral-8x7B's layer (8 experts, 2 per token; transformers' default experts
     # implementation, grouped_mm; head_dim given: transformers 5.17's static cache needs it)
     "mixtral-8x7b": ("MixtralConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,

@@ -92,22 +92,35 @@ def hf_decode_matches(family: str, backend, steps: int, tol: float | None = None
     return prog
 
 
-def batched_llama(batch: int, dtype: torch.dtype, layers: int = 3, device: str = "cpu", steps: int = 1):
-    """A tiny transformers Llama (hidden 128) in ``dtype`` on ``device`` behind its static-cache export
-    wrapper, and the inputs of ``steps`` decode steps of ``batch`` sequences (from a seeded generator)."""
+# tiny configurations of batched_llama's families: (transformers config class, its own settings)
+BATCHED_FAMILIES = {"llama": ("LlamaConfig", {"num_key_value_heads": 2}),
+                    # LayerNorm with a weight and a shift, q/k/v biases, a quarter of each head roped
+                    "stablelm": ("StableLmConfig", {"num_key_value_heads": 4, "use_qkv_bias": True,
+                                                    "partial_rotary_factor": 0.25}),
+                    # LayerNorm without weights, in fp32
+                    "olmo": ("OlmoConfig", {"num_key_value_heads": 4})}
+
+
+def batched_llama(batch: int, dtype: torch.dtype, layers: int = 3, device: str = "cpu", steps: int = 1,
+                  family: str = "llama"):
+    """A tiny transformers Llama (hidden 128; or another of BATCHED_FAMILIES) in ``dtype`` on ``device``
+    behind its static-cache export wrapper, and the inputs of ``steps`` decode steps of ``batch`` sequences
+    (from a seeded generator). Every 1-d parameter random: norms' weights in [0.5, 1.5], biases (shifts) in
+    [-0.5, 0.5]."""
     import transformers
     from transformers import AutoModelForCausalLM, GenerationConfig
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                                      max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cls, own = BATCHED_FAMILIES[family]
+    config = getattr(transformers, cls)(hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+                                        num_attention_heads=4, vocab_size=256, max_position_embeddings=64,
+                                        pad_token_id=0, bos_token_id=1, eos_token_id=2, **own)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
         with torch.no_grad():   # from_config leaves the norms at 1
-            for p in model.parameters():
+            for name, p in model.named_parameters():
                 if p.dim() == 1:
-                    p.uniform_(0.5, 1.5)
+                    p.uniform_(-0.5, 0.5) if name.endswith("bias") else p.uniform_(0.5, 1.5)
         model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static")
         wrapper = TorchExportableModuleWithStaticCache(model, batch_size=batch, max_cache_len=16, device=device).eval()
     gen = torch.Generator().manual_seed(1)

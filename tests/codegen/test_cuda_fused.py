@@ -206,14 +206,17 @@ def test_batched_llama_decode_on_cuda(pick, monkeypatch):
     assert dot <= 2 * cublas + scale * 2 ** -8, errors
 
 
-def test_batched_llama_folded_norms_on_cuda(monkeypatch):
-    """A batch-32 bf16 decode of a tiny transformers Llama with its norms folded into its cuBLAS products
-    (passes/fold_norms.py: 6 launches a layer), replayed over three steps: its logits as close to eager's
-    as the unfolded program's (8 launches a layer), within twice that distance plus one bf16 ulp of the
-    logits' scale; the folded weights replace the originals among the executable's constants."""
+@pytest.mark.parametrize("family", ["llama", "stablelm", "olmo"])
+def test_batched_llama_folded_norms_on_cuda(family, monkeypatch):
+    """A batch-32 bf16 decode of a tiny transformers Llama (RMSNorm), StableLM or OLMo (LayerNorms: centered
+    folded weights, StableLM's shift as fp32 biases beside its q/k/v biases, a partial rope) with its norms
+    folded into its cuBLAS products (passes/fold_norms.py: 6 launches a layer), replayed over three steps:
+    its logits as close to eager's as the unfolded program's (8 launches a layer), within twice that
+    distance plus one bf16 ulp of the logits' scale; the folded weights replace the originals among the
+    executable's constants."""
     import copy
     from fusion_backend import batched_llama
-    wrapper, steps = batched_llama(32, torch.bfloat16, device="cuda", steps=3)
+    wrapper, steps = batched_llama(32, torch.bfloat16, device="cuda", steps=3, family=family)
     errors, launches = {}, {}
     for fold in ("1", "0"):
         monkeypatch.setenv("OSTINATO_FOLD_NORMS", fold)

@@ -223,3 +223,18 @@ def test_torch_compile_backend_sees_weight_updates(make):
         for p in model.parameters():
             p.mul_(1.5).add_(0.25)
         assert_same(compiled(x), model(x))
+
+
+def test_protected_takes_an_impure_ops_declared_writes():
+    """An impure op that declares the arguments it writes (OpDef.writes: the decode attention writes its two
+    caches, not q's biases, which a folded LayerNorm's fold_bias makes from weights) protects those and what
+    they are views of, not the rest it reads; one that declares none protects everything it reads."""
+    from ostinato.runtime.folding import protected, written_reads
+    args = (1, 2, 3, 4, 5)      # caches 1 and 2, q 3, ..., a bias 5 (value ids)
+    written = written_reads("ost.decode_attention_", args, lambda a: [a])
+    assert written == [1, 2]
+    steps = [("aten.view", [0], [1]), ("ost.fold_bias", [9], [5]),
+             ("ost.decode_attention_", [1, 2, 3, 4, 5], [6, 7, 8], written)]
+    assert protected(steps, set()) == {0, 1, 2}         # (0: the cache 1 is a view of it)
+    assert written_reads("ost.kv_update_", args, lambda a: [a]) is None
+    assert protected([("ost.kv_update_", [1, 5], [6], None)], set()) == {1, 5}

@@ -33,9 +33,14 @@ class _SlotList:
 def slot_reads(launch: "Launch") -> Iterator[int]:
     """The slots a launch reads, in argument order (items of list arguments included)."""
     for a in (*launch.args, *launch.kwargs.values()):
-        for x in (a.items if type(a) is _SlotList else (a,)):
-            if type(x) is _Slot:
-                yield x.i
+        yield from arg_slots(a)
+
+
+def arg_slots(a: Any) -> Iterator[int]:
+    """The slots one bound argument reads (a list argument's items)."""
+    for x in (a.items if type(a) is _SlotList else (a,)):
+        if type(x) is _Slot:
+            yield x.i
 
 
 def resolve(a: Any, env: list) -> Any:

@@ -59,12 +59,15 @@ def constant_nodes(graph: Graph) -> set[int]:
     results the graph returns or writes back, an impure node takes, or one of those is a view of. (The
     runtime also leaves unfolded a result much larger than its inputs, and any past 1 GiB folded in all;
     those limits, which depend on sizes at compile, are not applied here.) Empty where folding is off."""
-    from ..runtime.folding import _foldable_op, folding_enabled, protected as protected_of
+    from ..runtime.folding import _foldable_op, folding_enabled, protected as protected_of, written_reads
     if not folding_enabled():
         return set()
     keep = {v.id for v in graph.output_values()} | {v.id for pair in graph.mutations for v in pair}
-    protected = protected_of([(n.op, [v.id for v in n.inputs], [v.id for v in n.outputs if v is not None])
-                              for n in graph.nodes], keep)
+
+    def ids(a):     # the values one argument reads (a list's items)
+        return [v.id for v in (a if isinstance(a, (list, tuple)) else (a,)) if isinstance(v, Value)]
+    protected = protected_of([(n.op, [v.id for v in n.inputs], [v.id for v in n.outputs if v is not None],
+                               written_reads(n.op, n.args, ids)) for n in graph.nodes], keep)
     made = {v.id for v in graph.constants}
     out: set[int] = set()
     for node in graph.nodes:

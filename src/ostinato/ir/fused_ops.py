@@ -372,7 +372,7 @@ def sequence_major(dim: int, cache) -> bool:
 
 
 decode_attention_.multi_output = True
-register_op(OpDef("ost.decode_attention_", decode_attention_, pure=False, category="inplace"))
+register_op(OpDef("ost.decode_attention_", decode_attention_, pure=False, category="inplace", writes=(0, 1)))
 
 
 def _packed_rows(ws: list[torch.Tensor]) -> torch.Tensor | None:
@@ -609,4 +609,4 @@ def linear_acc_(acc: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> tor
     return acc
 
 
-register_op(OpDef("ost.linear_acc_", linear_acc_, pure=False, category="inplace"))
+register_op(OpDef("ost.linear_acc_", linear_acc_, pure=False, category="inplace", writes=(0,)))

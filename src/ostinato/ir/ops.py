@@ -24,6 +24,7 @@ class OpDef:
     host_sync: bool = False    # reads tensor data on the host (.item(), data-dependent output shapes)
     category: str = ""
     reason: str = ""           # why a "fallback" op runs through eager torch (shown by inspect)
+    writes: tuple[int, ...] | None = None   # an impure op's positional arguments it writes; None: any it reads
 
 
 _REGISTRY: dict[str, OpDef] = {}

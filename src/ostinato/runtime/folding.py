@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ..backends.base import Launch, resolve, slot_reads
+from ..backends.base import Launch, arg_slots, resolve, slot_reads
 from ..ir import get_op
 from ..ir.ops import may_alias
 from .packing import weights_live
@@ -70,18 +70,29 @@ def _nbytes(x: Any) -> int:
     return 0
 
 
-def protected(steps: list[tuple[str, list, list]], keep: set) -> set:
+def written_reads(op: str, args, reads_of) -> list | None:
+    """What an impure op may write of what it reads: the reads (``reads_of(argument)``) of the arguments
+    its OpDef declares it writes (``writes``: the decode attention writes its caches, not q's biases);
+    None where it declares none (any it reads)."""
+    d = get_op(op)
+    if d is None or d.writes is None:
+        return None
+    return [r for i in d.writes if i < len(args) for r in reads_of(args[i])]
+
+
+def protected(steps: list[tuple], keep: set) -> set:
     """What a folded value must never be, over ``steps`` in run order, each (op, what it reads, what it
-    makes): what the plan returns or writes back (``keep``), what an impure step takes as an argument (it
-    could write it), and everything those may be a view of. A folded value is shared by every call and
-    session: a caller writing into what it received, or a state write into a view of it, would change it
-    for the next call. (Slots for launches; value ids for the launch report's graph, codegen/report.py.)"""
+    makes[, what it may write of those: ``written_reads``]): what the plan returns or writes back (``keep``),
+    what an impure step takes as an argument (it could write it), and everything those may be a view of. A
+    folded value is shared by every call and session: a caller writing into what it received, or a state
+    write into a view of it, would change it for the next call. (Slots for launches; value ids for the
+    launch report's graph, codegen/report.py.)"""
     out = set(keep)
-    for op, reads, _ in steps:
+    for op, reads, _, *written in steps:
         d = get_op(op)
         if op not in _FUSED and (d is None or not d.pure):
-            out.update(reads)
-    for op, reads, outs in reversed(steps):
+            out.update(written[0] if written and written[0] is not None else reads)
+    for op, reads, outs, *_ in reversed(steps):
         if may_alias(op) and any(o in out for o in outs):
             out.update(reads)
     return out
@@ -97,7 +108,8 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
     False where other executables share the template's weights by name: a program's methods)."""
     if not folding_enabled():
         return launches, frozenset()
-    protected_slots = protected([(l.op, list(slot_reads(l)), l.outs) for l in launches], keep)
+    protected_slots = protected([(l.op, list(slot_reads(l)), l.outs, written_reads(l.op, l.args, arg_slots))
+                                 for l in launches], keep)
     known = set(constant_slots)
     folded: set[int] = set()          # launch indices
     made: set[int] = set()            # slots produced by folded launches
