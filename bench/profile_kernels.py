@@ -3,6 +3,8 @@ torch.compile's default mode (no CUDA graphs, so the profiler sees every kernel)
 
     python bench/profile_kernels.py --configs unet-r64,resnet18-b32 --out prof.json [--steps 10]
         [--variants auto,nchw:OSTINATO_CONV_LAYOUT=nchw,nosplit:OSTINATO_SPLIT_REDUCTION=0]
+    python bench/profile_kernels.py --families stablelm-2-1.6b --batch 32 --no-inductor \
+        --variants fold,nofold:OSTINATO_FOLD_NORMS=0
 
 Prints per runner the top kernels by GPU time per step, and writes them as JSON. GPU time only: the
 launch overhead that replay removes is not in these figures (bench/run_suite.py measures step times).
@@ -52,7 +54,10 @@ def _variants(text: str) -> list[tuple[str, dict]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", required=True, help="comma-separated name fragments of GPU configurations")
+    ap.add_argument("--configs", default="", help="comma-separated name fragments of GPU configurations")
+    ap.add_argument("--families", default="", help="bench/family_decode.py's families instead (its --batch, --layers)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default="")
     ap.add_argument("--no-inductor", action="store_true", help="profile ostinato only")
@@ -63,7 +68,14 @@ def main() -> None:
     from ostinato.backends.cuda.kernels.fused import forget_plans
     from ostinato.backends.cuda.runtime import awaiting_compiles
     report = {}
-    for cfg in configs.select("cuda", a.configs):
+    if bool(a.configs) == bool(a.families):
+        ap.error("give --configs or --families")
+    if a.families:
+        from bench.family_decode import family_configs
+        selected = family_configs("cuda", a.families.split(","), a.layers, batch=a.batch)
+    else:
+        selected = configs.select("cuda", a.configs)
+    for cfg in selected:
         wl = workloads.build(cfg.builder, cfg.params, cfg.device, cfg.dtype)
         args, kwargs = wl.steps[0]
         rec = {}
