@@ -238,21 +238,25 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     k_rstd = 1.0
     srow = 1.0
     if ROWSCALE:    # (norms.row_scale_kernel's statistic: not imported, a binary's cache key hashes one file)
-        rmean = 0.0
-        if ROWSCALE == 2:   # LayerNorm's: about the row's mean
-            rtot = tl.zeros([BLOCK_R], tl.float32)
-            for r0 in range(0, rx_n, BLOCK_R):
-                rr = r0 + tl.arange(0, BLOCK_R)
-                rtot += tl.load(rx_ptr + b * rx_sb + rr, mask=rr < rx_n, other=0.0).to(tl.float32)
-            rmean = tl.sum(rtot, axis=0) / rx_n
+        # LayerNorm's (2) in one pass, about the row's first element: var = mean(d^2) - mean(d)^2 with
+        # d = x - x[0] loses at most n * fp32's epsilon relatively ((x[0] - mean)^2 <= n * var)
+        pivot = 0.0
+        if ROWSCALE == 2:
+            pivot = tl.load(rx_ptr + b * rx_sb).to(tl.float32)
         racc = tl.zeros([BLOCK_R], tl.float32)
+        rtot = tl.zeros([BLOCK_R], tl.float32)
         for r0 in range(0, rx_n, BLOCK_R):
             rr = r0 + tl.arange(0, BLOCK_R)
             xv = tl.load(rx_ptr + b * rx_sb + rr, mask=rr < rx_n, other=0.0).to(tl.float32)
             if ROWSCALE == 2:
-                xv = tl.where(rr < rx_n, xv - rmean, 0.0)
+                xv = tl.where(rr < rx_n, xv - pivot, 0.0)
+                rtot += xv
             racc += xv * xv
-        srow = 1.0 / tl.sqrt(tl.sum(racc, axis=0) / rx_n + row_eps)
+        rvar = tl.sum(racc, axis=0) / rx_n
+        if ROWSCALE == 2:
+            rmean = tl.sum(rtot, axis=0) / rx_n
+            rvar = tl.maximum(rvar - rmean * rmean, 0.0)
+        srow = 1.0 / tl.sqrt(rvar + row_eps)
     if WHOLE:
         q_rstd = _whole_rstd(q_ptr + b * q_sb, q_sh, hq, d, dmask, eps, head_dim)
         k_rstd = _whole_rstd(k_ptr + b * k_sb, k_sh, hq // n_rep, d, dmask, eps, head_dim)

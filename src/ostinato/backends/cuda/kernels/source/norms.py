@@ -82,21 +82,24 @@ def row_scale_kernel(p_ptr, x_ptr, b_ptr, out_ptr, n_per_row, n_x, x_stride, eps
     row = tl.program_id(0).to(tl.int64)
     # (the attention kernel's ROWSCALE computes the same statistic: kernel sources import no other, as a
     # binary's cache key hashes its own file only)
-    mean = 0.0
+    # CENTER in one pass about the row's first element (the attention kernel's: within n * fp32's epsilon)
+    pivot = 0.0
     if CENTER:
-        tot = tl.zeros([BLOCK_X], tl.float32)
-        for r0 in range(0, n_x, BLOCK_X):
-            r = r0 + tl.arange(0, BLOCK_X)
-            tot += tl.load(x_ptr + row * x_stride + r, mask=r < n_x, other=0.0).to(tl.float32)
-        mean = tl.sum(tot, axis=0) / n_x
+        pivot = tl.load(x_ptr + row * x_stride).to(tl.float32)
     acc = tl.zeros([BLOCK_X], tl.float32)
+    tot = tl.zeros([BLOCK_X], tl.float32)
     for r0 in range(0, n_x, BLOCK_X):
         r = r0 + tl.arange(0, BLOCK_X)
         v = tl.load(x_ptr + row * x_stride + r, mask=r < n_x, other=0.0).to(tl.float32)
         if CENTER:
-            v = tl.where(r < n_x, v - mean, 0.0)
+            v = tl.where(r < n_x, v - pivot, 0.0)
+            tot += v
         acc += v * v
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_x + eps)
+    var = tl.sum(acc, axis=0) / n_x
+    if CENTER:
+        mean = tl.sum(tot, axis=0) / n_x
+        var = tl.maximum(var - mean * mean, 0.0)
+    rstd = 1.0 / tl.sqrt(var + eps)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n_per_row
     p = tl.load(p_ptr + row * n_per_row + offs, mask=m, other=0.0).to(tl.float32) * rstd
