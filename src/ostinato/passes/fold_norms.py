@@ -1,4 +1,4 @@
-"""Fold an RMSNorm into the projections it feeds, for a batched decode step's cuBLAS products.
+"""Fold an RMSNorm or a LayerNorm into the projections it feeds, for a batched decode step's cuBLAS products.
 
 A decode step of more rows than codegen/linear.py's matmul groups take (``max_rows``: 16, unless
 OSTINATO_DOT_ROWS asks for its tl.dot kernel) keeps its projections on cuBLAS, and cuBLAS takes no norm
@@ -18,20 +18,35 @@ cuBLAS call), so no kernel is left for the add or the norm: q/k/v, attention, o 
 SwiGLU, down (+= x), 6 launches. Accuracy (bench/fold_numerics.py): with the fp32 product, no worse than
 eager's bf16 path.
 
+A LayerNorm folds the same way, its centering being linear too: ``(x - mean(x)) @ V^T = x @ (V - mean_k
+V)^T``, so
+
+    layer_norm(x, w, s) @ W^T + b  =  rstd(x) * (x @ C^T) + (W @ s + b),   C = rows of W * w less their means
+
+``ost.fold_weights(..., center=True)`` makes ``C`` (rounded so that each row's sum stays near 0: the
+product subtracts the mean only as well as ``C``'s rows sum to 0, bench/fold_numerics.py --layer),
+``ost.fold_bias`` the fp32 vector ``W @ s + b``, and the row scale (``center``) takes LayerNorm's statistic,
+``rsqrt(var(x) + eps)``. OLMo's LayerNorm without weights folds with ``w`` and ``s`` left out; StableLM's,
+with both and its q/k/v biases, takes one fp32 bias per projection.
+
 A norm is folded when
 
-- it is an ``ost.rms_norm`` or ``ost.add_rms_norm`` (any algebraic form the rms_norm pattern recognises)
-  with a constant 1-d weight, over fp16/bf16 rows of static shape [B, 1, ..., H], B more than the matmul
-  groups take (a decode step's tokens along dim 0);
-- its normalized output is read only by projections (``aten.linear``, ``ost.multi_linear``) of constant
-  [N, H] weights. A constant bias is added by the row scale after its scale (``rstd * p + b``: Qwen 2's q, k
+- it is an ``ost.rms_norm``, ``ost.add_rms_norm`` (any algebraic form the rms_norm pattern recognises) with
+  a constant 1-d weight, or an ``ost.layer_norm`` (computed in its rows' dtype or fp32, as torch's kernels
+  do) with a constant weight and shift or none, over fp16/bf16 rows of static shape [B, 1, ..., H], B more
+  than the matmul groups take (a decode step's tokens along dim 0);
+- its normalized output is read only by projections (``aten.linear``, ``ost.multi_linear``, ``ost.linear``,
+  whose activation then runs after the row scale; not GPT-2's [in, out] Conv1D weights) of constant [N, H]
+  weights. A constant bias is added by the row scale after its scale (``rstd * p + b``: Qwen 2's q, k
   and v, which the attention kernel then takes with their biases), where the views between the product and
-  the row scale keep each row's elements in order (no slice, no packed gating), and every projection of the
-  norm has one (the attention kernel adds q's, k's and v's or none);
-- for ``ost.add_rms_norm``: one operand is made by a projection (``aten.linear`` without a bias, a constant
+  the row scale keep each row's elements in order (no slice, no packed gating); a projection without one
+  beside biased ones adds zeros (the attention kernel adds q's, k's and v's or none);
+- the sum before it -- ``ost.add_rms_norm``'s, or an ``aten.add`` making the norm's input or what reshapes
+  make it of (OPT's) -- has one operand made by a projection (``aten.linear`` without a bias, a constant
   weight) read by this add alone, and the other is a temporary made by a node that is not a view,
   returned by nothing, whose every other reader runs before the add (an ancestor of it): the sum is then
-  accumulated into it in place. Otherwise the norm stays (folding it would leave the add a launch).
+  accumulated into it in place. Otherwise the norm stays (folding it would leave the add a launch): GPT-2's,
+  OPT's and StarCoder2's biased output projections keep their norms.
 
 The row scale is placed after the chain of views (reshape, slices of a packed projection) that keep dim
 0 as the rows and read each product, so the attention finds it on q's, k's and v's rows (before their
