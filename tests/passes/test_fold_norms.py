@@ -455,18 +455,60 @@ def test_a_layer_norm_in_fp16_compute_is_not_folded():
 
 
 def test_centered_fold_rounding_keeps_row_sums_near_zero():
-    """fold_weights with ``center``: every element within one ulp of the exact centered value (bf16's 2^-7
-    relative), and each row's sum far below plain rounding's (random rows of 2048 and 4096)."""
+    """fold_weights with ``center``: every element within one ulp of the exact centered value (2^-7 relative
+    in bf16, 2^-10 in fp16, or one subnormal step), and each row's sum far below plain rounding's (random
+    rows of 2048 and 4096; fp16 weights small enough that a tenth are subnormal)."""
     from ostinato.ir.fused_ops import fold_weights
     g = torch.Generator().manual_seed(7)
-    for n, k in ((96, 2048), (40, 4096)):
-        W = (torch.randn(n, k, generator=g) / k ** 0.5).bfloat16()
-        w = (torch.rand(k, generator=g) + 0.5).bfloat16()
+    for n, k, dt, scale in ((96, 2048, torch.bfloat16, 1.0), (40, 4096, torch.bfloat16, 1.0),
+                            (64, 4096, torch.float16, 0.03)):
+        W = (torch.randn(n, k, generator=g) / k ** 0.5 * scale).to(dt)
+        w = (torch.rand(k, generator=g) + 0.5).to(dt)
         v = W.float() * w.float()
         exact = v - v.mean(-1, keepdim=True)
         got = fold_weights([W], w, 0.0, True)
-        assert got.dtype == torch.bfloat16 and got.shape == W.shape
-        assert ((got.float() - exact).abs() <= exact.abs() * 2 ** -7 + 1e-30).all()
+        assert got.dtype == dt and got.shape == W.shape
+        bits = {torch.bfloat16: 8, torch.float16: 11}[dt]     # (significand bits)
+        ulp = (exact.abs() * 2.0 ** (1 - bits)).clamp_min(torch.finfo(dt).smallest_normal * 2.0 ** (1 - bits))
+        assert ((got.float() - exact).abs() <= ulp).all()
         plain = (exact.bfloat16().double() - exact.double()).sum(-1).abs()
         ours = (got.double() - exact.double()).sum(-1).abs()
         assert ours.max() < plain.mean() / 50, (ours.max().item(), plain.mean().item())
+
+
+def test_folds_run_at_compile_in_a_program_with_methods(monkeypatch):
+    """A program with other entry points keeps the original weights beside the folded copies, and the folds
+    still run once at compile whatever their size (with compile-time folding's total cap at 0 here): left
+    to run, each would read and write every weight it folds at every step, a LayerNorm's with its rounding
+    search. The result equals eager's."""
+    from ostinato.runtime import folding
+    model, ids, prog = _export(_LayerStack("affine"), 32)
+    monkeypatch.setattr(folding, "_TOTAL_LIMIT", 0)
+    prog.methods = {"twin": copy.deepcopy(prog)}
+    exe = ostinato.compile(prog)
+    assert not [l.op for l in exe.launches if l.op in ("ost.fold_weights", "ost.fold_bias")]
+    _matches_eager(model, ids, prog)
+
+
+def test_a_fold_left_to_run_syncs_nothing(monkeypatch):
+    """With compile-time folding off, the LayerNorm's centered fold runs every step: its rounding search is a
+    fixed number of rounds, with no tensor read on the host (no Tensor.__bool__), so a CUDA graph can
+    capture it. The result equals eager's."""
+    from torch.overrides import TorchFunctionMode
+    monkeypatch.setenv("OSTINATO_FOLD_CONSTANTS", "0")
+    model, ids, prog = _export(_LayerStack("affine"), 32)
+    exe = ostinato.compile(prog)
+    assert "ost.fold_weights" in [l.op for l in exe.launches]
+    exe(ids)
+
+    class Reads(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (torch.Tensor.__bool__, torch.Tensor.item):
+                Reads.calls += 1
+            return func(*args, **(kwargs or {}))
+    with Reads():
+        exe(ids)
+    assert Reads.calls == 0
+    _matches_eager(model, ids, prog)

@@ -525,12 +525,14 @@ def _round_summing_to_zero(exact: torch.Tensor, dtype: torch.dtype, rounds: int 
     if dtype not in _MANTISSA or exact.dim() != 2 or not exact.numel():
         return out
     width = min(width, exact.shape[-1])
-    for _ in range(rounds):
+    # the spacing of subnormals (fp16's below 6.1e-5): no step is finer
+    finest = torch.finfo(dtype).smallest_normal * 2.0 ** (1 - _MANTISSA[dtype])
+    for _ in range(rounds):     # (a fixed count: no host sync, were it ever run per step)
         cur = out.float()
         residual = (cur - exact).sum(-1, keepdim=True)                    # [N, 1]
         toward = -torch.sign(residual)                                    # the direction that shrinks it
         _, e = torch.frexp(cur)
-        ulp = torch.ldexp(torch.ones_like(cur), e - _MANTISSA[dtype])     # (0 and subnormals: a tiny step)
+        ulp = torch.ldexp(torch.ones_like(cur), e - _MANTISSA[dtype]).clamp_min(finest)
         err = cur - exact
         ok = (torch.sign(-err) == toward) & (ulp <= 2 * residual.abs()) & (cur != 0)
         cost = torch.where(ok, ulp - 2 * err.abs(), torch.inf)           # how much the element's error grows
@@ -540,8 +542,6 @@ def _round_summing_to_zero(exact: torch.Tensor, dtype: torch.dtype, rounds: int 
         left = torch.cat([residual.abs(), left], -1)
         take = left.argmin(-1, keepdim=True)                              # prefix length (0: none)
         moved = torch.arange(width, device=exact.device) < take
-        if not moved.any():
-            break
         cur = cur.scatter_add(-1, idx, torch.where(moved, step, 0.0))
         out = cur.to(dtype)
     return out

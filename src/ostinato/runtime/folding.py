@@ -44,6 +44,9 @@ _FUSED = ("ost.fused",)             # generated groups: pure by construction (gr
 # Ops whose folded result replaces the weights they read (passes/fold_norms.py's folded projections): no
 # size limit, and those weights leave the template once nothing else reads them.
 _REPLACING = ("ost.fold_weights",)
+# A folded norm's ops, folded whatever their size (left to run, each would read every weight it folds at every
+# step): the folded weights and the shift through them (``ost.fold_bias``, a product of a weight).
+_NORM_FOLDS = ("ost.fold_weights", "ost.fold_bias")
 _GROWTH_SLACK = 1 << 20
 _CREATION_LIMIT = 16 << 20
 _TOTAL_LIMIT = 1 << 30
@@ -144,6 +147,10 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
         replacing = drop_weights and launch.op in _REPLACING
         if replacing:
             pass        # its weights leave the template: no memory grows
+        elif launch.op in _NORM_FOLDS:
+            pass        # (a program's methods share the originals: the copy is memory, but a fold left to
+            #            run would read every weight it folds at each step, a LayerNorm's rounding search
+            #            too: it folds whatever its size)
         elif size > limit or total + size > _TOTAL_LIMIT:
             continue
         else:
