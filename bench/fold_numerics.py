@@ -17,7 +17,7 @@ with ``V`` the rows of ``W * w`` less their means (the product subtracts the row
 rounding of ``V`` to bf16 costs an error that grows with the rows' mean against their spread, unless the
 rounding keeps each row's sum near 0 (fold_weights does; ``plain``: rounded to nearest alone). The rows
 are drawn with a mean of ``ratio`` times their standard deviation (0, 1, 4, 16), and the folded path is
-ostinato's own reference ops (ir/fused_ops.py: fold_weights, fold_bias, row_scale with ``center``).
+ostinato's own reference ops (ir/fold_ops.py: fold_weights, fold_bias, row_scale with ``center``).
 
     .venv/bin/python bench/fold_numerics.py [--layer] [--out FILE.json]
 """
@@ -57,7 +57,7 @@ RATIOS = (0.0, 1.0, 4.0, 16.0)     # a LayerNorm's rows: mean / standard deviati
 def layer_errors(hidden: int, out: int, ratio: float, rows: int = 32, eps: float = 1e-5,
                  trials: int = 5) -> dict[str, float]:
     """eager's LayerNorm (bf16 out) then the bf16 product, and the fold (fp32 product), against float64."""
-    from ostinato.ir.fused_ops import fold_bias, fold_weights, linear_out, row_scale
+    from ostinato.ir.fold_ops import fold_bias, fold_weights, linear_out, row_scale
     worst = {"eager": 0.0, "plain": 0.0, "folded_f32": 0.0}
     for _ in range(trials):
         spread = torch.rand(rows, 1) * 4 + 0.1

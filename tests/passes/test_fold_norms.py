@@ -458,7 +458,7 @@ def test_centered_fold_rounding_keeps_row_sums_near_zero():
     """fold_weights with ``center``: every element within one ulp of the exact centered value (2^-7 relative
     in bf16, 2^-10 in fp16, or one subnormal step), and each row's sum far below plain rounding's (random
     rows of 2048 and 4096; fp16 weights small enough that a tenth are subnormal)."""
-    from ostinato.ir.fused_ops import fold_weights
+    from ostinato.ir.fold_ops import fold_weights
     g = torch.Generator().manual_seed(7)
     for n, k, dt, scale in ((96, 2048, torch.bfloat16, 1.0), (40, 4096, torch.bfloat16, 1.0),
                             (64, 4096, torch.float16, 0.03)):

@@ -148,7 +148,7 @@ def _row_scale_kind(node: Node) -> Kind | None:
 
 @handles("ost.row_scale", kind=_row_scale_kind)
 def _row_scale(b: Builder, node: Node):
-    """ost.row_scale (ir/fused_ops.py): p * rsqrt(mean(x ** 2) + eps) (+ bias) in fp32, rounded to its dtype;
+    """ost.row_scale (ir/fold_ops.py): p * rsqrt(mean(x ** 2) + eps) (+ bias) in fp32, rounded to its dtype;
     ``center``: LayerNorm's statistic, x less its mean (the coordinates past x's width masked to 0)."""
     p, x, eps = node.args[:3]
     bias = node.args[4] if len(node.args) > 4 else None

@@ -233,7 +233,7 @@ def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None,
     return sdpa_of(q, keys, values, mask, q_pos, scale, n_rep, False, softcap), k_cache, v_cache
 
 
-# -- a norm folded into the projections it feeds (passes/fold_norms.py; ir/fused_ops.py's references) ------
+# -- a norm folded into the projections it feeds (passes/fold_norms.py; ir/fold_ops.py's references) ------
 def row_scale_of(p, x, eps, dtype, bias=None, center=False):
     """``dtype``: torch's (the op's argument) or MLX's (the caches' in the merged attention)."""
     h = x.astype(mx.float32)
@@ -254,7 +254,7 @@ def row_scale(p, x, eps, dtype, bias=None, center=False):
 @handles("ost.fold_weights")
 def fold_weights(weights, norm_weight, offset=0.0, center=False):
     if center:      # (its rounding keeps each row's sum near 0: torch's reference, once at compile)
-        from ...ir.fused_ops import fold_weights as reference
+        from ...ir.fold_ops import fold_weights as reference
         from .convert import to_mx, to_torch
         mx.eval(weights if norm_weight is None else [*weights, norm_weight])
         return to_mx(reference([to_torch(w) for w in weights], None if norm_weight is None else to_torch(norm_weight),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ....ir import fused_ops
+from ....ir import fold_ops, fused_ops
 from ..runtime import KernelLibrary
 from .common import block_for, cdiv, pow2, rows_of
 
@@ -77,7 +77,7 @@ def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, 
     if x.dim() < 1 or p.dim() < 1 or p.shape[0] != rows or any(d != 1 for d in x.shape[1:-1]) or not rows \
             or p.numel() == 0 or x.shape[-1] == 0 \
             or bias is not None and (bias.dim() != 1 or bias.numel() * rows != p.numel()):
-        return fused_ops.row_scale(p, x, eps, dtype, bias, center, out=out)
+        return fold_ops.row_scale(p, x, eps, dtype, bias, center, out=out)
     p = p.contiguous()
     x = x if x.stride(-1) == 1 else x.contiguous()
     n_per_row, n_x = p.numel() // rows, x.shape[-1]
