@@ -233,7 +233,7 @@ def test_protected_takes_an_impure_ops_declared_writes():
     args = (1, 2, 3, 4, 5)      # caches 1 and 2, q 3, ..., a bias 5 (value ids)
     written = written_reads("ost.decode_attention_", args, lambda a: [a])
     assert written == [1, 2]
-    steps = [("aten.view", [0], [1]), ("ost.fold_bias", [9], [5]),
+    steps = [("aten.view", [0], [1], None), ("ost.fold_bias", [9], [5], None),
              ("ost.decode_attention_", [1, 2, 3, 4, 5], [6, 7, 8], written)]
     assert protected(steps, set()) == {0, 1, 2}         # (0: the cache 1 is a view of it)
     assert written_reads("ost.kv_update_", args, lambda a: [a]) is None

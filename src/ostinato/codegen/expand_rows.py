@@ -161,8 +161,8 @@ def _row_scale(b: Builder, node: Node):
         mean = b.emit("div", "f32", b.emit("sum", "f32", xf), width)
         inside = b.emit("lt", "bool", index, b.const(int(x.meta.shape[-1]), "i64"))
         xf = b.emit("where", "f32", inside, b.emit("sub", "f32", xf, mean), b.const(0.0, "f32"))
-    mean = b.emit("div", "f32", b.emit("sum", "f32", b.emit("mul", "f32", xf, xf)), width)
-    scale = b.emit("rsqrt", "f32", b.emit("add", "f32", mean, b.const(float(eps), "f32")))
+    var = b.emit("div", "f32", b.emit("sum", "f32", b.emit("mul", "f32", xf, xf)), width)
+    scale = b.emit("rsqrt", "f32", b.emit("add", "f32", var, b.const(float(eps), "f32")))
     h = b.emit("mul", "f32", _f(b, b.value(p), "f32"), scale)
     if bias is not None:
         h = b.emit("add", "f32", h, _f(b, b.value(bias), "f32"))

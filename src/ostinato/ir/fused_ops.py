@@ -344,7 +344,6 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     dtype, before anything else; ``row_bias`` (q's, k's and v's projection biases, as row_scale takes them),
     added after the scale; ``row_center``: the statistic is LayerNorm's (row_scale's ``center``)."""
     if row_x is not None:
-        from .fold_ops import row_scale
         q, k, v = (row_scale(t, row_x, row_eps, k_cache.dtype, b, row_center)
                    for t, b in zip((q, k, v), row_bias or (None, None, None)))
     if q_norm is not None:
@@ -493,3 +492,6 @@ def moe_down_shared(h: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, we
 register_op(OpDef("ost.moe_up", moe_up, category="fused"))
 register_op(OpDef("ost.moe_down", moe_down, category="fused"))
 register_op(OpDef("ost.moe_down_shared", moe_down_shared, category="fused"))
+
+
+from .fold_ops import row_scale  # noqa: E402  (registers the folded norm's ops; the decode attention's row scale)

@@ -117,4 +117,4 @@ for _fn, _name in SYM_OPS.items():
     register_op(OpDef(_name, _SYM_IMPL.get(_name, _fn), category="sym"))
 
 from . import aten_ops  # noqa: E402,F401  (registers the ATen op set)
-from . import fold_ops, fused_ops  # noqa: E402,F401  (register the ost.* ops)
+from . import fused_ops  # noqa: E402,F401  (registers the ost.* ops, fold_ops.py's through it)

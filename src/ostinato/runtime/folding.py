@@ -41,11 +41,11 @@ from .packing import weights_live
 log = logging.getLogger("ostinato")
 
 _FUSED = ("ost.fused",)             # generated groups: pure by construction (groups close at impure nodes)
-# Ops whose folded result replaces the weights they read (passes/fold_norms.py's folded projections): no
-# size limit, and those weights leave the template once nothing else reads them.
+# Ops whose folded result replaces the weights they read (passes/fold_norms.py's folded projections): those
+# weights leave the template once nothing else reads them (unless a program's methods share them).
 _REPLACING = ("ost.fold_weights",)
-# A folded norm's ops, folded whatever their size (left to run, each would read every weight it folds at every
-# step): the folded weights and the shift through them (``ost.fold_bias``, a product of a weight).
+# A folded norm's ops, folded whatever their size, outside the caps (left to run, each would read every weight
+# it folds at every step, a LayerNorm's rounding search too): the folded weights and the shift through them.
 _NORM_FOLDS = ("ost.fold_weights", "ost.fold_bias")
 _GROWTH_SLACK = 1 << 20
 _CREATION_LIMIT = 16 << 20
@@ -85,17 +85,17 @@ def written_reads(op: str, args, reads_of) -> list | None:
 
 def protected(steps: list[tuple], keep: set) -> set:
     """What a folded value must never be, over ``steps`` in run order, each (op, what it reads, what it
-    makes[, what it may write of those: ``written_reads``]): what the plan returns or writes back (``keep``),
+    makes, what it may write of those: ``written_reads``, None for anything): what the plan returns or writes back (``keep``),
     what an impure step takes as an argument (it could write it), and everything those may be a view of. A
     folded value is shared by every call and session: a caller writing into what it received, or a state
     write into a view of it, would change it for the next call. (Slots for launches; value ids for the
     launch report's graph, codegen/report.py.)"""
     out = set(keep)
-    for op, reads, _, *written in steps:
+    for op, reads, _, written in steps:
         d = get_op(op)
         if op not in _FUSED and (d is None or not d.pure):
-            out.update(written[0] if written and written[0] is not None else reads)
-    for op, reads, outs, *_ in reversed(steps):
+            out.update(reads if written is None else written)
+    for op, reads, outs, _ in reversed(steps):
         if may_alias(op) and any(o in out for o in outs):
             out.update(reads)
     return out
@@ -145,15 +145,9 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
         size = sum(_nbytes(r) for r in results)
         limit = 2 * largest + _GROWTH_SLACK if reads else _CREATION_LIMIT
         replacing = drop_weights and launch.op in _REPLACING
-        if replacing:
-            pass        # its weights leave the template: no memory grows
-        elif launch.op in _NORM_FOLDS:
-            pass        # (a program's methods share the originals: the copy is memory, but a fold left to
-            #            run would read every weight it folds at each step, a LayerNorm's rounding search
-            #            too: it folds whatever its size)
-        elif size > limit or total + size > _TOTAL_LIMIT:
-            continue
-        else:
+        if launch.op not in _NORM_FOLDS:
+            if size > limit or total + size > _TOTAL_LIMIT:
+                continue
             total += size
         for o, r in zip(launch.outs, results):
             if o >= 0:
