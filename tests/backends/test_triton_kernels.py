@@ -104,6 +104,26 @@ def _compile_specs():
               "SHARED": {"fp32": 0, "fp16": 1, "bf16": 2}[dt], "SHARED_ACT": int(dt == "fp16"), "BLOCK_E": 128,
               "BLOCK_TOPK": 8, "BLOCK_N": 8, "BLOCK_K": 512}),
         ]
+        if dt == "fp32":
+            continue        # the grouped kernels multiply fp16/bf16 operands with tl.dot
+        specs += [
+            ("moe_up_grouped", moe.moe_up_grouped_kernel,
+             {"x_ptr": ptr(dt), "logits_ptr": ptr(dt), "w_ptr": ptr(dt), "out_ptr": ptr(dt), "ids_ptr": "*i64",
+              **{k: "i32" for k in ("n_tokens", "n_experts", "k_dim", "n_inter", "x_stride", "w_se", "w_sn")},
+              **{k: "constexpr" for k in ("ROUTE", "TOPK", "ACT", "BLOCK_T", "BLOCK_E", "BLOCK_N", "BLOCK_K")}},
+             {"ROUTE": {"fp16": 2, "bf16": 1}[dt], "TOPK": 8, "ACT": int(dt == "fp16"), "BLOCK_T": 32, "BLOCK_E": 128,
+              "BLOCK_N": 64, "BLOCK_K": 128}),
+            ("moe_down_grouped", moe.moe_down_grouped_kernel,
+             {"h_ptr": ptr(dt), "ids_ptr": "*i64", "logits_ptr": ptr(dt), "w_ptr": ptr(dt), "out_ptr": ptr(dt),
+              **{k: "i32" for k in ("n_tokens", "n_experts", "k_dim", "n_out", "w_se", "w_sn")},
+              **{k: ptr(dt) for k in ("g_ptr", "u_ptr", "ws_ptr", "sl_ptr")},
+              **{k: "i32" for k in ("k_shared", "g_stride", "u_stride", "ws_stride", "sl_stride")},
+              **{k: "constexpr" for k in ("ROUTE", "TOPK", "NORMALIZE", "WEIGHT_ROUND", "PRODUCT_ROUND", "SHARED",
+                                          "SHARED_ACT", "BLOCK_T", "BLOCK_E", "BLOCK_TOPK", "BLOCK_N", "BLOCK_K")}},
+             {"ROUTE": {"fp16": 0, "bf16": 2}[dt], "TOPK": 4, "NORMALIZE": True, "WEIGHT_ROUND": dt == "bf16",
+              "PRODUCT_ROUND": True, "SHARED": {"fp16": 1, "bf16": 2}[dt], "SHARED_ACT": int(dt == "fp16"),
+              "BLOCK_T": 64, "BLOCK_E": 64, "BLOCK_TOPK": 4, "BLOCK_N": 16, "BLOCK_K": 128}),
+        ]
     return [pytest.param(fn, sig, const, id=f"{name}-{sig[next(iter(sig))][1:]}") for name, fn, sig, const in specs]
 
 

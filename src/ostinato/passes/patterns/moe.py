@@ -21,8 +21,9 @@ logits: E values a token), the gather, the product and the sum over the k choice
 each is one kernel reading only the chosen experts' weights (backends/cuda/kernels/moe.py).
 
 The references compute what the chain computes, op by op; the pattern checks every intermediate is
-read only inside the chain. Only decode-shaped steps are taken (T * k at most MAX_ROWS, static sizes):
-a prefill multiplies many rows by each expert, a grouped GEMM's work, left to the graph's own ops.
+read only inside the chain. Only decode-shaped steps are taken (at most MAX_TOKENS tokens, static sizes): a
+prefill multiplies many rows by each expert, a grouped GEMM's work, left to the graph's own ops. A batched
+decode step of 2 to MAX_TOKENS tokens runs CUDA's grouped kernels, which read each chosen expert once.
 This is one of the hand-written patterns the fusion issue allows (like attention): routing is a
 data-dependent choice of weights, which the generic code generator's pointwise and reduction groups
 cannot express.
@@ -35,7 +36,7 @@ from ...ir import Graph, Node, TensorMeta, Value
 from ..dce import eliminate_dead_code
 from ..rewrite import is_dtype_cast, pinned_values
 
-MAX_ROWS = 64      # T * k: tokens times chosen experts a step
+MAX_TOKENS = 64    # tokens a step (backends/cuda/kernels/moe.py's MAX_TOKENS: one block of rows)
 _GATES = {"ost.swiglu_packed": "silu", "ost.geglu_packed": "gelu"}
 
 
@@ -438,7 +439,7 @@ def fuse_moe(g: Graph) -> Graph:
             continue
         logits, k, route_dtype, topk_first = found
         t, n_experts = logits.meta.shape
-        if not 0 < t * k <= MAX_ROWS:
+        if not 0 < t <= MAX_TOKENS:
             continue
         vals, ids = topk.outputs
         weights = _weights(vals, chain, topk_first)

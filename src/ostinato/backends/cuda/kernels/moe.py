@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ....ir import fused_ops
+from ....passes.patterns.moe import MAX_TOKENS
 from ..runtime import KernelLibrary
 from .common import cdiv, pow2
 
@@ -29,6 +30,13 @@ _TILE = 16384           # elements of W a program reads per step of its K loop (
 _MIN_BLOCK_N = 4        # the narrowest column block
 _WARPS = 8
 _LOW = (torch.float16, torch.bfloat16)
+# From this many tokens a step, fp16/bf16 experts go through the grouped kernels (source/moe.py: a program per
+# expert and column block, every row routed to that expert multiplied at once), which read each chosen expert's
+# weights once instead of once per (token, choice), up to the pattern's MAX_TOKENS (one block of rows).
+GROUPED_FROM = 2
+_GROUPED_UP_N = 64      # the grouped up kernel's column block (its programs: experts x blocks)
+_GROUPED_DOWN_N = 16    # the grouped down kernel's (its programs: blocks only; the narrowest tl.dot operand)
+_GROUPED_K = 128
 _DTYPES = (torch.float32, *_LOW)
 
 
@@ -58,6 +66,12 @@ def _route(logits: torch.Tensor, route_dtype: torch.dtype, topk_first: bool) -> 
     return 2 if topk_first else 0 if route_dtype == torch.float32 else 1
 
 
+def _grouped(tokens: int, h: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the grouped kernels take this step: GROUPED_FROM to MAX_TOKENS tokens, fp16/bf16 rows and
+    weights of one dtype (tl.dot's operands)."""
+    return GROUPED_FROM <= tokens <= MAX_TOKENS and h.dtype in _LOW and weight.dtype == h.dtype
+
+
 def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu", topk_first: bool = False):
     route = _route(logits, route_dtype, topk_first)
     if not (_takes(x, logits, weight, top_k, route_dtype) and activation in ("silu", "gelu") and route is not None
@@ -68,7 +82,13 @@ def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu",
     rows, inter, k_dim = x.shape[0] * top_k, weight.shape[1] // 2, weight.shape[2]
     result = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     ids = torch.empty((rows,), dtype=torch.int64, device=x.device)
-    if result.numel():
+    if result.numel() and _grouped(x.shape[0], x, weight):
+        LIBRARY.kernel("moe_up_grouped", ROUTE=route, TOPK=top_k, ACT=0 if activation == "silu" else 1,
+                       BLOCK_T=max(16, pow2(x.shape[0])), BLOCK_E=pow2(logits.shape[1]), BLOCK_N=_GROUPED_UP_N,
+                       BLOCK_K=_GROUPED_K, num_warps=4)(
+            x, logits, weight, result, ids, x.shape[0], logits.shape[1], k_dim, inter, x.stride(0), weight.stride(0),
+            weight.stride(1), grid=(logits.shape[1], cdiv(inter, _GROUPED_UP_N)))
+    elif result.numel():
         block_n, block_k = _blocks(inter, rows, k_dim, _UP_PROGRAMS, _TILE // 2)
         LIBRARY.kernel("moe_up", ROUTE=route, TOPK=top_k,
                        ACT=0 if activation == "silu" else 1, BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k),
@@ -137,8 +157,11 @@ def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weig
     if result.numel():
         gate, up, activation, w_s, logit = shared or (h, h, "silu", weight, None)
         k_shared = gate.shape[1] if shared else 0
-        block_n, block_k = _blocks(n_out, tokens, max(k_dim, k_shared), _PROGRAMS, _TILE)
-        LIBRARY.kernel("moe_down", ROUTE=route, TOPK=top_k,
+        grouped = _grouped(tokens, h, weight)
+        block_n, block_k = (_GROUPED_DOWN_N, _GROUPED_K) if grouped else \
+            _blocks(n_out, tokens, max(k_dim, k_shared), _PROGRAMS, _TILE)
+        rows = {"BLOCK_T": max(16, pow2(tokens))} if grouped else {}
+        LIBRARY.kernel("moe_down_grouped" if grouped else "moe_down", ROUTE=route, TOPK=top_k,
                        NORMALIZE=bool(normalize) or route == 2,   # (2: the chosen logits' softmax)
                        # the weights are rounded to h's dtype where they passed through a low precision
                        WEIGHT_ROUND=weights != torch.float32 or route_dtype != torch.float32,
@@ -146,11 +169,13 @@ def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weig
                        SHARED=0 if shared is None else 1 if logit is None else 2,
                        SHARED_ACT=0 if activation == "silu" else 1,
                        BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k), BLOCK_N=block_n, BLOCK_K=block_k,
-                       num_warps=_WARPS)(
-            h, ids, logits, weight, result, logits.shape[1], k_dim, n_out, weight.stride(0), weight.stride(1),
-            gate, up, w_s, logits if logit is None else logit, k_shared, gate.stride(0), up.stride(0), w_s.stride(0),
-            0 if logit is None else logit.stride(0), grid=(tokens, cdiv(n_out, block_n)))
+                       num_warps=4 if grouped else _WARPS, **rows)(
+            h, ids, logits, weight, result, *((tokens,) if grouped else ()), logits.shape[1], k_dim, n_out,
+            weight.stride(0), weight.stride(1), gate, up, w_s, logits if logit is None else logit, k_shared,
+            gate.stride(0), up.stride(0), w_s.stride(0), 0 if logit is None else logit.stride(0),
+            grid=(cdiv(n_out, block_n),) if grouped else (tokens, cdiv(n_out, block_n)))
     return result
 
 
-LIBRARY = KernelLibrary("moe", {"moe_up": "moe_up_kernel", "moe_down": "moe_down_kernel"})
+LIBRARY = KernelLibrary("moe", {"moe_up": "moe_up_kernel", "moe_down": "moe_down_kernel",
+                                "moe_up_grouped": "moe_up_grouped_kernel", "moe_down_grouped": "moe_down_grouped_kernel"})

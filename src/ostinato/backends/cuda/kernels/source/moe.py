@@ -161,3 +161,161 @@ def moe_down_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_experts, k_dim
             shared = (sg * shared).to(odt).to(tl.float32)
         result += shared
     tl.store(out_ptr + t.to(tl.int64) * n_out + n, result.to(odt), mask=n_ok)
+
+
+# Grouped by expert: a batched decode step (several tokens) reads each chosen expert's weights once. The
+# kernels above read an expert's rows once per (token, choice); at 32 tokens Mixtral's up kernel read 8x
+# the chosen weights (docs/benchmarks/moe_gpu/). Here a program takes one expert (or walks them all) and
+# multiplies its weight tile by every row routed to it with tl.dot (fp16/bf16 operands, fp32 sums).
+
+
+@triton.jit
+def _scores_rows(logits_ptr, n_tokens, n_experts, ROUTE: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_E: tl.constexpr):
+    """_scores for every token at once: [BLOCK_T, BLOCK_E] (-inf past n_experts; rows past n_tokens
+    score as zero logits, and are masked by the callers)."""
+    t = tl.arange(0, BLOCK_T)[:, None]
+    e = tl.arange(0, BLOCK_E)[None, :]
+    logit = tl.load(logits_ptr + t * n_experts + e, mask=(t < n_tokens) & (e < n_experts), other=0.0).to(tl.float32)
+    logit = tl.where(e < n_experts, logit, float("-inf"))
+    if ROUTE == 2:
+        return logit
+    p = tl.exp(logit - tl.max(logit, 1)[:, None])
+    p = p / tl.sum(p, 1)[:, None]
+    if ROUTE == 1:
+        p = p.to(logits_ptr.dtype.element_ty).to(tl.float32)
+    return tl.where(e < n_experts, p, float("-inf"))
+
+
+@triton.jit
+def moe_up_grouped_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, ids_ptr, n_tokens, n_experts, k_dim, n_inter, x_stride,
+                          w_se, w_sn, ROUTE: tl.constexpr, TOPK: tl.constexpr, ACT: tl.constexpr,
+                          BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """moe_up_kernel's result, one program per (expert, block of output columns): every token is routed
+    here (the same choice as _route's: the largest score first, ties to the lower id), the rows that
+    chose this expert multiplied by its gate and up rows at once ([BLOCK_T, BLOCK_K] x [BLOCK_K, BLOCK_N]
+    dots), stored at their (token, choice) rows. The first column block's program of each expert stores
+    the expert's id at the ids of the rows that chose it. A program whose expert no token chose reads
+    no weight."""
+    expert = tl.program_id(0)
+    t = tl.arange(0, BLOCK_T)
+    e = tl.arange(0, BLOCK_E)[None, :]
+    score = _scores_rows(logits_ptr, n_tokens, n_experts, ROUTE, BLOCK_T, BLOCK_E)
+    hit = tl.zeros([BLOCK_T], dtype=tl.int32)
+    slot = tl.zeros([BLOCK_T], dtype=tl.int32)
+    for i in tl.static_range(TOPK):
+        best = tl.max(score, 1)
+        idx = tl.min(tl.where(score == best[:, None], e, BLOCK_E), 1)
+        hit = tl.where(idx == expert, 1, hit)
+        slot = tl.where(idx == expert, i, slot)
+        score = tl.where(e == idx[:, None], float("-inf"), score)
+    sel = (hit > 0) & (t < n_tokens)
+    row = t.to(tl.int64) * TOPK + slot
+    if tl.program_id(1) == 0:
+        tl.store(ids_ptr + row, tl.zeros([BLOCK_T], dtype=tl.int64) + expert, mask=sel)
+    if tl.sum(sel.to(tl.int32), 0) > 0:
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < n_inter
+        w_rows = w_ptr + expert.to(tl.int64) * w_se + n.to(tl.int64)[:, None] * w_sn
+        up_rows = w_rows + n_inter * w_sn
+        acc_g = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < k_dim
+            xv = tl.load(x_ptr + t.to(tl.int64)[:, None] * x_stride + kk[None, :], mask=sel[:, None] & k_ok[None, :],
+                         other=0.0)
+            m = n_ok[:, None] & k_ok[None, :]
+            acc_g = tl.dot(xv, tl.trans(tl.load(w_rows + kk[None, :], mask=m, other=0.0)), acc_g)
+            acc_u = tl.dot(xv, tl.trans(tl.load(up_rows + kk[None, :], mask=m, other=0.0)), acc_u)
+        dt = out_ptr.dtype.element_ty
+        g = acc_g.to(dt).to(tl.float32)
+        u = acc_u.to(dt).to(tl.float32)
+        if ACT == 0:
+            a = g * tl.sigmoid(g)
+        else:
+            a = _gelu(g)
+        a = a.to(dt).to(tl.float32)
+        tl.store(out_ptr + row[:, None] * n_inter + n[None, :], (a * u).to(dt), mask=sel[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def moe_down_grouped_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_tokens, n_experts, k_dim, n_out, w_se,
+                            w_sn, g_ptr, u_ptr, ws_ptr, sl_ptr, k_shared, g_stride, u_stride, ws_stride, sl_stride,
+                            ROUTE: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
+                            WEIGHT_ROUND: tl.constexpr, PRODUCT_ROUND: tl.constexpr, SHARED: tl.constexpr,
+                            SHARED_ACT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                            BLOCK_TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """moe_down_kernel's result (and its shared expert's), one program per block of output columns for
+    every token: it walks the experts, and multiplies each chosen one's rows by all the rows routed to it
+    at once, so each chosen expert's weights are read once. The routing weights are moe_down_kernel's,
+    for all tokens at once; the weighted products are summed in expert order (moe_down_kernel: choice
+    order), in fp32."""
+    t = tl.arange(0, BLOCK_T)
+    t_ok = t < n_tokens
+    e = tl.arange(0, BLOCK_E)[None, :]
+    slot = tl.arange(0, BLOCK_TOPK)[None, :]
+    score = _scores_rows(logits_ptr, n_tokens, n_experts, ROUTE, BLOCK_T, BLOCK_E)
+    ids = tl.load(ids_ptr + t[:, None] * TOPK + slot, mask=t_ok[:, None] & (slot < TOPK), other=-1)
+    vals = tl.zeros([BLOCK_T, BLOCK_TOPK], dtype=tl.float32)
+    for i in tl.static_range(TOPK):
+        chosen = tl.sum(tl.where(slot == i, ids, 0), 1)
+        vals = tl.where(slot == i, tl.sum(tl.where(e == chosen[:, None], score, 0.0), 1)[:, None], vals)
+    if ROUTE == 2:
+        first = tl.max(tl.where(slot < TOPK, vals, float("-inf")), 1)
+        vals = tl.where(slot < TOPK, tl.exp(vals - first[:, None]), 0.0)
+    total = tl.where(t_ok, tl.sum(vals, 1), 1.0)       # (rows past the tokens: no 0 / 0)
+    hdt = h_ptr.dtype.element_ty
+    if NORMALIZE:
+        if ROUTE == 1:
+            total = total.to(logits_ptr.dtype.element_ty).to(tl.float32)
+        vals = vals / total[:, None]
+    if WEIGHT_ROUND:
+        vals = vals.to(hdt).to(tl.float32)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < n_out
+    result = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    w_expert = w_ptr        # expert's weights: stepped by w_se (no product of the id and the stride in int32)
+    for expert in range(0, n_experts):
+        here = ids == expert
+        sel = tl.max(here.to(tl.int32), 1) > 0
+        if tl.sum(sel.to(tl.int32), 0) > 0:
+            r = tl.sum(tl.where(here, vals, 0.0), 1)
+            h_rows = h_ptr + (t.to(tl.int64) * TOPK + tl.sum(tl.where(here, slot, 0), 1))[:, None] * k_dim
+            w_rows = w_expert + n.to(tl.int64)[:, None] * w_sn
+            acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, k_dim, BLOCK_K):
+                kk = k0 + tl.arange(0, BLOCK_K)
+                k_ok = kk < k_dim
+                hv = tl.load(h_rows + kk[None, :], mask=sel[:, None] & k_ok[None, :], other=0.0)
+                wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                acc = tl.dot(hv, tl.trans(wv), acc)
+            prod = acc.to(hdt).to(tl.float32) * r[:, None]
+            if PRODUCT_ROUND:
+                prod = prod.to(hdt).to(tl.float32)
+            result += tl.where(sel[:, None], prod, 0.0)
+        w_expert += w_se
+    odt = out_ptr.dtype.element_ty
+    if SHARED != 0:
+        result = result.to(odt).to(tl.float32)
+        ws_rows = ws_ptr + n.to(tl.int64)[:, None] * ws_stride
+        acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, k_shared, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < k_shared
+            m = t_ok[:, None] & k_ok[None, :]
+            gv = tl.load(g_ptr + t.to(tl.int64)[:, None] * g_stride + kk[None, :], mask=m, other=0.0).to(tl.float32)
+            uv = tl.load(u_ptr + t.to(tl.int64)[:, None] * u_stride + kk[None, :], mask=m, other=0.0).to(tl.float32)
+            if SHARED_ACT == 0:
+                av = gv * tl.sigmoid(gv)
+            else:
+                av = _gelu(gv)
+            av = (av.to(odt).to(tl.float32) * uv).to(odt)
+            wv = tl.load(ws_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            acc = tl.dot(av, tl.trans(wv), acc)
+        shared = acc.to(odt).to(tl.float32)
+        if SHARED == 2:
+            sg = tl.sigmoid(tl.load(sl_ptr + t.to(tl.int64) * sl_stride, mask=t_ok, other=0.0).to(tl.float32))
+            shared = (sg.to(odt).to(tl.float32)[:, None] * shared).to(odt).to(tl.float32)
+        result += shared
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * n_out + n[None, :], result.to(odt), mask=t_ok[:, None] & n_ok[None, :])
