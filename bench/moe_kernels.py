@@ -4,8 +4,9 @@ weighted sum; the ops' references), and the rate at which each reads its chosen 
 
 Shapes (hidden K, expert width I, experts E, chosen k): Mixtral-8x7B (4096, 14336, 8, 2), Qwen3-30B-A3B
 (2048, 768, 128, 8), OLMoE-1B-7B (2048, 1024, 64, 8), Qwen1.5-MoE-A2.7B (2048, 1408, 60, 4; and its shared
-expert, 5632 wide: ost.moe_down_shared against moe_down then the shared expert's ops), at 1 and 4 tokens, bf16, random weights and
-logits. Each result is checked against the reference first (max |difference|). Times: CUDA events
+expert, 5632 wide: ost.moe_down_shared against moe_down then the shared expert's ops), at 1 and 4 tokens (or
+``--tokens``), bf16, random weights and logits. From 2 tokens the launchers take the grouped kernels; their
+time is shown beside the per-choice kernels' at the same step (``*_per_choice_us``). Each result is checked against the reference first (max |difference|). Times: CUDA events
 around 50 calls after 10 warm-up calls, the median of 5 such repeats.
 
     python3 bench/moe_kernels.py --out moe_kernels.json
@@ -55,14 +56,17 @@ def one(name: str, tokens: int, dtype=torch.bfloat16) -> dict:
     w_down = (torch.randn(experts, k_dim, inter, device="cuda", generator=g) * 0.02).to(dtype)
     f32 = torch.float32
     h_ref, ids = fused_ops.moe_up(x, logits, w_up, top_k, f32)
-    h, _ = moe.moe_up(x, logits, w_up, top_k, f32)
+    h, ids_k = moe.moe_up(x, logits, w_up, top_k, f32)
+    # rows whose choice differs (a tie of two scores, broken apart by torch.topk and the kernel) are left out
+    same = ids_k == ids
     o_ref = fused_ops.moe_down(h_ref, ids, logits, w_down, top_k, f32, True, None, dtype)
     o = moe.moe_down(h_ref, ids, logits, w_down, top_k, f32, True, None, dtype)
     chosen = len(set(torch.topk(logits.float().softmax(-1), top_k).indices.flatten().tolist()))
     size = dtype.itemsize
     up_bytes, down_bytes = chosen * 2 * inter * k_dim * size, chosen * k_dim * inter * size
     row = {"shape": name, "tokens": tokens, "K": k_dim, "I": inter, "E": experts, "k": top_k, "distinct_experts": chosen,
-           "up_max_diff": (h.float() - h_ref.float()).abs().max().item(),
+           "ids_differ": int((~same).sum().item()),
+           "up_max_diff": (h.float() - h_ref.float())[same].abs().max().item(),
            "down_max_diff": (o.float() - o_ref.float()).abs().max().item()}
     for part, ours, ref, nbytes in (
             ("up", lambda: moe.moe_up(x, logits, w_up, top_k, f32), lambda: fused_ops.moe_up(x, logits, w_up, top_k, f32),
@@ -72,6 +76,12 @@ def one(name: str, tokens: int, dtype=torch.bfloat16) -> dict:
         t_ours, t_ref = _time(ours), _time(ref)
         row[f"{part}_us"], row[f"{part}_eager_us"] = round(t_ours, 2), round(t_ref, 2)
         row[f"{part}_TBps"] = round(nbytes / t_ours / 1e6, 2)
+        if moe.GROUPED_FROM <= tokens <= moe.MAX_TOKENS:   # the per-choice kernels at the same step
+            saved, moe.GROUPED_FROM = moe.GROUPED_FROM, 10 ** 9
+            try:
+                row[f"{part}_per_choice_us"] = round(_time(ours), 2)
+            finally:
+                moe.GROUPED_FROM = saved
     if name in SHARED:      # the down kernel with the shared expert, against it alone then the shared ops
         width = SHARED[name]
         gu = torch.randn(tokens, 2 * width + 1, device="cuda", generator=g).to(dtype)
@@ -112,12 +122,35 @@ def sweep(name: str, tokens: int) -> list[dict]:
     return rows
 
 
+def sweep_grouped(name: str, tokens: int) -> list[dict]:
+    """The grouped kernels' time over their block choices (kernels/moe.py: _GROUPED_UP_N, the up kernel's
+    column block; _GROUPED_DOWN_N, the down kernel's; _GROUPED_K, the K step; _GROUPED_WARPS)."""
+    keys = ("_GROUPED_UP_N", "_GROUPED_DOWN_N", "_GROUPED_K", "_GROUPED_WARPS")
+    saved = tuple(getattr(moe, k) for k in keys)
+    rows = []
+    try:
+        for up_n, down_n in ((32, 16), (64, 16), (128, 32), (64, 32)):
+            for k_step in (64, 128, 256):
+                for warps in (4, 8):
+                    for key, value in zip(keys, (up_n, down_n, k_step, warps)):
+                        setattr(moe, key, value)
+                    r = one(name, tokens)
+                    rows.append({"shape": name, "tokens": tokens, "up_n": up_n, "down_n": down_n, "k_step": k_step,
+                                 "warps": warps, **{k: r[k] for k in ("up_us", "down_us", "up_TBps", "down_TBps")}})
+                    print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for key, value in zip(keys, saved):
+            setattr(moe, key, value)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tokens", default="1,4")
     ap.add_argument("--out", default="moe_kernels.json")
     ap.add_argument("--sweep", default=None, help="SHAPE:TOKENS[,SHAPE:TOKENS] whose block choices to sweep")
+    ap.add_argument("--sweep-grouped", default=None, help="SHAPE:TOKENS[,...] whose grouped kernels' blocks to sweep")
     args = ap.parse_args(argv)
     rows = []
     for name in args.shapes.split(","):
@@ -131,6 +164,9 @@ def main(argv=None) -> int:
         for item in args.sweep.split(","):
             name, tokens = item.split(":")
             swept += sweep(name, int(tokens))
+    for item in (args.sweep_grouped or "").split(",") if args.sweep_grouped else ():
+        name, tokens = item.split(":")
+        swept += sweep_grouped(name, int(tokens))
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows, "sweep": swept}, f, indent=1)

@@ -140,7 +140,8 @@ def main(mode: str, name: str, workdir: str) -> dict:
         # as the parent's: a float32 runner's miss judged against float64
         exact = measure.float64_reference(wl.model, steps, measure.restorer(wl.model))
         ref = measure.Reference(pytree.tree_map(to_dev, io["refs"]), io["tolerance"],
-                                exact if cfg["dtype"] == "float32" else None)
+                                exact if cfg["dtype"] == "float32" else None,
+                                row_slack=int(cfg["params"].get("row_slack", 0)))
         cell = measure.measure_cell(make, steps, ref, device, wl.model_bytes(), **io["timing"])
         out["cell"] = cell
         if "first_call_s" in cell:

@@ -117,6 +117,24 @@ def max_error(out: Any, ref: Any) -> float:
     return worst
 
 
+def rows_missed(outs: list, refs: list, tolerance: float) -> int:
+    """How many rows (indices along dim 0, over all steps and floating output tensors) are further than
+    ``tolerance`` from eager's, scaled as max_error scales a tensor; a tensor of another shape counts
+    as all its rows."""
+    missed: set[int] = set()
+    for out, ref in zip(outs, refs):
+        for o, r in zip(pytree.tree_leaves(out), pytree.tree_leaves(ref)):
+            if not isinstance(r, torch.Tensor) or not r.dtype.is_floating_point or r.dim() == 0:
+                continue
+            if not isinstance(o, torch.Tensor) or o.shape != r.shape:
+                return math.inf
+            of, rf = o.detach().float(), r.detach().float().to(o.device)
+            err = torch.nan_to_num((of - rf).abs(), nan=math.inf).reshape(r.shape[0], -1).amax(1)
+            err = err / max(1.0, rf.abs().max().item())
+            missed.update(torch.nonzero(err > tolerance).flatten().tolist())
+    return len(missed)
+
+
 def describe_error(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
@@ -143,6 +161,11 @@ class Reference:
     tolerance: float
     exact: Callable[[], list] | None = None
     _exact: Any = None
+    # Sequences of a batch (rows along dim 0) whose outputs may miss the tolerance while every other row
+    # meets it: a mixture of experts' routing is a discrete choice, and a near-tie between two experts
+    # flips under any difference of rounding (reduce-overhead's as well as ours), changing that sequence's
+    # output entirely. 0: none (every other configuration).
+    row_slack: int = 0
 
     def float64(self) -> tuple[list | None, str | None]:
         """(the float64 outputs, or None and why there are none)."""
@@ -270,7 +293,10 @@ def prepare_cell(make: Callable[[], Callable], steps: list, ref: Reference | Non
         if ref is not None:
             err, outs = check_runner(fn, steps, ref)
             cell["max_error"] = err
-            if not err <= ref.tolerance and not _right_by_float64(cell, outs, ref):
+            if not err <= ref.tolerance and ref.row_slack:
+                cell["rows_missed"] = rows_missed(outs, ref.outputs, ref.tolerance)
+            if not err <= ref.tolerance and not cell.get("rows_missed", math.inf) <= ref.row_slack \
+                    and not _right_by_float64(cell, outs, ref):
                 cell.update(status="wrong", tolerance=ref.tolerance)
                 fn = None
         if fn is not None:

@@ -39,7 +39,8 @@ def run_config(cfg: Config, runner_names: list[str], with_startup: bool, workdir
     try:   # a model whose own eager steps fail (a library version's bug) fails its row, not the run
         ref = measure.Reference([measure.snapshot(measure.call(wl.model, wl.steps[i % len(wl.steps)]))
                                  for i in range(measure.CHECK_STEPS)], measure.tolerance(cfg.dtype, cfg.device),
-                                measure.float64_reference(wl.model, wl.steps, restore) if cfg.dtype == "float32" else None)
+                                measure.float64_reference(wl.model, wl.steps, restore) if cfg.dtype == "float32" else None,
+                                row_slack=int(cfg.params.get("row_slack", 0)))
     except Exception as e:
         rec.update(error=f"eager reference failed: {measure.describe_error(e)}", wall_s=time.perf_counter() - t_start)
         del wl, restore

@@ -140,6 +140,16 @@ HF_SHAPES = {
                                                  num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
                                                  shared_expert_intermediate_size=5632, norm_topk_prob=False,
                                                  decoder_sparse_step=1, mlp_only_layers=[])),
+    # many small experts: Qwen3-30B-A3B (8 of 128, 768 wide, normalized; q/k norms) and OLMoE-1B-7B (8 of 64,
+    # 1024 wide, not normalized)
+    "qwen3-30b-a3b": ("Qwen3MoeConfig", dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+                                             num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                                             vocab_size=151936, num_experts=128, num_experts_per_tok=8,
+                                             moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1,
+                                             mlp_only_layers=[])),
+    "olmoe-1b-7b": ("OlmoeConfig", dict(hidden_size=2048, intermediate_size=1024, num_hidden_layers=16,
+                                        num_attention_heads=16, num_key_value_heads=16, vocab_size=50304,
+                                        num_experts=64, num_experts_per_tok=8, norm_topk_prob=False)),
 }
 _LAYERS_KEY = {"GPT2Config": "n_layer", "GPTJConfig": "n_layer", "BloomConfig": "n_layer"}
 

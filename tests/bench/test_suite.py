@@ -4,6 +4,7 @@ runners reported and not timed, regressions, parts, merging and the command line
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -306,6 +307,36 @@ def test_float32_runner_judged_against_float64_when_eager_is_off_too():
     cell, fn = measure.prepare_cell(lambda: (lambda: (a.float(), (b - 0.5 * noise).float())), steps, ref,
                                     torch.device("cpu"), 0, warmups=1)
     assert fn is not None and cell["float64_check"].startswith("right")
+
+
+def test_row_slack_allows_only_that_many_sequences_apart():
+    """A mixture of experts' configuration may route a few sequences apart: a runner whose rows all meet
+    the tolerance but ``row_slack`` of them is right (the count recorded); one more row apart, or a small
+    error spread over every row, is wrong; without slack the plain check holds."""
+    g = torch.Generator().manual_seed(1)
+    eager = [torch.randn(8, 1, 32, generator=g, dtype=torch.bfloat16) for _ in range(2)]
+    steps = [((), {})]
+
+    def cell_of(outs, slack):
+        it = iter([outs[0]] + outs * 4)       # the first call's output, then the check steps'
+        ref = measure.Reference(eager, 5e-2, row_slack=slack)
+        return measure.prepare_cell(lambda: (lambda: next(it)), steps, ref, torch.device("cpu"), 0, warmups=1)
+
+    def apart(rows, step=0, by=1.0):
+        outs = [e.clone() for e in eager]
+        outs[step][rows] += by
+        return outs
+    cell, fn = cell_of(apart([3]), 1)
+    assert fn is not None and cell["rows_missed"] == 1 and cell["max_error"] > 5e-2
+    cell, fn = cell_of([apart([3])[0], apart([3], 1)[1]], 1)    # the same sequence in both steps: one
+    assert fn is not None and cell["rows_missed"] == 1
+    cell, fn = cell_of([apart([3])[0], apart([5], 1)[1]], 1)    # two sequences
+    assert fn is None and cell["status"] == "wrong" and cell["rows_missed"] == 2
+    cell, fn = cell_of(apart([3]), 0)
+    assert fn is None and cell["status"] == "wrong" and "rows_missed" not in cell
+    cell, fn = cell_of(apart(slice(None), by=0.3), 2)            # every row off: no slack excuses it
+    assert fn is None and cell["rows_missed"] == 8
+    assert measure.rows_missed([eager[0][:4]], [eager[0]], 5e-2) == math.inf
 
 
 def test_float64_outputs_of_a_copy_leave_the_model_alone(monkeypatch):

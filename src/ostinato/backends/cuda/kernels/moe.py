@@ -36,7 +36,8 @@ _LOW = (torch.float16, torch.bfloat16)
 GROUPED_FROM = 2
 _GROUPED_UP_N = 64      # the grouped up kernel's column block (its programs: experts x blocks)
 _GROUPED_DOWN_N = 16    # the grouped down kernel's (its programs: blocks only; the narrowest tl.dot operand)
-_GROUPED_K = 128
+_GROUPED_K = 128        # elements of K a step of their loops
+_GROUPED_WARPS = 4
 _DTYPES = (torch.float32, *_LOW)
 
 
@@ -85,7 +86,7 @@ def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu",
     if result.numel() and _grouped(x.shape[0], x, weight):
         LIBRARY.kernel("moe_up_grouped", ROUTE=route, TOPK=top_k, ACT=0 if activation == "silu" else 1,
                        BLOCK_T=max(16, pow2(x.shape[0])), BLOCK_E=pow2(logits.shape[1]), BLOCK_N=_GROUPED_UP_N,
-                       BLOCK_K=_GROUPED_K, num_warps=4)(
+                       BLOCK_K=_GROUPED_K, num_warps=_GROUPED_WARPS)(
             x, logits, weight, result, ids, x.shape[0], logits.shape[1], k_dim, inter, x.stride(0), weight.stride(0),
             weight.stride(1), grid=(logits.shape[1], cdiv(inter, _GROUPED_UP_N)))
     elif result.numel():
@@ -169,7 +170,7 @@ def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weig
                        SHARED=0 if shared is None else 1 if logit is None else 2,
                        SHARED_ACT=0 if activation == "silu" else 1,
                        BLOCK_E=pow2(logits.shape[1]), BLOCK_TOPK=pow2(top_k), BLOCK_N=block_n, BLOCK_K=block_k,
-                       num_warps=4 if grouped else _WARPS, **rows)(
+                       num_warps=_GROUPED_WARPS if grouped else _WARPS, **rows)(
             h, ids, logits, weight, result, *((tokens,) if grouped else ()), logits.shape[1], k_dim, n_out,
             weight.stride(0), weight.stride(1), gate, up, w_s, logits if logit is None else logit, k_shared,
             gate.stride(0), up.stride(0), w_s.stride(0), 0 if logit is None else logit.stride(0),
