@@ -123,20 +123,26 @@ def sweep(name: str, tokens: int) -> list[dict]:
 
 
 def sweep_grouped(name: str, tokens: int) -> list[dict]:
-    """The grouped kernels' time over their block choices (kernels/moe.py: _GROUPED_UP_N, the up kernel's
-    column block; _GROUPED_DOWN_N, the down kernel's; _GROUPED_K, the K step; _GROUPED_WARPS)."""
-    keys = ("_GROUPED_UP_N", "_GROUPED_DOWN_N", "_GROUPED_K", "_GROUPED_WARPS")
+    """The grouped kernels' time over their block choices (kernels/moe.py: _GROUPED_UP_N and _GROUPED_UP_K,
+    the up kernel's column block and K step; _GROUPED_DOWN_N and _GROUPED_DOWN_K, the down kernel's;
+    _GROUPED_WARPS). A choice that does not fit (shared memory) is recorded as its error."""
+    keys = ("_GROUPED_UP_N", "_GROUPED_UP_K", "_GROUPED_DOWN_N", "_GROUPED_DOWN_K", "_GROUPED_WARPS")
     saved = tuple(getattr(moe, k) for k in keys)
     rows = []
     try:
-        for up_n, down_n in ((32, 16), (64, 16), (128, 32), (64, 32)):
-            for k_step in (64, 128, 256):
+        for up_n, down_n in ((64, 16), (32, 16), (64, 32)):
+            for k_step in (128, 256):
                 for warps in (4, 8):
-                    for key, value in zip(keys, (up_n, down_n, k_step, warps)):
+                    choice = dict(zip(keys, (up_n, k_step, down_n, k_step, warps)))
+                    for key, value in choice.items():
                         setattr(moe, key, value)
-                    r = one(name, tokens)
-                    rows.append({"shape": name, "tokens": tokens, "up_n": up_n, "down_n": down_n, "k_step": k_step,
-                                 "warps": warps, **{k: r[k] for k in ("up_us", "down_us", "up_TBps", "down_TBps")}})
+                    try:
+                        r = one(name, tokens)
+                        got = {k: r[k] for k in ("up_us", "down_us", "up_TBps", "down_TBps")}
+                    except Exception as e:  # noqa: BLE001 - a block too large for the GPU is a result
+                        got = {"error": str(e)[:200]}
+                    rows.append({"shape": name, "tokens": tokens, **{k.lstrip("_").lower(): v for k, v in choice.items()},
+                                 **got})
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         for key, value in zip(keys, saved):

@@ -36,7 +36,8 @@ _LOW = (torch.float16, torch.bfloat16)
 GROUPED_FROM = 2
 _GROUPED_UP_N = 64      # the grouped up kernel's column block (its programs: experts x blocks)
 _GROUPED_DOWN_N = 16    # the grouped down kernel's (its programs: blocks only; the narrowest tl.dot operand)
-_GROUPED_K = 128        # elements of K a step of their loops
+_GROUPED_UP_K = 128     # elements of K a step of the up kernel's loop
+_GROUPED_DOWN_K = 256   # the down kernel's
 _GROUPED_WARPS = 4
 _DTYPES = (torch.float32, *_LOW)
 
@@ -86,7 +87,7 @@ def moe_up(x, logits, weight, top_k: int, route_dtype, activation: str = "silu",
     if result.numel() and _grouped(x.shape[0], x, weight):
         LIBRARY.kernel("moe_up_grouped", ROUTE=route, TOPK=top_k, ACT=0 if activation == "silu" else 1,
                        BLOCK_T=max(16, pow2(x.shape[0])), BLOCK_E=pow2(logits.shape[1]), BLOCK_N=_GROUPED_UP_N,
-                       BLOCK_K=_GROUPED_K, num_warps=_GROUPED_WARPS)(
+                       BLOCK_K=_GROUPED_UP_K, num_warps=_GROUPED_WARPS)(
             x, logits, weight, result, ids, x.shape[0], logits.shape[1], k_dim, inter, x.stride(0), weight.stride(0),
             weight.stride(1), grid=(logits.shape[1], cdiv(inter, _GROUPED_UP_N)))
     elif result.numel():
@@ -159,7 +160,7 @@ def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weig
         gate, up, activation, w_s, logit = shared or (h, h, "silu", weight, None)
         k_shared = gate.shape[1] if shared else 0
         grouped = _grouped(tokens, h, weight)
-        block_n, block_k = (_GROUPED_DOWN_N, _GROUPED_K) if grouped else \
+        block_n, block_k = (_GROUPED_DOWN_N, _GROUPED_DOWN_K) if grouped else \
             _blocks(n_out, tokens, max(k_dim, k_shared), _PROGRAMS, _TILE)
         rows = {"BLOCK_T": max(16, pow2(tokens))} if grouped else {}
         LIBRARY.kernel("moe_down_grouped" if grouped else "moe_down", ROUTE=route, TOPK=top_k,

@@ -247,7 +247,7 @@ def moe_down_grouped_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_tokens
                             SHARED_ACT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                             BLOCK_TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """moe_down_kernel's result (and its shared expert's), one program per block of output columns for
-    every token: it walks the experts, and multiplies each chosen one's rows by all the rows routed to it
+    every token: it walks the chosen experts, and multiplies each one's rows by all the rows routed to it
     at once, so each chosen expert's weights are read once. The routing weights are moe_down_kernel's,
     for all tokens at once; the weighted products are summed in expert order (moe_down_kernel: choice
     order), in fp32."""
@@ -274,27 +274,37 @@ def moe_down_grouped_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_tokens
         vals = vals.to(hdt).to(tl.float32)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < n_out
+    # the experts some token chose, in id order: one loop over their K steps (expert after expert), so the
+    # loads of the next steps are in flight across experts (a loop per expert, of a few K steps each for
+    # small experts, waited on every expert's first load)
+    ev = tl.arange(0, BLOCK_E)
+    used = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for j in tl.static_range(TOPK):
+        col = tl.sum(tl.where(slot == j, ids, 0), 1)
+        used = tl.maximum(used, tl.max(((col[:, None] == ev[None, :]) & t_ok[:, None]).to(tl.int32), 0))
+    rank = tl.where(used > 0, tl.cumsum(used, 0) - 1, -1)
+    k_steps = tl.cdiv(k_dim, BLOCK_K)
     result = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    w_expert = w_ptr        # expert's weights: stepped by w_se (no product of the id and the stride in int32)
-    for expert in range(0, n_experts):
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    for i in range(0, tl.sum(used, 0) * k_steps):
+        a = i // k_steps
+        kk = (i - a * k_steps) * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = kk < k_dim
+        expert = tl.sum(tl.where(rank == a, ev, 0), 0)
         here = ids == expert
         sel = tl.max(here.to(tl.int32), 1) > 0
-        if tl.sum(sel.to(tl.int32), 0) > 0:
-            r = tl.sum(tl.where(here, vals, 0.0), 1)
-            h_rows = h_ptr + (t.to(tl.int64) * TOPK + tl.sum(tl.where(here, slot, 0), 1))[:, None] * k_dim
-            w_rows = w_expert + n.to(tl.int64)[:, None] * w_sn
-            acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, k_dim, BLOCK_K):
-                kk = k0 + tl.arange(0, BLOCK_K)
-                k_ok = kk < k_dim
-                hv = tl.load(h_rows + kk[None, :], mask=sel[:, None] & k_ok[None, :], other=0.0)
-                wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                acc = tl.dot(hv, tl.trans(wv), acc)
-            prod = acc.to(hdt).to(tl.float32) * r[:, None]
-            if PRODUCT_ROUND:
-                prod = prod.to(hdt).to(tl.float32)
-            result += tl.where(sel[:, None], prod, 0.0)
-        w_expert += w_se
+        h_rows = h_ptr + (t.to(tl.int64) * TOPK + tl.sum(tl.where(here, slot, 0), 1))[:, None] * k_dim
+        w_rows = w_ptr + expert.to(tl.int64) * w_se + n.to(tl.int64)[:, None] * w_sn
+        hv = tl.load(h_rows + kk[None, :], mask=sel[:, None] & k_ok[None, :], other=0.0)
+        wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(hv, tl.trans(wv), acc)
+        # the expert's last K step: its weighted products join the sum, its accumulator starts again
+        done = (i - a * k_steps) == k_steps - 1
+        prod = acc.to(hdt).to(tl.float32) * tl.sum(tl.where(here, vals, 0.0), 1)[:, None]
+        if PRODUCT_ROUND:
+            prod = prod.to(hdt).to(tl.float32)
+        result += tl.where(done & sel[:, None], prod, 0.0)
+        acc = tl.where(done, 0.0, acc)
     odt = out_ptr.dtype.element_ty
     if SHARED != 0:
         result = result.to(odt).to(tl.float32)
