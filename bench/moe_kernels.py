@@ -47,7 +47,8 @@ def _time(fn, calls: int = 50, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def one(name: str, tokens: int, dtype=torch.bfloat16) -> dict:
+def one(name: str, tokens: int, dtype=torch.bfloat16, compare: bool = True) -> dict:
+    """One shape at ``tokens``; ``compare`` False (a sweep): the kernels' own times only."""
     k_dim, inter, experts, top_k = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(tokens, k_dim, device="cuda", generator=g).to(dtype)
@@ -73,16 +74,18 @@ def one(name: str, tokens: int, dtype=torch.bfloat16) -> dict:
              up_bytes),
             ("down", lambda: moe.moe_down(h, ids, logits, w_down, top_k, f32, True, None, dtype),
              lambda: fused_ops.moe_down(h, ids, logits, w_down, top_k, f32, True, None, dtype), down_bytes)):
-        t_ours, t_ref = _time(ours), _time(ref)
-        row[f"{part}_us"], row[f"{part}_eager_us"] = round(t_ours, 2), round(t_ref, 2)
-        row[f"{part}_TBps"] = round(nbytes / t_ours / 1e6, 2)
+        t_ours = _time(ours)
+        row[f"{part}_us"], row[f"{part}_TBps"] = round(t_ours, 2), round(nbytes / t_ours / 1e6, 2)
+        if not compare:
+            continue
+        row[f"{part}_eager_us"] = round(_time(ref), 2)
         if moe.GROUPED_FROM <= tokens <= moe.MAX_TOKENS:   # the per-choice kernels at the same step
             saved, moe.GROUPED_FROM = moe.GROUPED_FROM, 10 ** 9
             try:
                 row[f"{part}_per_choice_us"] = round(_time(ours), 2)
             finally:
                 moe.GROUPED_FROM = saved
-    if name in SHARED:      # the down kernel with the shared expert, against it alone then the shared ops
+    if name in SHARED and compare:      # the down kernel with the shared expert, against it alone then the shared ops
         width = SHARED[name]
         gu = torch.randn(tokens, 2 * width + 1, device="cuda", generator=g).to(dtype)
         gate, up, logit = gu[:, :width], gu[:, width:2 * width], gu[:, -1:]
@@ -137,7 +140,7 @@ def sweep_grouped(name: str, tokens: int) -> list[dict]:
                     for key, value in choice.items():
                         setattr(moe, key, value)
                     try:
-                        r = one(name, tokens)
+                        r = one(name, tokens, compare=False)
                         got = {k: r[k] for k in ("up_us", "down_us", "up_TBps", "down_TBps")}
                     except Exception as e:  # noqa: BLE001 - a block too large for the GPU is a result
                         got = {"error": str(e)[:200]}
