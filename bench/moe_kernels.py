@@ -126,17 +126,18 @@ def sweep(name: str, tokens: int) -> list[dict]:
 
 
 def sweep_grouped(name: str, tokens: int) -> list[dict]:
-    """The grouped kernels' time over their block choices (kernels/moe.py: _GROUPED_UP_N and _GROUPED_UP_K,
-    the up kernel's column block and K step; _GROUPED_DOWN_N and _GROUPED_DOWN_K, the down kernel's;
-    _GROUPED_WARPS). A choice that does not fit (shared memory) is recorded as its error."""
-    keys = ("_GROUPED_UP_N", "_GROUPED_UP_K", "_GROUPED_DOWN_N", "_GROUPED_DOWN_K", "_GROUPED_WARPS")
+    """The grouped down kernel's time over its block choices (kernels/moe.py: _GROUPED_DOWN_N, its column
+    block; _GROUPED_DOWN_K, its K step; _DOWN_PROGRAMS, the programs its expert splits aim at; 128 columns
+    blocks of 16 for a hidden size of 2048: no split), with the up kernel's at its defaults. A choice that
+    does not fit (shared memory) is recorded as its error."""
+    keys = ("_GROUPED_DOWN_N", "_GROUPED_DOWN_K", "_DOWN_PROGRAMS")
     saved = tuple(getattr(moe, k) for k in keys)
     rows = []
     try:
-        for up_n, down_n in ((64, 16), (32, 16), (64, 32)):
+        for down_n in (16, 32):
             for k_step in (128, 256):
-                for warps in (4, 8):
-                    choice = dict(zip(keys, (up_n, k_step, down_n, k_step, warps)))
+                for programs in (128, 512, 1024):
+                    choice = dict(zip(keys, (down_n, k_step, programs)))
                     for key, value in choice.items():
                         setattr(moe, key, value)
                     try:

@@ -118,11 +118,14 @@ def _compile_specs():
               **{k: "i32" for k in ("n_tokens", "n_experts", "k_dim", "n_out", "w_se", "w_sn")},
               **{k: ptr(dt) for k in ("g_ptr", "u_ptr", "ws_ptr", "sl_ptr")},
               **{k: "i32" for k in ("k_shared", "g_stride", "u_stride", "ws_stride", "sl_stride")},
+              "part_ptr": "*fp32", "cnt_ptr": "*i32",
               **{k: "constexpr" for k in ("ROUTE", "TOPK", "NORMALIZE", "WEIGHT_ROUND", "PRODUCT_ROUND", "SHARED",
-                                          "SHARED_ACT", "BLOCK_T", "BLOCK_E", "BLOCK_TOPK", "BLOCK_N", "BLOCK_K")}},
+                                          "SHARED_ACT", "NSPLIT", "BLOCK_T", "BLOCK_E", "BLOCK_TOPK", "BLOCK_N",
+                                          "BLOCK_K", "BLOCK_KS")}},
              {"ROUTE": {"fp16": 0, "bf16": 2}[dt], "TOPK": 4, "NORMALIZE": True, "WEIGHT_ROUND": dt == "bf16",
               "PRODUCT_ROUND": True, "SHARED": {"fp16": 1, "bf16": 2}[dt], "SHARED_ACT": int(dt == "fp16"),
-              "BLOCK_T": 64, "BLOCK_E": 64, "BLOCK_TOPK": 4, "BLOCK_N": 16, "BLOCK_K": 128}),
+              "NSPLIT": {"fp16": 1, "bf16": 4}[dt], "BLOCK_T": 64, "BLOCK_E": 64, "BLOCK_TOPK": 4, "BLOCK_N": 16,
+              "BLOCK_K": 256, "BLOCK_KS": 64}),
         ]
     return [pytest.param(fn, sig, const, id=f"{name}-{sig[next(iter(sig))][1:]}") for name, fn, sig, const in specs]
 

@@ -253,3 +253,30 @@ def test_transformers_own_grouped_op_fuses_too(dtype):
     ops = _ops(prog)
     assert ops.count("ost.moe_up") == 1 and not any("grouped_mm" in op for op in ops), ops
     assert lc.max_diff(ref, prog, steps) <= (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shared", [False, True], ids=["routed", "shared-expert"])
+@pytest.mark.parametrize("tokens", [1, 8, 33])
+def test_replayed_moe_steps_on_cuda_match_eager(tokens, shared):
+    """A bf16 MoE MLP replayed on CUDA over three calls of new inputs: one token takes the per-choice
+    kernels; 8 and 33 the grouped ones (the down kernel's experts split among programs, the last to arrive
+    adding their sums, its counters reset for the next replay). Each call's result is eager's within four
+    bf16 ulps of its scale (sums in another order: a product one ulp apart, the gating's two)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from ostinato.backends.cuda.kernels import moe as moe_kernels
+    model = (WithShared(experts=16, k=4) if shared else Experts(experts=16, k=4)).to("cuda", torch.bfloat16)
+    xs = [torch.randn(tokens, 48, generator=torch.Generator().manual_seed(30 + i)).to("cuda", torch.bfloat16)
+          for i in range(3)]
+    prog = ostinato.export(model, (xs[0],), cache=False, passes=DEFAULT_PIPELINE)
+    assert "ost.moe_up" in _ops(prog)
+    exe = ostinato.compile(prog, device="cuda", replay=True)
+    for x in xs:
+        with torch.no_grad():
+            expected = model(x)
+            got = exe(x).clone()
+        scale = expected.float().abs().max().item()
+        assert (got.float() - expected.float()).abs().max().item() <= 4 * scale * 2 ** -8
+    if tokens > 1:
+        assert any(key[0] == "moe_down_grouped" for key in moe_kernels.LIBRARY._kernels)

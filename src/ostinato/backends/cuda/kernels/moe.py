@@ -6,12 +6,15 @@ weight rows, where they lie: no gathered copy of them. Cases the kernels do not 
 (a weight whose last dim is not dense, more experts than MAX_EXPERTS, an fp64 tensor) run the reference."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from ....ir import fused_ops
 from ....passes.patterns.moe import MAX_TOKENS
 from ..runtime import KernelLibrary
 from .common import cdiv, pow2
+from .split_k import split_scratch
 
 MAX_EXPERTS = 1024
 MAX_TOPK = 64
@@ -39,6 +42,40 @@ _GROUPED_DOWN_N = 16    # the grouped down kernel's (its programs: blocks only; 
 _GROUPED_UP_K = 128     # elements of K a step of the up kernel's loop
 _GROUPED_DOWN_K = 256   # the down kernel's
 _GROUPED_WARPS = 4
+_GROUPED_KS = 64        # the down kernel's K step over a shared expert ([T, K] activations in registers)
+# The grouped down kernel has a program per 16 output columns (128 for a hidden size of 2048): it splits the
+# chosen experts among up to 8 programs per column block until about this many run, the last of a block's
+# splits to finish adding their fp32 sums (split_k.py's scratch: partials and arrival counters)
+_DOWN_PROGRAMS = 512
+_MAX_DOWN_SPLIT = 8
+
+
+@dataclass
+class _SplitPlan:
+    """What split_scratch reads of a split launch: partial slices and their width, counters (grid[0])."""
+    nsplit: int
+    ws_cols: int
+    grid: tuple
+    kslice: int = 0
+    scratch: dict = field(default_factory=dict)
+
+
+_SPLIT_PLANS: dict[tuple, _SplitPlan] = {}
+
+
+def _down_split(blocks: int, n_experts: int) -> int:
+    split = 1
+    while split < _MAX_DOWN_SPLIT and blocks * split < _DOWN_PROGRAMS and 2 * split <= n_experts:
+        split *= 2
+    return split
+
+
+def _split_buffers(slices: int, cols: int, blocks: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grouped down kernel's fp32 partials ([slices, cols]) and zeroed counters (blocks)."""
+    plan = _SPLIT_PLANS.setdefault((slices, cols, blocks), _SplitPlan(slices, cols, (blocks,)))
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    part, counters, _ = split_scratch(plan, device, capturing)
+    return part, counters
 _DTYPES = (torch.float32, *_LOW)
 
 
@@ -162,7 +199,14 @@ def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weig
         grouped = _grouped(tokens, h, weight)
         block_n, block_k = (_GROUPED_DOWN_N, _GROUPED_DOWN_K) if grouped else \
             _blocks(n_out, tokens, max(k_dim, k_shared), _PROGRAMS, _TILE)
-        rows = {"BLOCK_T": max(16, pow2(tokens))} if grouped else {}
+        rows, split = {}, ()
+        if grouped:
+            blocks = cdiv(n_out, block_n)
+            nsplit = _down_split(blocks, logits.shape[1])
+            rows = {"BLOCK_T": max(16, pow2(tokens)), "NSPLIT": nsplit, "BLOCK_KS": _GROUPED_KS}
+            split = _split_buffers(nsplit + (shared is not None), tokens * n_out, blocks, h.device) if nsplit > 1 \
+                else (torch.empty(0, dtype=torch.float32, device=h.device),
+                      torch.empty(0, dtype=torch.int32, device=h.device))
         LIBRARY.kernel("moe_down_grouped" if grouped else "moe_down", ROUTE=route, TOPK=top_k,
                        NORMALIZE=bool(normalize) or route == 2,   # (2: the chosen logits' softmax)
                        # the weights are rounded to h's dtype where they passed through a low precision
@@ -174,8 +218,8 @@ def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weig
                        num_warps=_GROUPED_WARPS if grouped else _WARPS, **rows)(
             h, ids, logits, weight, result, *((tokens,) if grouped else ()), logits.shape[1], k_dim, n_out,
             weight.stride(0), weight.stride(1), gate, up, w_s, logits if logit is None else logit, k_shared,
-            gate.stride(0), up.stride(0), w_s.stride(0), 0 if logit is None else logit.stride(0),
-            grid=(cdiv(n_out, block_n),) if grouped else (tokens, cdiv(n_out, block_n)))
+            gate.stride(0), up.stride(0), w_s.stride(0), 0 if logit is None else logit.stride(0), *split,
+            grid=(blocks, nsplit) if grouped else (tokens, cdiv(n_out, block_n)))
     return result
 
 

@@ -240,17 +240,49 @@ def moe_up_grouped_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, ids_ptr, n_tokens, 
 
 
 @triton.jit
+def _shared_product(t, t_ok, n, n_ok, odt: tl.constexpr, g_ptr, u_ptr, ws_ptr, sl_ptr, k_shared, g_stride, u_stride,
+                    ws_stride, sl_stride, SHARED: tl.constexpr, SHARED_ACT: tl.constexpr, BLOCK_T: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_KS: tl.constexpr):
+    """A shared expert's output columns n for every token, as moe_down_kernel computes them (rounded to
+    odt, scaled by sigmoid(logit) when SHARED is 2): Ws[n] . (act(g[t]) * u[t])."""
+    ws_rows = ws_ptr + n.to(tl.int64)[:, None] * ws_stride
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, k_shared, BLOCK_KS):
+        kk = k0 + tl.arange(0, BLOCK_KS)
+        k_ok = kk < k_shared
+        m = t_ok[:, None] & k_ok[None, :]
+        gv = tl.load(g_ptr + t.to(tl.int64)[:, None] * g_stride + kk[None, :], mask=m, other=0.0).to(tl.float32)
+        uv = tl.load(u_ptr + t.to(tl.int64)[:, None] * u_stride + kk[None, :], mask=m, other=0.0).to(tl.float32)
+        if SHARED_ACT == 0:
+            av = gv * tl.sigmoid(gv)
+        else:
+            av = _gelu(gv)
+        av = (av.to(odt).to(tl.float32) * uv).to(odt)
+        wv = tl.load(ws_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(av, tl.trans(wv), acc)
+    shared = acc.to(odt).to(tl.float32)
+    if SHARED == 2:
+        sg = tl.sigmoid(tl.load(sl_ptr + t.to(tl.int64) * sl_stride, mask=t_ok, other=0.0).to(tl.float32))
+        shared = (sg.to(odt).to(tl.float32)[:, None] * shared).to(odt).to(tl.float32)
+    return shared
+
+
+@triton.jit
 def moe_down_grouped_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_tokens, n_experts, k_dim, n_out, w_se,
                             w_sn, g_ptr, u_ptr, ws_ptr, sl_ptr, k_shared, g_stride, u_stride, ws_stride, sl_stride,
-                            ROUTE: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
+                            part_ptr, cnt_ptr, ROUTE: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
                             WEIGHT_ROUND: tl.constexpr, PRODUCT_ROUND: tl.constexpr, SHARED: tl.constexpr,
-                            SHARED_ACT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-                            BLOCK_TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """moe_down_kernel's result (and its shared expert's), one program per block of output columns for
-    every token: it walks the chosen experts, and multiplies each one's rows by all the rows routed to it
-    at once, so each chosen expert's weights are read once. The routing weights are moe_down_kernel's,
-    for all tokens at once; the weighted products are summed in expert order (moe_down_kernel: choice
-    order), in fp32."""
+                            SHARED_ACT: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
+                            BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, BLOCK_KS: tl.constexpr):
+    """moe_down_kernel's result (and its shared expert's), one program per (block of output columns, split)
+    for every token: it walks its split's share of the chosen experts and multiplies each one's rows by
+    all the rows routed to it at once, so each chosen expert's weights are read once. The routing weights
+    are moe_down_kernel's, for all tokens at once; the weighted products are summed in expert order
+    (moe_down_kernel: choice order), in fp32. With NSPLIT > 1 each split stores its fp32 sum at
+    part_ptr[split] (the first split also the shared expert's output, at part_ptr[NSPLIT]); the last
+    split of a column block to arrive (cnt_ptr: its counter, zero before and after) adds them in split
+    order and stores the result."""
     t = tl.arange(0, BLOCK_T)
     t_ok = t < n_tokens
     e = tl.arange(0, BLOCK_E)[None, :]
@@ -284,9 +316,13 @@ def moe_down_grouped_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_tokens
         used = tl.maximum(used, tl.max(((col[:, None] == ev[None, :]) & t_ok[:, None]).to(tl.int32), 0))
     rank = tl.where(used > 0, tl.cumsum(used, 0) - 1, -1)
     k_steps = tl.cdiv(k_dim, BLOCK_K)
+    n_used = tl.sum(used, 0)
+    sid = tl.program_id(1)
+    chunk = tl.cdiv(n_used, NSPLIT)
+    a_end = tl.minimum(n_used, sid * chunk + chunk)
     result = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    for i in range(0, tl.sum(used, 0) * k_steps):
+    for i in range(sid * chunk * k_steps, a_end * k_steps):
         a = i // k_steps
         kk = (i - a * k_steps) * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = kk < k_dim
@@ -305,27 +341,32 @@ def moe_down_grouped_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_tokens
             prod = prod.to(hdt).to(tl.float32)
         result += tl.where(done & sel[:, None], prod, 0.0)
         acc = tl.where(done, 0.0, acc)
-    odt = out_ptr.dtype.element_ty
-    if SHARED != 0:
-        result = result.to(odt).to(tl.float32)
-        ws_rows = ws_ptr + n.to(tl.int64)[:, None] * ws_stride
-        acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, k_shared, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            k_ok = kk < k_shared
-            m = t_ok[:, None] & k_ok[None, :]
-            gv = tl.load(g_ptr + t.to(tl.int64)[:, None] * g_stride + kk[None, :], mask=m, other=0.0).to(tl.float32)
-            uv = tl.load(u_ptr + t.to(tl.int64)[:, None] * u_stride + kk[None, :], mask=m, other=0.0).to(tl.float32)
-            if SHARED_ACT == 0:
-                av = gv * tl.sigmoid(gv)
-            else:
-                av = _gelu(gv)
-            av = (av.to(odt).to(tl.float32) * uv).to(odt)
-            wv = tl.load(ws_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            acc = tl.dot(av, tl.trans(wv), acc)
-        shared = acc.to(odt).to(tl.float32)
-        if SHARED == 2:
-            sg = tl.sigmoid(tl.load(sl_ptr + t.to(tl.int64) * sl_stride, mask=t_ok, other=0.0).to(tl.float32))
-            shared = (sg.to(odt).to(tl.float32)[:, None] * shared).to(odt).to(tl.float32)
-        result += shared
-    tl.store(out_ptr + t.to(tl.int64)[:, None] * n_out + n[None, :], result.to(odt), mask=t_ok[:, None] & n_ok[None, :])
+    odt: tl.constexpr = out_ptr.dtype.element_ty
+    done_mask = t_ok[:, None] & n_ok[None, :]
+    out_at = out_ptr + t.to(tl.int64)[:, None] * n_out + n[None, :]
+    if NSPLIT == 1:
+        if SHARED != 0:
+            result = result.to(odt).to(tl.float32) + _shared_product(
+                t, t_ok, n, n_ok, odt, g_ptr, u_ptr, ws_ptr, sl_ptr, k_shared, g_stride, u_stride, ws_stride,
+                sl_stride, SHARED, SHARED_ACT, BLOCK_T, BLOCK_N, BLOCK_KS)
+        tl.store(out_at, result.to(odt), mask=done_mask)
+    else:
+        part = part_ptr + t.to(tl.int64)[:, None] * n_out + n[None, :]
+        step = n_tokens * n_out
+        tl.store(part + sid * step, result, mask=done_mask)
+        if SHARED != 0:
+            if sid == 0:
+                tl.store(part + NSPLIT * step, _shared_product(
+                    t, t_ok, n, n_ok, odt, g_ptr, u_ptr, ws_ptr, sl_ptr, k_shared, g_stride, u_stride, ws_stride,
+                    sl_stride, SHARED, SHARED_ACT, BLOCK_T, BLOCK_N, BLOCK_KS), mask=done_mask)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+        if arrived == NSPLIT - 1:
+            summed = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(NSPLIT):
+                summed += tl.load(part + s * step, mask=done_mask, other=0.0, cache_modifier=".cg")
+            if SHARED != 0:
+                summed = summed.to(odt).to(tl.float32) + tl.load(part + NSPLIT * step, mask=done_mask,
+                                                                 other=0.0, cache_modifier=".cg")
+            tl.store(out_at, summed.to(odt), mask=done_mask)
+            tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0, sem="relaxed", scope="gpu")
