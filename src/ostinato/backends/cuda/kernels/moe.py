@@ -37,8 +37,10 @@ _LOW = (torch.float16, torch.bfloat16)
 # expert and column block, every row routed to that expert multiplied at once), which read each chosen expert's
 # weights once instead of once per (token, choice), up to the pattern's MAX_TOKENS (one block of rows).
 GROUPED_FROM = 2
+GROUPED_DOWN_FROM = 8
+_LARGE_EXPERT = 8 << 20     # elements of one expert's down weight from which its grouped kernel runs from 2 tokens
 _GROUPED_UP_N = 64      # the grouped up kernel's column block (its programs: experts x blocks)
-_GROUPED_DOWN_N = 16    # the grouped down kernel's (its programs: blocks only; the narrowest tl.dot operand)
+_GROUPED_DOWN_N = 32    # the grouped down kernel's
 _GROUPED_UP_K = 128     # elements of K a step of the up kernel's loop
 _GROUPED_DOWN_K = 256   # the down kernel's
 _GROUPED_WARPS = 4
@@ -46,7 +48,7 @@ _GROUPED_KS = 64        # the down kernel's K step over a shared expert ([T, K] 
 # The grouped down kernel has a program per 16 output columns (128 for a hidden size of 2048): it splits the
 # chosen experts among up to 8 programs per column block until about this many run, the last of a block's
 # splits to finish adding their fp32 sums (split_k.py's scratch: partials and arrival counters)
-_DOWN_PROGRAMS = 512
+_DOWN_PROGRAMS = 1024
 _MAX_DOWN_SPLIT = 8
 
 
@@ -196,15 +198,18 @@ def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weig
     if result.numel():
         gate, up, activation, w_s, logit = shared or (h, h, "silu", weight, None)
         k_shared = gate.shape[1] if shared else 0
-        grouped = _grouped(tokens, h, weight)
-        block_n, block_k = (_GROUPED_DOWN_N, _GROUPED_DOWN_K) if grouped else \
+        # the grouped down kernel from GROUPED_DOWN_FROM tokens, or sooner for large experts: below it, small
+        # experts' per-choice kernel was faster (docs/benchmarks/moe_gpu/: Qwen3-30B-A3B at 4 tokens 65 us
+        # against 101, Mixtral-8x7B's 381 against 218)
+        grouped = _grouped(tokens, h, weight) and (tokens >= GROUPED_DOWN_FROM or n_out * k_dim >= _LARGE_EXPERT)
+        block_n, block_k = (_GROUPED_DOWN_N, _GROUPED_DOWN_K if tokens <= 32 else _GROUPED_DOWN_K // 2) if grouped else \
             _blocks(n_out, tokens, max(k_dim, k_shared), _PROGRAMS, _TILE)
         rows, split = {}, ()
         if grouped:
             blocks = cdiv(n_out, block_n)
             nsplit = _down_split(blocks, logits.shape[1])
             rows = {"BLOCK_T": max(16, pow2(tokens)), "NSPLIT": nsplit, "BLOCK_KS": _GROUPED_KS}
-            split = _split_buffers(nsplit + (shared is not None), tokens * n_out, blocks, h.device) if nsplit > 1 \
+            split = _split_buffers(nsplit * (2 if shared else 1), tokens * n_out, blocks, h.device) if nsplit > 1 \
                 else (torch.empty(0, dtype=torch.float32, device=h.device),
                       torch.empty(0, dtype=torch.int32, device=h.device))
         LIBRARY.kernel("moe_down_grouped" if grouped else "moe_down", ROUTE=route, TOPK=top_k,

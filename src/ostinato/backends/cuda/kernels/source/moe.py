@@ -240,16 +240,16 @@ def moe_up_grouped_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, ids_ptr, n_tokens, 
 
 
 @triton.jit
-def _shared_product(t, t_ok, n, n_ok, odt: tl.constexpr, g_ptr, u_ptr, ws_ptr, sl_ptr, k_shared, g_stride, u_stride,
-                    ws_stride, sl_stride, SHARED: tl.constexpr, SHARED_ACT: tl.constexpr, BLOCK_T: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_KS: tl.constexpr):
-    """A shared expert's output columns n for every token, as moe_down_kernel computes them (rounded to
-    odt, scaled by sigmoid(logit) when SHARED is 2): Ws[n] . (act(g[t]) * u[t])."""
+def _shared_acc(t, t_ok, n, n_ok, odt: tl.constexpr, g_ptr, u_ptr, ws_ptr, k_lo, k_hi, g_stride, u_stride, ws_stride,
+                SHARED_ACT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KS: tl.constexpr):
+    """A shared expert's fp32 sums over K in [k_lo, k_hi), output columns n, every token, as
+    moe_down_kernel computes them: Ws[n, k] * (act(g[t, k]) * u[t, k]), the activation and the gating
+    rounded to odt."""
     ws_rows = ws_ptr + n.to(tl.int64)[:, None] * ws_stride
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, k_shared, BLOCK_KS):
+    for k0 in range(k_lo, k_hi, BLOCK_KS):
         kk = k0 + tl.arange(0, BLOCK_KS)
-        k_ok = kk < k_shared
+        k_ok = kk < k_hi
         m = t_ok[:, None] & k_ok[None, :]
         gv = tl.load(g_ptr + t.to(tl.int64)[:, None] * g_stride + kk[None, :], mask=m, other=0.0).to(tl.float32)
         uv = tl.load(u_ptr + t.to(tl.int64)[:, None] * u_stride + kk[None, :], mask=m, other=0.0).to(tl.float32)
@@ -260,6 +260,12 @@ def _shared_product(t, t_ok, n, n_ok, odt: tl.constexpr, g_ptr, u_ptr, ws_ptr, s
         av = (av.to(odt).to(tl.float32) * uv).to(odt)
         wv = tl.load(ws_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(av, tl.trans(wv), acc)
+    return acc
+
+
+@triton.jit
+def _shared_finish(acc, t, t_ok, odt: tl.constexpr, sl_ptr, sl_stride, SHARED: tl.constexpr):
+    """The shared expert's output from its sums: rounded to odt, scaled by sigmoid(logit) when SHARED is 2."""
     shared = acc.to(odt).to(tl.float32)
     if SHARED == 2:
         sg = tl.sigmoid(tl.load(sl_ptr + t.to(tl.int64) * sl_stride, mask=t_ok, other=0.0).to(tl.float32))
@@ -280,7 +286,7 @@ def moe_down_grouped_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_tokens
     all the rows routed to it at once, so each chosen expert's weights are read once. The routing weights
     are moe_down_kernel's, for all tokens at once; the weighted products are summed in expert order
     (moe_down_kernel: choice order), in fp32. With NSPLIT > 1 each split stores its fp32 sum at
-    part_ptr[split] (the first split also the shared expert's output, at part_ptr[NSPLIT]); the last
+    part_ptr[split] (and its share of a shared expert's K, summed, at part_ptr[NSPLIT + split]); the last
     split of a column block to arrive (cnt_ptr: its counter, zero before and after) adds them in split
     order and stores the result."""
     t = tl.arange(0, BLOCK_T)
@@ -346,19 +352,20 @@ def moe_down_grouped_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_tokens
     out_at = out_ptr + t.to(tl.int64)[:, None] * n_out + n[None, :]
     if NSPLIT == 1:
         if SHARED != 0:
-            result = result.to(odt).to(tl.float32) + _shared_product(
-                t, t_ok, n, n_ok, odt, g_ptr, u_ptr, ws_ptr, sl_ptr, k_shared, g_stride, u_stride, ws_stride,
-                sl_stride, SHARED, SHARED_ACT, BLOCK_T, BLOCK_N, BLOCK_KS)
+            result = result.to(odt).to(tl.float32) + _shared_finish(_shared_acc(
+                t, t_ok, n, n_ok, odt, g_ptr, u_ptr, ws_ptr, 0, k_shared, g_stride, u_stride, ws_stride, SHARED_ACT,
+                BLOCK_T, BLOCK_N, BLOCK_KS), t, t_ok, odt, sl_ptr, sl_stride, SHARED)
         tl.store(out_at, result.to(odt), mask=done_mask)
     else:
         part = part_ptr + t.to(tl.int64)[:, None] * n_out + n[None, :]
         step = n_tokens * n_out
         tl.store(part + sid * step, result, mask=done_mask)
         if SHARED != 0:
-            if sid == 0:
-                tl.store(part + NSPLIT * step, _shared_product(
-                    t, t_ok, n, n_ok, odt, g_ptr, u_ptr, ws_ptr, sl_ptr, k_shared, g_stride, u_stride, ws_stride,
-                    sl_stride, SHARED, SHARED_ACT, BLOCK_T, BLOCK_N, BLOCK_KS), mask=done_mask)
+            ks_chunk = tl.cdiv(tl.cdiv(k_shared, BLOCK_KS), NSPLIT) * BLOCK_KS
+            k_lo = sid * ks_chunk
+            tl.store(part + (NSPLIT + sid) * step, _shared_acc(
+                t, t_ok, n, n_ok, odt, g_ptr, u_ptr, ws_ptr, k_lo, tl.minimum(k_shared, k_lo + ks_chunk), g_stride,
+                u_stride, ws_stride, SHARED_ACT, BLOCK_T, BLOCK_N, BLOCK_KS), mask=done_mask)
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
         if arrived == NSPLIT - 1:
@@ -366,7 +373,9 @@ def moe_down_grouped_kernel(h_ptr, ids_ptr, logits_ptr, w_ptr, out_ptr, n_tokens
             for s in tl.static_range(NSPLIT):
                 summed += tl.load(part + s * step, mask=done_mask, other=0.0, cache_modifier=".cg")
             if SHARED != 0:
-                summed = summed.to(odt).to(tl.float32) + tl.load(part + NSPLIT * step, mask=done_mask,
-                                                                 other=0.0, cache_modifier=".cg")
+                shared = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+                for s in tl.static_range(NSPLIT):
+                    shared += tl.load(part + (NSPLIT + s) * step, mask=done_mask, other=0.0, cache_modifier=".cg")
+                summed = summed.to(odt).to(tl.float32) + _shared_finish(shared, t, t_ok, odt, sl_ptr, sl_stride, SHARED)
             tl.store(out_at, summed.to(odt), mask=done_mask)
             tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0, sem="relaxed", scope="gpu")
