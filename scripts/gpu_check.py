@@ -1,9 +1,12 @@
 """The GPU check: run on the lent GPU (device tool) to test and measure what CI cannot.
 
 Runs the `cuda`-marked tests, then bench/replay.py on CUDA (fp32 and bf16), and writes one JSON report
-(device, versions, test summary, figures) to $OUT/gpu_check.json (or --out).
+(device, versions, test summary, figures) to $OUT/gpu_check.json (or --out). ``--slow`` also runs the tests
+CI's command leaves out (tests/slow_tests.txt, marked slow: model checks, interpreted whole-model kernels,
+fresh-process suites) on the machine's cores, each in its own pytest worker; ``--slow-only`` only them.
 
     PYTHONPATH=src python3 scripts/gpu_check.py
+    PYTHONPATH=src python3 scripts/gpu_check.py --slow-only
 """
 from __future__ import annotations
 
@@ -52,8 +55,17 @@ def main() -> None:
     ap.add_argument("--torch-compile", action="store_true", help="add torch.compile reduce-overhead to the benches")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--name", default="gpu_check", help="the report's file name, without .json")
+    ap.add_argument("--slow", action="store_true", help="also run the tests marked slow (tests/slow_tests.txt)")
+    ap.add_argument("--slow-only", action="store_true", help="run the slow tests and nothing else")
     args = ap.parse_args()
     report = environment()
+    if args.slow or args.slow_only:
+        workers = str(max(2, min(16, os.cpu_count() or 2)))
+        rc, out = run([sys.executable, "-m", "pytest", "-q", "-m", "slow and not cuda", "-p", "no:cacheprovider",
+                       "-n", workers, "--timeout", "900", "tests", "-rfEs"], timeout=1800)
+        report["slow_tests"] = {"rc": rc, "summary": out.strip().splitlines()[-1] if out.strip() else ""}
+        if args.slow_only:
+            args.skip_tests, args.bench = True, []
     if not args.skip_tests:
         rc, out = run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
                        "-n", "4", "tests/replay", "tests/backends", "-rfEs"], timeout=420)

@@ -50,10 +50,22 @@ def pytest_configure(config):
                                 "with pip install 'mlx[cpu]' (Linux) or pip install mlx (macOS)")
 
 
+def slow_ids(path: str | None = None) -> set[str]:
+    """The test ids of tests/slow_tests.txt (comments and blank lines dropped)."""
+    path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_tests.txt")
+    with open(path) as f:
+        return {line.split("#", 1)[0].strip() for line in f} - {""}
+
+
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="no CUDA device on this machine")
     skip_mlx = pytest.mark.skip(reason=f"MLX is not installed here ({_MLX_MISSING})")
+    slow = slow_ids()
     for item in items:
+        # ids relative to the repository (tests/...), with and without their parameters
+        node = item.nodeid if item.nodeid.startswith("tests/") else "tests/" + item.nodeid
+        if node in slow or node.split("[", 1)[0] in slow:
+            item.add_marker(pytest.mark.slow)
         if "cuda" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
         if "mlx" in item.keywords and not HAS_MLX:
