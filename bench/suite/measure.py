@@ -117,20 +117,36 @@ def max_error(out: Any, ref: Any) -> float:
     return worst
 
 
-def rows_missed(outs: list, refs: list, tolerance: float) -> int:
+def rows_missed(outs: list, refs: list, tolerance: float) -> float:
     """How many rows (indices along dim 0, over all steps and floating output tensors) are further than
-    ``tolerance`` from eager's, scaled as max_error scales a tensor; a tensor of another shape counts
-    as all its rows."""
+    ``tolerance`` from eager's, each scaled as max_error scales its tensor; inf when anything else differs
+    (structure, shapes, dtypes, integer values, a 0-dim tensor beyond the tolerance) or a value is not finite:
+    only whole rows of finite floats apart can be excused."""
     missed: set[int] = set()
+    if len(outs) != len(refs):
+        return math.inf
     for out, ref in zip(outs, refs):
-        for o, r in zip(pytree.tree_leaves(out), pytree.tree_leaves(ref)):
-            if not isinstance(r, torch.Tensor) or not r.dtype.is_floating_point or r.dim() == 0:
+        o_leaves, r_leaves = pytree.tree_leaves(out), pytree.tree_leaves(ref)
+        if len(o_leaves) != len(r_leaves):
+            return math.inf
+        for o, r in zip(o_leaves, r_leaves):
+            if not isinstance(r, torch.Tensor):
                 continue
-            if not isinstance(o, torch.Tensor) or o.shape != r.shape:
+            if not isinstance(o, torch.Tensor) or o.shape != r.shape or o.dtype != r.dtype:
                 return math.inf
+            if not r.dtype.is_floating_point:
+                if not torch.equal(o.cpu(), r.cpu()):
+                    return math.inf
+                continue
             of, rf = o.detach().float(), r.detach().float().to(o.device)
-            err = torch.nan_to_num((of - rf).abs(), nan=math.inf).reshape(r.shape[0], -1).amax(1)
-            err = err / max(1.0, rf.abs().max().item())
+            if not torch.isfinite(of).all():
+                return math.inf
+            scale = max(1.0, rf.abs().max().item())
+            if r.dim() == 0:
+                if (of - rf).abs().item() / scale > tolerance:
+                    return math.inf
+                continue
+            err = (of - rf).abs().reshape(r.shape[0], -1).amax(1) / scale
             missed.update(torch.nonzero(err > tolerance).flatten().tolist())
     return len(missed)
 

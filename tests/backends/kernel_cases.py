@@ -484,6 +484,15 @@ CASES = [
         g, dt, dev, 20, 150, 16, 72, 4, torch.float32, True, None)),
     KernelCase("ost.moe_down_shared", "40-tokens-sigmoid-gated", launches=True, dtypes=_HALF,
                make=lambda g, dt, dev: _moe_down_shared(g, dt, dev, 40, 24, 16, 40, 4, dt, True, dt, 56, "silu", True)),
+    # the grouped down kernel's other paths: a shared expert wider than its K step across the splits (300 wide,
+    # 8 splits: five take a share) with gelu; GraniteMoe's top-k-first routing; and one expert (no split)
+    KernelCase("ost.moe_down_shared", "12-tokens-wide-shared-gelu", launches=True, dtypes=_HALF,
+               make=lambda g, dt, dev: _moe_down_shared(g, dt, dev, 12, 24, 16, 40, 4, torch.float32, True, dt, 300,
+                                                        "gelu", True)),
+    KernelCase("ost.moe_down", "10-tokens-topk-first", launches=True, dtypes=_HALF, make=lambda g, dt, dev: _moe_down(
+        g, dt, dev, 10, 24, 8, 40, 2, torch.float32, False, dt, topk_first=True)),
+    KernelCase("ost.moe_down", "9-tokens-one-expert", launches=True, dtypes=_HALF, make=lambda g, dt, dev: _moe_down(
+        g, dt, dev, 9, 24, 1, 40, 1, torch.float32, True, None)),
 ]
 
 

@@ -220,3 +220,35 @@ def test_row_scaled_decode_attention_takes_the_kernel(dtype):
         if len(args) > 26 and args[26] is not None:     # q's, k's and v's biases: one per element of each's row
             assert _biases_fit(args[26], (q, k, v)), case.name
             assert not _biases_fit(args[26][::-1], (q, k, v)), case.name
+
+
+_FEW_FINITE = r"""
+import json, torch
+from ostinato.backends.cuda.kernels import moe
+from ostinato.ir import fused_ops
+g = torch.Generator().manual_seed(0)
+out = {}
+for tokens in (1, 10):                    # the per-choice kernel, then the grouped one
+    x = torch.randn(tokens, 40, generator=g).half()
+    logits = torch.randn(tokens, 6, generator=g).half()
+    logits[:, 1::2] = float("-inf")       # 3 finite scores a token, top 5 (GraniteMoe's top-k first)
+    w = (torch.randn(6, 2 * 24, 40, generator=g) * 0.2).half()
+    h, ids = moe.moe_up(x, logits, w, 5, torch.float32, "silu", True)
+    rows = torch.bmm(w[ids].float(), x.repeat_interleave(5, 0).float().unsqueeze(-1)).squeeze(-1).half()
+    expected = fused_ops.swiglu_packed(rows)
+    out[tokens] = {"ids": ids.view(tokens, 5).tolist(), "err": (h.float() - expected.float()).abs().max().item()}
+print(json.dumps(out))
+"""
+
+
+def test_routing_with_fewer_finite_scores_than_choices_never_repeats_an_expert():
+    """GraniteMoe-style top-k of logits where a token has fewer finite scores than choices: both up kernels
+    choose the finite experts first, then the lowest ids not yet taken (never one twice: a repeated choice
+    left a row of the result and its id unwritten), and every row is its choice's product."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run([sys.executable, "-c", _FEW_FINITE], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for tokens, r in json.loads(p.stdout.strip().splitlines()[-1]).items():
+        for choice in r["ids"]:
+            assert sorted(choice[:3]) == [0, 2, 4] and choice[3:] == [1, 3], (tokens, choice)
+        assert r["err"] <= 1e-2, (tokens, r["err"])

@@ -336,7 +336,15 @@ def test_row_slack_allows_only_that_many_sequences_apart():
     assert fn is None and cell["status"] == "wrong" and "rows_missed" not in cell
     cell, fn = cell_of(apart(slice(None), by=0.3), 2)            # every row off: no slack excuses it
     assert fn is None and cell["rows_missed"] == 8
-    assert measure.rows_missed([eager[0][:4]], [eager[0]], 5e-2) == math.inf
+    assert measure.rows_missed([eager[0][:4]], [eager[0]], 5e-2) == math.inf          # another shape
+    nan = eager[0].clone()
+    nan[2, 0, 0] = float("nan")
+    cell, fn = cell_of([nan, eager[1]], 4)                                   # a row not finite: never excused
+    assert fn is None and cell["rows_missed"] == math.inf
+    ids = torch.arange(8)
+    assert measure.rows_missed([(eager[0], ids + 1)], [(eager[0], ids)], 5e-2) == math.inf   # integers differ
+    assert measure.rows_missed([(eager[0],)], [(eager[0], ids)], 5e-2) == math.inf          # a result missing
+    assert measure.rows_missed([torch.tensor(3.0)], [torch.tensor(1.0)], 5e-2) == math.inf
 
 
 def test_float64_outputs_of_a_copy_leave_the_model_alone(monkeypatch):

@@ -258,7 +258,7 @@ def test_transformers_own_grouped_op_fuses_too(dtype):
 @pytest.mark.cuda
 @pytest.mark.parametrize("shared", [False, True], ids=["routed", "shared-expert"])
 @pytest.mark.parametrize("tokens", [1, 8, 33])
-def test_replayed_moe_steps_on_cuda_match_eager(tokens, shared):
+def test_replayed_moe_steps_on_cuda_match_eager(tokens, shared, monkeypatch):
     """A bf16 MoE MLP replayed on CUDA over three calls of new inputs: one token takes the per-choice
     kernels; 8 and 33 the grouped ones (the down kernel's experts split among programs, the last to arrive
     adding their sums, its counters reset for the next replay). Each call's result is eager's within four
@@ -266,6 +266,8 @@ def test_replayed_moe_steps_on_cuda_match_eager(tokens, shared):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from ostinato.backends.cuda.kernels import moe as moe_kernels
+    taken, kernel = [], moe_kernels.LIBRARY.kernel
+    monkeypatch.setattr(moe_kernels.LIBRARY, "kernel", lambda name, **kw: taken.append(name) or kernel(name, **kw))
     model = (WithShared(experts=16, k=4) if shared else Experts(experts=16, k=4)).to("cuda", torch.bfloat16)
     xs = [torch.randn(tokens, 48, generator=torch.Generator().manual_seed(30 + i)).to("cuda", torch.bfloat16)
           for i in range(3)]
@@ -278,5 +280,20 @@ def test_replayed_moe_steps_on_cuda_match_eager(tokens, shared):
             got = exe(x).clone()
         scale = expected.float().abs().max().item()
         assert (got.float() - expected.float()).abs().max().item() <= 4 * scale * 2 ** -8
-    if tokens > 1:
-        assert any(key[0] == "moe_down_grouped" for key in moe_kernels.LIBRARY._kernels)
+    # this test's launches (16 experts of 40 x 48: the down kernel is grouped from 8 tokens)
+    assert set(taken) == ({"moe_up", "moe_down"} if tokens == 1 else {"moe_up_grouped", "moe_down_grouped"}), taken
+
+
+def test_a_cpu_program_fuses_only_small_gathers():
+    """Exported from CPU tensors (the CPU and MLX backends run the references, which gather each chosen
+    expert's weights per token and choice), 40 tokens x 2 choices stay the graph's ops; 30 x 2 fuse. The
+    accelerator pipeline takes both (up to 64 tokens: CUDA's grouped kernels read each expert once)."""
+    for tokens, fused_on_cpu in ((40, False), (30, True)):
+        model = Experts()
+        x = torch.randn(tokens, 48, generator=torch.Generator().manual_seed(tokens))
+        cpu = ostinato.export(model, (x,), cache=False)
+        assert ("ost.moe_up" in _ops(cpu)) == fused_on_cpu, tokens
+        accel = ostinato.export(model, (x,), cache=False, passes=DEFAULT_PIPELINE)
+        assert "ost.moe_up" in _ops(accel)
+        with torch.no_grad():
+            _same(ostinato.compile(cpu)(x), model(x), 1e-5)

@@ -18,7 +18,7 @@ from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fold_norms import fold_norms
 from .patterns import (fuse_add_rms_norm, fuse_eager_attention, fuse_gated_mlp, fuse_kv_update, fuse_layer_norm, fuse_linear,
-                       fuse_moe, fuse_multi_linear, fuse_rms_norm, fuse_rope, fuse_sdpa, rewrite_matmul_linears)
+                       fuse_moe, fuse_moe_gathered, fuse_multi_linear, fuse_rms_norm, fuse_rope, fuse_sdpa, rewrite_matmul_linears)
 from .matvec import rewrite_small_matvecs
 from .reinplace import reinplace_state_writes
 from .sink_permutes import sink_permutes, sink_unit_views
@@ -77,6 +77,8 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
 # Nor are norms folded into projections (fold_norms.py: for cuBLAS's products, whose row scale an
 # accelerator's generated kernels apply).
 CPU_ONLY_SKIPS = {"small_matvec", "fold_norms"}
+# and its mixtures of experts fuse only where the references' per-choice gather stays small
+# (patterns/moe.py: MAX_GATHERED_ROWS)
 
 
 def default_pipeline(example) -> list[tuple[str, Pass]]:
@@ -87,10 +89,12 @@ def default_pipeline(example) -> list[tuple[str, Pass]]:
     from torch.utils import _pytree
     from .fold_norms import fold_enabled
     devices = {x.device.type for x in _pytree.tree_leaves(example) if isinstance(x, torch.Tensor)}
-    skip = set() if devices - {"cpu"} else set(CPU_ONLY_SKIPS)
+    cpu = not devices - {"cpu"}
+    skip = set(CPU_ONLY_SKIPS) if cpu else set()
     if not fold_enabled():
         skip.add("fold_norms")      # (the pipeline shown is what runs; the export cache's key has fold_key)
-    return [p for p in DEFAULT_PIPELINE if p[0] not in skip]
+    # (the export cache's key has the example's devices)
+    return [("moe", fuse_moe_gathered) if cpu and p[0] == "moe" else p for p in DEFAULT_PIPELINE if p[0] not in skip]
 
 
 # The pipeline without the fused patterns: every ATen op the exporter kept stays an ATen op (op

@@ -37,6 +37,10 @@ from ..dce import eliminate_dead_code
 from ..rewrite import is_dtype_cast, pinned_values
 
 MAX_TOKENS = 64    # tokens a step (backends/cuda/kernels/moe.py's MAX_TOKENS: one block of rows)
+# A program exported from CPU tensors (the CPU and MLX backends run the ops' references, which gather each
+# chosen expert's weights once per (token, choice), as the batched_mm form does) takes only steps of at most
+# this many tokens x choices: OLMoE's 32 tokens x 8 choices would gather about 2 GB a layer
+MAX_GATHERED_ROWS = 64
 _GATES = {"ost.swiglu_packed": "silu", "ost.geglu_packed": "gelu"}
 
 
@@ -428,7 +432,9 @@ def _shared_expert(result: Value, chain: _Chain) -> tuple[Node, tuple] | None:
     return add, (gate, up, _SHARED_GATES[act.op], w_s, logit)
 
 
-def fuse_moe(g: Graph) -> Graph:
+def fuse_moe(g: Graph, max_rows: int | None = None) -> Graph:
+    """The MoE MLPs of steps of at most MAX_TOKENS tokens (and, given ``max_rows``, at most that many tokens x
+    choices) become ost.moe_up + ost.moe_down."""
     chain = _Chain(g.users(), pinned_values(g))
     replaced: dict[int, Node] = {}
     for topk in g.nodes:
@@ -439,7 +445,7 @@ def fuse_moe(g: Graph) -> Graph:
             continue
         logits, k, route_dtype, topk_first = found
         t, n_experts = logits.meta.shape
-        if not 0 < t <= MAX_TOKENS:
+        if not 0 < t <= MAX_TOKENS or (max_rows is not None and t * k > max_rows):
             continue
         vals, ids = topk.outputs
         weights = _weights(vals, chain, topk_first)
@@ -471,3 +477,8 @@ def fuse_moe(g: Graph) -> Graph:
         for up in [n for n in g.nodes if n.op == "ost.moe_up" and id(n) in made]:
             _router_on_rows(g, up.args[1], up)
     return g
+
+
+def fuse_moe_gathered(g: Graph) -> Graph:
+    """fuse_moe for a CPU program: steps of at most MAX_GATHERED_ROWS tokens x choices."""
+    return fuse_moe(g, MAX_GATHERED_ROWS)

@@ -45,7 +45,7 @@ _GROUPED_UP_K = 128     # elements of K a step of the up kernel's loop
 _GROUPED_DOWN_K = 256   # the down kernel's
 _GROUPED_WARPS = 4
 _GROUPED_KS = 64        # the down kernel's K step over a shared expert ([T, K] activations in registers)
-# The grouped down kernel has a program per 16 output columns (128 for a hidden size of 2048): it splits the
+# The grouped down kernel has a program per 32 output columns (64 for a hidden size of 2048): it splits the
 # chosen experts among up to 8 programs per column block until about this many run, the last of a block's
 # splits to finish adding their fp32 sums (split_k.py's scratch: partials and arrival counters)
 _DOWN_PROGRAMS = 1024
@@ -201,7 +201,8 @@ def _down(h, ids, logits, weight, top_k: int, route_dtype, normalize: bool, weig
         # the grouped down kernel from GROUPED_DOWN_FROM tokens, or sooner for large experts: below it, small
         # experts' per-choice kernel was faster (docs/benchmarks/moe_gpu/: Qwen3-30B-A3B at 4 tokens 65 us
         # against 101, Mixtral-8x7B's 381 against 218)
-        grouped = _grouped(tokens, h, weight) and (tokens >= GROUPED_DOWN_FROM or n_out * k_dim >= _LARGE_EXPERT)
+        grouped = (_grouped(tokens, h, weight) and (tokens >= GROUPED_DOWN_FROM or n_out * k_dim >= _LARGE_EXPERT)
+                   and (shared is None or out_dtype == h.dtype))    # (a shared expert's tl.dot is in out_dtype)
         block_n, block_k = (_GROUPED_DOWN_N, _GROUPED_DOWN_K if tokens <= 32 else _GROUPED_DOWN_K // 2) if grouped else \
             _blocks(n_out, tokens, max(k_dim, k_shared), _PROGRAMS, _TILE)
         rows, split = {}, ()

@@ -30,15 +30,17 @@ def _scores(logits_ptr, t, n_experts, ROUTE: tl.constexpr, BLOCK_E: tl.constexpr
 def _route(logits_ptr, t, n_experts, ROUTE: tl.constexpr, TOPK: tl.constexpr, BLOCK_E: tl.constexpr,
            BLOCK_TOPK: tl.constexpr):
     """The expert ids of token ``t``'s TOPK choices, as a [BLOCK_TOPK] vector (choice j at j, the largest
-    score first; ties to the lower expert id)."""
+    score first; ties to the lower expert id; never an expert twice, nor one past n_experts)."""
     e = tl.arange(0, BLOCK_E)
     score = _scores(logits_ptr, t, n_experts, ROUTE, BLOCK_E)
     slot = tl.arange(0, BLOCK_TOPK)
     ids = tl.zeros([BLOCK_TOPK], dtype=tl.int64)
+    free = e < n_experts    # experts not yet chosen: with fewer finite scores than TOPK, the lowest free ids
     for i in tl.static_range(TOPK):
         best = tl.max(score, 0)
-        idx = tl.min(tl.where(score == best, e, BLOCK_E), 0)
+        idx = tl.min(tl.where((score == best) & free, e, BLOCK_E), 0)
         ids = tl.where(slot == i, idx.to(tl.int64), ids)
+        free = free & (e != idx)
         score = tl.where(e == idx, float("-inf"), score)
     return ids
 
@@ -203,9 +205,11 @@ def moe_up_grouped_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, ids_ptr, n_tokens, 
     score = _scores_rows(logits_ptr, n_tokens, n_experts, ROUTE, BLOCK_T, BLOCK_E)
     hit = tl.zeros([BLOCK_T], dtype=tl.int32)
     slot = tl.zeros([BLOCK_T], dtype=tl.int32)
+    free = (e < n_experts) & (t[:, None] >= 0)      # as _route's, per token
     for i in tl.static_range(TOPK):
         best = tl.max(score, 1)
-        idx = tl.min(tl.where(score == best[:, None], e, BLOCK_E), 1)
+        idx = tl.min(tl.where((score == best[:, None]) & free, e, BLOCK_E), 1)
+        free = free & (e != idx[:, None])
         hit = tl.where(idx == expert, 1, hit)
         slot = tl.where(idx == expert, i, slot)
         score = tl.where(e == idx[:, None], float("-inf"), score)
