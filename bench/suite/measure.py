@@ -92,61 +92,58 @@ class MemoryWatch:
         return None if now is None or self.base is None else max(0, now - self.base)
 
 
-def max_error(out: Any, ref: Any) -> float:
-    """Largest |out - ref| / max(1, max |ref|) over the tensors of two outputs of the same structure;
-    inf when structure, shapes or dtypes differ or integer outputs are not equal."""
+def _compared(out: Any, ref: Any) -> list[tuple[torch.Tensor, torch.Tensor, float]] | None:
+    """The floating tensors of two outputs of the same structure as (out, ref, scale) pairs in float32
+    (scale: max(1, max |ref|)); None when structure or shapes differ, integer outputs are not equal, or an
+    output value is not finite."""
     o_leaves, o_spec = pytree.tree_flatten(out)
     r_leaves, r_spec = pytree.tree_flatten(ref)
     if o_spec != r_spec and len(o_leaves) != len(r_leaves):
-        return math.inf
-    worst = 0.0
+        return None
+    pairs = []
     for o, r in zip(o_leaves, r_leaves):
         if not isinstance(r, torch.Tensor):
             continue
         if not isinstance(o, torch.Tensor) or o.shape != r.shape:
-            return math.inf
+            return None
         if not r.dtype.is_floating_point:
             if not torch.equal(o.cpu(), r.cpu()):
-                return math.inf
+                return None
             continue
         of, rf = o.detach().float(), r.detach().float().to(o.device)
         if not torch.isfinite(of).all():
-            return math.inf
-        scale = max(1.0, rf.abs().max().item())
-        worst = max(worst, (of - rf).abs().max().item() / scale)
-    return worst
+            return None
+        pairs.append((of, rf, max(1.0, rf.abs().max().item())))
+    return pairs
+
+
+def max_error(out: Any, ref: Any) -> float:
+    """Largest |out - ref| / max(1, max |ref|) over the tensors of two outputs of the same structure;
+    inf when structure or shapes differ, integer outputs are not equal or an output is not finite."""
+    pairs = _compared(out, ref)
+    if pairs is None:
+        return math.inf
+    return max([(of - rf).abs().max().item() / scale for of, rf, scale in pairs if of.numel()], default=0.0)
 
 
 def rows_missed(outs: list, refs: list, tolerance: float) -> float:
     """How many rows (indices along dim 0, over all steps and floating output tensors) are further than
-    ``tolerance`` from eager's, each scaled as max_error scales its tensor; inf when anything else differs
-    (structure, shapes, dtypes, integer values, a 0-dim tensor beyond the tolerance) or a value is not finite:
-    only whole rows of finite floats apart can be excused."""
+    ``tolerance`` from eager's, each scaled as max_error scales its tensor; inf wherever max_error is inf
+    (structure, shapes, integer values, a value not finite) or a 0-dim tensor is beyond the tolerance: only
+    whole rows of finite floats apart can be excused."""
     missed: set[int] = set()
     if len(outs) != len(refs):
         return math.inf
     for out, ref in zip(outs, refs):
-        o_leaves, r_leaves = pytree.tree_leaves(out), pytree.tree_leaves(ref)
-        if len(o_leaves) != len(r_leaves):
+        pairs = _compared(out, ref)
+        if pairs is None or len(pytree.tree_leaves(out)) != len(pytree.tree_leaves(ref)):
             return math.inf
-        for o, r in zip(o_leaves, r_leaves):
-            if not isinstance(r, torch.Tensor):
-                continue
-            if not isinstance(o, torch.Tensor) or o.shape != r.shape or o.dtype != r.dtype:
-                return math.inf
-            if not r.dtype.is_floating_point:
-                if not torch.equal(o.cpu(), r.cpu()):
-                    return math.inf
-                continue
-            of, rf = o.detach().float(), r.detach().float().to(o.device)
-            if not torch.isfinite(of).all():
-                return math.inf
-            scale = max(1.0, rf.abs().max().item())
-            if r.dim() == 0:
+        for of, rf, scale in pairs:
+            if rf.dim() == 0:
                 if (of - rf).abs().item() / scale > tolerance:
                     return math.inf
                 continue
-            err = (of - rf).abs().reshape(r.shape[0], -1).amax(1) / scale
+            err = (of - rf).abs().reshape(rf.shape[0], -1).amax(1) / scale
             missed.update(torch.nonzero(err > tolerance).flatten().tolist())
     return len(missed)
 

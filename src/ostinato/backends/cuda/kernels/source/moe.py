@@ -11,6 +11,20 @@ def _gelu(g):
 
 
 @triton.jit
+def _gated(acc_g, acc_u, dt: tl.constexpr, ACT: tl.constexpr):
+    """act(g) * u in dt from the gate's and the up product's fp32 sums, each rounded to dt as a batched
+    product's result is, then the activation (0 silu, 1 exact gelu) rounded before the product, as
+    ost.swiglu_packed computes them."""
+    g = acc_g.to(dt).to(tl.float32)
+    u = acc_u.to(dt).to(tl.float32)
+    if ACT == 0:
+        a = g * tl.sigmoid(g)
+    else:
+        a = _gelu(g)
+    return (a.to(dt).to(tl.float32) * u).to(dt)
+
+
+@triton.jit
 def _scores(logits_ptr, t, n_experts, ROUTE: tl.constexpr, BLOCK_E: tl.constexpr):
     """Token ``t``'s routing scores over its experts ([BLOCK_E], -inf past n_experts). ROUTE 0: the
     softmax's probabilities, computed in fp32; 1: the same rounded to the logits' dtype (a softmax run in
@@ -74,15 +88,7 @@ def moe_up_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, ids_ptr, n_experts, k_dim, 
         m = n_ok[:, None] & k_ok[None, :]
         acc_g += tl.sum(tl.load(w_rows + kk[None, :], mask=m, other=0.0).to(tl.float32) * xv, 1)
         acc_u += tl.sum(tl.load(up_rows + kk[None, :], mask=m, other=0.0).to(tl.float32) * xv, 1)
-    dt = out_ptr.dtype.element_ty
-    g = acc_g.to(dt).to(tl.float32)
-    u = acc_u.to(dt).to(tl.float32)
-    if ACT == 0:
-        a = g * tl.sigmoid(g)
-    else:
-        a = _gelu(g)
-    a = a.to(dt).to(tl.float32)
-    tl.store(out_ptr + s.to(tl.int64) * n_inter + n, (a * u).to(dt), mask=n_ok)
+    tl.store(out_ptr + s.to(tl.int64) * n_inter + n, _gated(acc_g, acc_u, out_ptr.dtype.element_ty, ACT), mask=n_ok)
 
 
 @triton.jit
@@ -232,15 +238,8 @@ def moe_up_grouped_kernel(x_ptr, logits_ptr, w_ptr, out_ptr, ids_ptr, n_tokens, 
             m = n_ok[:, None] & k_ok[None, :]
             acc_g = tl.dot(xv, tl.trans(tl.load(w_rows + kk[None, :], mask=m, other=0.0)), acc_g)
             acc_u = tl.dot(xv, tl.trans(tl.load(up_rows + kk[None, :], mask=m, other=0.0)), acc_u)
-        dt = out_ptr.dtype.element_ty
-        g = acc_g.to(dt).to(tl.float32)
-        u = acc_u.to(dt).to(tl.float32)
-        if ACT == 0:
-            a = g * tl.sigmoid(g)
-        else:
-            a = _gelu(g)
-        a = a.to(dt).to(tl.float32)
-        tl.store(out_ptr + row[:, None] * n_inter + n[None, :], (a * u).to(dt), mask=sel[:, None] & n_ok[None, :])
+        tl.store(out_ptr + row[:, None] * n_inter + n[None, :], _gated(acc_g, acc_u, out_ptr.dtype.element_ty, ACT),
+                 mask=sel[:, None] & n_ok[None, :])
 
 
 @triton.jit
