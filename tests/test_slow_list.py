@@ -7,9 +7,14 @@ import os
 import subprocess
 import sys
 
-from conftest import slow_ids
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def slow_ids() -> set[str]:
+    """The ids of tests/slow_tests.txt, read as tests/conftest.py reads them (it is not importable as a module
+    under xdist's workers)."""
+    with open(os.path.join(ROOT, "tests", "slow_tests.txt")) as f:
+        return {line.split("#", 1)[0].strip() for line in f} - {""}
 
 
 def _functions(path: str) -> dict[str, bool]:
