@@ -25,7 +25,7 @@ case "$(uname -s)" in
     export OSTINATO_REQUIRE_MLX=1 ;;
 esac
 workers=${OSTINATO_TEST_WORKERS:-2}
-# CI's run leaves out the tests of tests/slow_tests.txt (marked slow: 3.5 of the 6 worker-hours a full run
+# CI's run leaves out the tests of tests/slow_tests.txt (marked slow: more than half of the time a full run
 # took on 2 cores), which the GPU check runs on the lent machine (scripts/gpu_check.py --slow);
 # OSTINATO_TEST_SLOW=1 runs them here too.
 select=(-m "not slow")
