@@ -77,14 +77,13 @@ DEFAULT_PIPELINE: list[tuple[str, Pass]] = [
 # Nor are norms folded into projections (fold_norms.py: for cuBLAS's products, whose row scale an
 # accelerator's generated kernels apply).
 CPU_ONLY_SKIPS = {"small_matvec", "fold_norms"}
-# and its mixtures of experts fuse only where the references' per-choice gather stays small
-# (patterns/moe.py: MAX_GATHERED_ROWS)
 
 
 def default_pipeline(example) -> list[tuple[str, Pass]]:
     """DEFAULT_PIPELINE for a program exported from ``example`` (its example inputs, any nesting): all
-    of it when one of its tensors is on an accelerator, else without CPU_ONLY_SKIPS; without fold_norms
-    where OSTINATO_FOLD_NORMS=0."""
+    of it when one of its tensors is on an accelerator, else without CPU_ONLY_SKIPS and with the MoE
+    pattern only where the references' per-choice gather stays small (patterns/moe.py's fuse_moe_gathered);
+    without fold_norms where OSTINATO_FOLD_NORMS=0. (The export cache's key has the example's devices.)"""
     import torch
     from torch.utils import _pytree
     from .fold_norms import fold_enabled
@@ -93,7 +92,6 @@ def default_pipeline(example) -> list[tuple[str, Pass]]:
     skip = set(CPU_ONLY_SKIPS) if cpu else set()
     if not fold_enabled():
         skip.add("fold_norms")      # (the pipeline shown is what runs; the export cache's key has fold_key)
-    # (the export cache's key has the example's devices)
     return [("moe", fuse_moe_gathered) if cpu and p[0] == "moe" else p for p in DEFAULT_PIPELINE if p[0] not in skip]
 
 

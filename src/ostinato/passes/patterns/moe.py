@@ -36,7 +36,7 @@ from ...ir import Graph, Node, TensorMeta, Value
 from ..dce import eliminate_dead_code
 from ..rewrite import is_dtype_cast, pinned_values
 
-MAX_TOKENS = 64    # tokens a step (backends/cuda/kernels/moe.py's MAX_TOKENS: one block of rows)
+MAX_TOKENS = 64    # tokens a step (CUDA's grouped kernels hold them in one block of rows)
 # A program exported from CPU tensors (the CPU and MLX backends run the ops' references, which gather each
 # chosen expert's weights once per (token, choice), as the batched_mm form does) takes only steps of at most
 # this many tokens x choices: OLMoE's 32 tokens x 8 choices would gather about 2 GB a layer

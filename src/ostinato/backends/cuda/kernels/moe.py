@@ -6,15 +6,13 @@ weight rows, where they lie: no gathered copy of them. Cases the kernels do not 
 (a weight whose last dim is not dense, more experts than MAX_EXPERTS, an fp64 tensor) run the reference."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from ....ir import fused_ops
 from ....passes.patterns.moe import MAX_TOKENS
 from ..runtime import KernelLibrary
 from .common import cdiv, pow2
-from .split_k import split_scratch
+from .split_k import scratch_pair
 
 MAX_EXPERTS = 1024
 MAX_TOPK = 64
@@ -33,6 +31,7 @@ _TILE = 16384           # elements of W a program reads per step of its K loop (
 _MIN_BLOCK_N = 4        # the narrowest column block
 _WARPS = 8
 _LOW = (torch.float16, torch.bfloat16)
+_DTYPES = (torch.float32, *_LOW)
 # From this many tokens a step, fp16/bf16 experts go through the grouped kernels (source/moe.py: a program per
 # expert and column block, every row routed to that expert multiplied at once), which read each chosen expert's
 # weights once instead of once per (token, choice), up to the pattern's MAX_TOKENS (one block of rows).
@@ -50,19 +49,8 @@ _GROUPED_KS = 64        # the down kernel's K step over a shared expert ([T, K] 
 # splits to finish adding their fp32 sums (split_k.py's scratch: partials and arrival counters)
 _DOWN_PROGRAMS = 1024
 _MAX_DOWN_SPLIT = 8
-
-
-@dataclass
-class _SplitPlan:
-    """What split_scratch reads of a split launch: partial slices and their width, counters (grid[0])."""
-    nsplit: int
-    ws_cols: int
-    grid: tuple
-    kslice: int = 0
-    scratch: dict = field(default_factory=dict)
-
-
-_SPLIT_PLANS: dict[tuple, _SplitPlan] = {}
+# the grouped down kernel's scratch (split_k.scratch_pair), by (partial slices, their width, column blocks)
+_SCRATCH: dict[tuple, dict] = {}
 
 
 def _down_split(blocks: int, n_experts: int) -> int:
@@ -74,11 +62,8 @@ def _down_split(blocks: int, n_experts: int) -> int:
 
 def _split_buffers(slices: int, cols: int, blocks: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The grouped down kernel's fp32 partials ([slices, cols]) and zeroed counters (blocks)."""
-    plan = _SPLIT_PLANS.setdefault((slices, cols, blocks), _SplitPlan(slices, cols, (blocks,)))
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    part, counters, _ = split_scratch(plan, device, capturing)
-    return part, counters
-_DTYPES = (torch.float32, *_LOW)
+    return scratch_pair((slices, cols), blocks, _SCRATCH.setdefault((slices, cols, blocks), {}), device, capturing)
 
 
 def _blocks(columns: int, rows: int, k_dim: int, programs: int, tile: int) -> tuple[int, int]:

@@ -100,10 +100,17 @@ def zero_counters(held: list) -> None:
 
 
 def split_scratch(plan, device: torch.device, capturing: bool) -> list:
-    """A split-K launch's partials and arrival counters (the counters are zero before a launch and the
-    last program of each column block sets its own back to zero). Outside a capture: one pair per
-    (device, stream), shared by every launch of this plan there (each layer's), which run one after
-    another. Inside ostinato's CUDA graph capture a pair of the launch's own, kept by the graph
+    """A split-K launch's partials ([plan.nsplit, plan.ws_cols]) and arrival counters (one a column block),
+    then its K slice: the launch's tail of arguments (``scratch_pair``)."""
+    return [*scratch_pair((plan.nsplit, plan.ws_cols), plan.grid[0], plan.scratch, device, capturing), plan.kslice]
+
+
+def scratch_pair(ws_shape: tuple, blocks: int, cache: dict, device: torch.device,
+                 capturing: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split launch's fp32 partials (``ws_shape``) and ``blocks`` arrival counters (zero before a launch;
+    the last program of each column block sets its own back to zero). Outside a capture: one pair per
+    (device, stream), kept in ``cache`` and shared by every launch given that cache there (each layer's),
+    which run one after another. Inside ostinato's CUDA graph capture a pair of the launch's own, kept by the graph
     (``owned_scratch``), so a graph never shares counters with another graph or stream (two graphs
     replayed at once on two streams would interleave their counts); in a capture not made by
     ostinato, a pair from the capture's pool whose counters a captured memset zeroes.
@@ -116,7 +123,6 @@ def split_scratch(plan, device: torch.device, capturing: bool) -> list:
     (``recording_scratch``), the pairs are made before the capture begins (``reserve_scratch``), and
     each launch in the capture takes the next; a launch the warm-up did not foresee falls back to a
     pair zeroed by a captured memset."""
-    ws_shape, blocks = (plan.nsplit, plan.ws_cols), plan.grid[0]
 
     def new_pair(zeroed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         counters = torch.zeros if zeroed else torch.empty
@@ -124,17 +130,17 @@ def split_scratch(plan, device: torch.device, capturing: bool) -> list:
                 counters(blocks, dtype=torch.int32, device=device))
     if capturing:
         held, reserve = getattr(_CAPTURE, "held", None), getattr(_CAPTURE, "reserve", None)
-        if held is not None and reserve and tuple(reserve[0][0].shape) == ws_shape \
+        if held is not None and reserve and tuple(reserve[0][0].shape) == tuple(ws_shape) \
                 and reserve[0][1].numel() == blocks:
             pair = reserve.popleft()
             held.append(pair)
-            return [*pair, plan.kslice]
-        return [*new_pair(zeroed=True), plan.kslice]
+            return pair
+        return new_pair(zeroed=True)
     recording = getattr(_CAPTURE, "recording", None)
     if recording is not None:
         recording.append((ws_shape, blocks))
     key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
-    pair = plan.scratch.get(key)
+    pair = cache.get(key)
     if pair is None:
-        pair = plan.scratch[key] = new_pair(zeroed=True)
-    return [*pair, plan.kslice]
+        pair = cache[key] = new_pair(zeroed=True)
+    return pair
