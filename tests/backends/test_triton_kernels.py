@@ -35,10 +35,11 @@ def _compile_specs():
               "W_FIRST": "constexpr", "BLOCK": "constexpr"},
              {"HAS_WEIGHT": True, "UPCAST": True, "W_FIRST": dt != "fp32", "BLOCK": 256}),
             ("row_scale", norms.row_scale_kernel,
-             {"p_ptr": "*fp32", "x_ptr": ptr(dt), "b_ptr": ptr(dt), "out_ptr": ptr(dt), "n_per_row": "i32",
-              "n_x": "i32", "x_stride": "i32", "eps": "fp32", "HAS_BIAS": "constexpr", "CENTER": "constexpr",
-              "BLOCK": "constexpr", "BLOCK_X": "constexpr"},
-             {"HAS_BIAS": dt != "fp32", "CENTER": dt != "fp16", "BLOCK": 1024, "BLOCK_X": 4096}),
+             {"p_ptr": "*fp32", "x_ptr": ptr(dt), "b_ptr": ptr(dt), "s_ptr": "*fp32", "out_ptr": ptr(dt),
+              "n_per_row": "i32", "n_x": "i32", "x_stride": "i32", "eps": "fp32", "HAS_BIAS": "constexpr",
+              "CENTER": "constexpr", "HAS_SHIFT": "constexpr", "BLOCK": "constexpr", "BLOCK_X": "constexpr"},
+             {"HAS_BIAS": dt != "fp32", "CENTER": dt != "fp16", "HAS_SHIFT": dt != "bf16", "BLOCK": 1024,
+              "BLOCK_X": 4096}),
             ("layer_norm", norms.layer_norm_kernel,
              {"x_ptr": ptr(dt), "w_ptr": ptr(dt), "b_ptr": ptr(dt), "out_ptr": ptr(dt), "n_cols": "i32",
               "eps": "fp32", "HAS_WEIGHT": "constexpr", "HAS_BIAS": "constexpr", "BLOCK": "constexpr"},
@@ -72,7 +73,7 @@ def _compile_specs():
             ("decode_attention_kv", attention.decode_attention_kv_kernel,
              {**{k: ptr(dt) for k in ("q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr")}, "index_ptr": "*i64",
               "pos_ptr": "*i64", "cos_ptr": ptr(dt), "sin_ptr": ptr(dt), "mask_ptr": ptr(dt), "qw_ptr": ptr(dt),
-              "kw_ptr": ptr(dt), "rx_ptr": ptr(dt), "qb_ptr": ptr(dt), "kb_ptr": ptr(dt), "vb_ptr": ptr(dt),
+              "kw_ptr": ptr(dt), "rx_ptr": ptr(dt), "rs_ptr": "*fp32", "qb_ptr": ptr(dt), "kb_ptr": ptr(dt), "vb_ptr": ptr(dt),
               "out_ptr": ptr(dt), "head_dim": "i32", "n_rep": "i32", "hq": "i32",
               "scale": "fp32", "cap": "fp32", "ring": "i32", "eps": "fp32", "w_offset": "fp32", "rot": "i32",
               "rx_sb": "i32", "rx_n": "i32", "row_eps": "fp32",
@@ -80,12 +81,12 @@ def _compile_specs():
                                      "ck_b", "ck_h", "sk_b", "sk_h", "c_sb", "c_sh", "c_ss", "o_sb", "o_sh", "pos_sb",
                                      "m_sb", "m_sh", "m_sn")},
               **{k: "constexpr" for k in ("n_keys", "HAS_POS", "MASK", "SOFTCAP", "ROPE", "INTERLEAVED", "RING",
-                                          "NORM", "WHOLE", "WIDE", "ROWSCALE", "RBIAS", "BLOCK_N", "BLOCK_D",
+                                          "NORM", "WHOLE", "WIDE", "ROWSCALE", "RBIAS", "RSHIFT", "BLOCK_N", "BLOCK_D",
                                           "BLOCK_R")}},
              {"n_keys": 4096, "HAS_POS": True, "MASK": 1, "SOFTCAP": dt != "fp16", "ROPE": True, "INTERLEAVED": dt == "fp16",
               "RING": dt == "fp32", "NORM": {"fp32": 0, "fp16": 1, "bf16": 2}[dt], "WHOLE": dt == "bf16",
-              "WIDE": dt != "fp16", "ROWSCALE": {"fp32": 1, "fp16": 2, "bf16": 0}[dt], "RBIAS": dt == "fp16", "BLOCK_N": 64,
-              "BLOCK_D": 128, "BLOCK_R": 1024}),
+              "WIDE": dt != "fp16", "ROWSCALE": {"fp32": 1, "fp16": 2, "bf16": 0}[dt], "RBIAS": dt == "fp16", "RSHIFT": dt != "bf16",
+              "BLOCK_N": 64, "BLOCK_D": 128, "BLOCK_R": 1024}),
             ("moe_up", moe.moe_up_kernel,
              {"x_ptr": ptr(dt), "logits_ptr": ptr(dt), "w_ptr": ptr(dt), "out_ptr": ptr(dt), "ids_ptr": "*i64",
               **{k: "i32" for k in ("n_experts", "k_dim", "n_inter", "x_stride", "w_se", "w_sn")},
@@ -207,7 +208,7 @@ def test_row_scaled_decode_attention_takes_the_kernel(dtype):
     from kernel_cases import CASES as TABLE
     from ostinato.backends.cuda.kernels.attention import _biases_fit, _fused_decode_plan, _norm_plan
     cases = [c for c in TABLE if c.name.startswith("row-scaled")]
-    assert len(cases) == 8
+    assert len(cases) == 10
     for case in cases:
         args, _ = case.make(torch.Generator().manual_seed(0), dtype, "cpu")
         kc, vc, q, k, v, index, dim, _, cos, sin, _, q_pos, _, n_rep, mask = args[:15]

@@ -392,16 +392,19 @@ class _LayerStack(nn.Module):
         return self.head(self.norm(2, x))
 
 
-def test_a_layer_norm_after_a_sum_that_cannot_accumulate_stays():
-    """OPT's form: the second norm reads a reshape of a sum whose operand is a view (not a buffer the product
-    can accumulate into): folding the norm would leave the add a launch of its own, so it stays, its add
-    in the norm's kernel (the first norm, over the embedding, folds). The result equals eager's."""
+def test_a_layer_norm_after_a_reshaped_sum_folds_through_the_views():
+    """OPT's form: the second norm reads a sum of flattened rows (a view of the embedding, and a projection),
+    viewed back. The accumulation goes into the buffer under the view (the embedding, which nothing reads
+    after the add), so both blocks' norms fold and no add is left a launch; the final norm (the head's)
+    stays. The result equals eager's."""
     from ostinato.codegen.report import launch_table
     model, ids, prog = _export(_LayerStack("reshaped"), 32)
     ops = prog.op_counts()
-    assert ops.get("ost.fold_weights") == 1 and ops.get("ost.layer_norm") == 2, ops
+    assert ops.get("ost.fold_weights") == 2 and ops.get("ost.layer_norm") == 1, ops
+    acc = next(n for n in prog.graph.nodes if n.op == "ost.linear_acc_")
+    assert acc.args[0].producer.op == "aten.embedding"
     kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
-    assert "aten.add.Tensor" not in kinds, kinds
+    assert kinds.count("ost.linear_acc_") == 1 and "aten.add.Tensor" not in kinds, kinds
     _matches_eager(model, ids, prog)
 
 
@@ -511,4 +514,109 @@ def test_a_fold_left_to_run_syncs_nothing(monkeypatch):
     with Reads():
         exe(ids)
     assert Reads.calls == 0
+    _matches_eager(model, ids, prog)
+
+
+class _BiasedStack(nn.Module):
+    """Three pre-norm blocks whose output projections have biases (OPT's, StarCoder 2's, GPT-2's): the
+    residual add before each next norm sums a biased product. ``style``: "layer" (nn.LayerNorm, a biased up
+    projection), "reshaped" (OPT's: the sum of flattened rows viewed back), "rms" (an RMSNorm). Biases of
+    about 2 against rows of spread 1, so a stream that forgot one would be far off."""
+
+    def __init__(self, style: str = "layer"):
+        super().__init__()
+        self.style = style
+        self.embed = nn.Embedding(V, H)
+        self.norms = nn.ModuleList([nn.LayerNorm(H) for _ in range(4)])
+        with torch.no_grad():
+            for n in self.norms:
+                n.weight.uniform_(0.5, 1.5)
+                n.bias.uniform_(-0.5, 0.5)
+        self.up = nn.ModuleList([nn.Linear(H, I) for _ in range(3)])
+        self.down = nn.ModuleList([nn.Linear(I, H) for _ in range(3)])
+        with torch.no_grad():
+            for d in self.down:
+                d.bias.normal_(0.0, 2.0)
+        self.head = nn.Linear(H, V, bias=False)
+
+    def norm(self, k, x):
+        return _rms(x, self.norms[k].weight) if self.style == "rms" else self.norms[k](x)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for k in range(3):
+            if self.style == "reshaped":
+                flat = x.reshape(-1, H)
+                x = (flat + self.down[k](F.relu(self.up[k](self.norm(k, flat))))).view(x.shape)
+            else:
+                x = x + self.down[k](F.gelu(self.up[k](self.norm(k, x))))
+        return self.head(self.norm(3, x))
+
+
+@pytest.mark.parametrize("style", ["layer", "reshaped", "rms"])
+def test_biased_output_projections_accumulate_into_a_lagging_stream(style):
+    """32 rows: every block's norm folds although the sums before them add biased products. Each product
+    accumulates into the stream without its bias, and the stream then lags the true sum by the biases so far
+    (``ost.fold_offset``, fp32, made at compile). The folded norms take the statistic of the stream plus that
+    offset (row_scale's ``shift``), and their products add the offset through their weights (linear_out's
+    bias). The final norm (the head's) reads the stream plus the offset, one generated kernel with the add.
+    Each block is then three launches: the product, the row-scaled activation, the accumulation. The result
+    equals eager's on the CPU and on MLX."""
+    from ostinato.codegen.report import launch_table
+    model, ids, prog = _export(_BiasedStack(style), 32)
+    ops = prog.op_counts()
+    assert ops.get("ost.fold_weights") == 3 and ops.get("ost.linear_acc_") == 2, ops
+    scales = [n for n in prog.graph.nodes if n.op == "ost.row_scale"]
+    assert len(scales) == 3 and [len(n.args) for n in scales] == [5 if style == "rms" else 6] + [7, 7], scales
+    shifts = [n.args[6] for n in scales[1:]]
+    assert all(t.producer.op == "ost.fold_offset" and t.meta.dtype == torch.float32 for t in shifts)
+    assert len(shifts[1].producer.args[0]) == 2         # (the second lags by both biases so far)
+    outs = [n for n in prog.graph.nodes if n.op == "ost.linear_out"]
+    assert [len(n.args) for n in outs] == [4, 5, 5] and all(n.args[4].producer.op == "ost.fold_bias" for n in outs[1:])
+    kinds = [r["kind"] for r in launch_table(prog.graph, "cuda")]
+    assert kinds.count("ost.linear_acc_") == 2 and "aten.add.Tensor" not in kinds, kinds
+    # the embedding, two folded blocks, the last (its product, its row-scaled activation, its down projection:
+    # the final norm stays), the final sum with its norm, the head; OPT's form adds the lagging stream's
+    # offset in a kernel of its own before the final sum's view
+    assert len(kinds) == 1 + 3 + 3 + 3 + 1 + 1 + (style == "reshaped"), kinds
+    _matches_eager(model, ids, prog)
+    pytest.importorskip("mlx.core")
+    got = ostinato.compile(prog, device="mlx")(ids)
+    with torch.no_grad():
+        want = model(ids)
+    assert (got.float() - want.float()).abs().max().item() <= 3e-2 * want.float().abs().max().item()
+
+
+def test_a_lagging_stream_read_elsewhere_is_made_whole_for_that_reader():
+    """The sum after the first block is also read by a reduction the graph returns: the second norm still
+    folds (its product accumulates into the embedding), and the reduction reads the lagging stream plus its
+    offset, rounded once, as eager's sum; the third norm stays (its sum's operand is read after the add, so
+    it cannot be accumulated into). Everything equals eager's."""
+    class Peek(_BiasedStack):
+        def forward(self, ids):
+            x = self.embed(ids)
+            seen = []
+            for k in range(3):
+                x = x + self.down[k](F.gelu(self.up[k](self.norm(k, x))))
+                seen.append(x)
+            return self.head(self.norm(3, x)), seen[0].float().mean(-1)
+
+    model, ids, prog = _export(Peek(), 32)
+    ops = prog.op_counts()
+    assert ops.get("ost.fold_weights") == 2 and ops.get("ost.linear_acc_") == 1, ops
+    assert ops.get("ost.fold_offset") == 1 and ops.get("ost.layer_norm") == 2, ops
+    _matches_eager(model, ids, prog)
+
+
+@pytest.mark.parametrize("rows", [17, 48])
+def test_lagging_streams_match_eager_on_random_rows(rows):
+    """Rows of varied scale and large output biases, just past the matmul groups' limit and more."""
+    torch.manual_seed(rows)
+    model = _BiasedStack("layer")
+    with torch.no_grad():
+        model.embed.weight.mul_(torch.rand(V, 1, generator=torch.Generator().manual_seed(rows)) * 8)
+        for d in model.down:
+            d.bias.mul_(3.0)
+    model, ids, prog = _export(model, rows)
+    assert prog.op_counts().get("ost.linear_acc_") == 2
     _matches_eager(model, ids, prog)

@@ -143,19 +143,28 @@ def _row_scale_kind(node: Node) -> Kind | None:
     if bias is not None and not (isinstance(bias, Value) and code_of(bias) in FLOATS
                                  and tuple(bias.meta.shape) == ps[-1:] and all(d == 1 for d in ps[1:-1])):
         return None     # (a bias over a row of several dims: the library kernel takes it)
+    shift = node.args[6] if len(node.args) > 6 else None
+    if shift is not None and not (isinstance(shift, Value) and code_of(shift) in FLOATS
+                                  and tuple(shift.meta.shape) == xs[-1:]):
+        return None
     return Kind((len(ps) - 1,), p, True)
 
 
 @handles("ost.row_scale", kind=_row_scale_kind)
 def _row_scale(b: Builder, node: Node):
     """ost.row_scale (ir/fold_ops.py): p * rsqrt(mean(x ** 2) + eps) (+ bias) in fp32, rounded to its dtype;
-    ``center``: LayerNorm's statistic, x less its mean (the coordinates past x's width masked to 0)."""
+    ``center``: LayerNorm's statistic, x less its mean (the coordinates past x's width masked to 0);
+    ``shift``: the statistic of x + shift (both gathered, 0 past their width)."""
     p, x, eps = node.args[:3]
     bias = node.args[4] if len(node.args) > 4 else None
     center = bool(node.args[5]) if len(node.args) > 5 else False
+    shift = node.args[6] if len(node.args) > 6 else None
     index = b.rindex()
     xv = b._push(["gather", code_of(x), "x", b.gathered(x, x.meta.rank - 1), index])
     xf = _f(b, xv, "f32")
+    if shift is not None:       # (the statistic of x + shift: a residual stream lagging its biases)
+        sv = b._push(["gather", code_of(shift), "x", b.gathered(shift, 0), index])
+        xf = b.emit("add", "f32", xf, _f(b, sv, "f32"))
     width = b.const(float(x.meta.shape[-1]), "f32")
     if center:
         mean = b.emit("div", "f32", b.emit("sum", "f32", xf), width)

@@ -243,12 +243,12 @@ def parse_spec(text: str) -> "GroupSpec | LinearSpec":
     return GroupSpec.from_dict(d)
 
 
-def gathered_statistics(spec: GroupSpec) -> int | None:
-    """The one gathered input (its index) every reduction of ``spec`` reads, all of them sums, through no
-    loaded input of the group's row (ost.row_scale's statistic over a row narrower than the group's,
-    passes/fold_norms.py), gathered along the last dim; else None. Past that input's width the gathered
-    values are 0, so a sum walks only its width, and a split row would launch more kernels for partial
-    sums of a few thousand elements."""
+def gathered_statistics(spec: GroupSpec) -> tuple[int, ...] | None:
+    """The gathered inputs (their indices) the reductions of ``spec`` read, all of them sums, through no
+    loaded input of the group's row (ost.row_scale's statistic over a row narrower than the group's, and its
+    shift, passes/fold_norms.py), each gathered along the last dim; else None. Past the widest one's width
+    the gathered values are 0, so a sum walks only that width, and a split row would launch more kernels
+    for partial sums of a few thousand elements."""
     ops = spec.ops
     reductions = [i for i, op in enumerate(ops) if op[0] in REDUCTIONS]
     if not reductions or any(ops[i][0] != "sum" for i in reductions):
@@ -269,7 +269,6 @@ def gathered_statistics(spec: GroupSpec) -> int | None:
                 stack.append(args[1])
             elif name not in ("in", "scalar", "const", "rnumel", "rindex") and name not in REDUCTIONS:
                 stack.extend(args)
-    if len(found) != 1:
+    if not found or any(spec.inputs[k][3] != spec.rank - 1 for k in found):
         return None
-    k = found.pop()
-    return k if spec.inputs[k][3] == spec.rank - 1 else None
+    return tuple(sorted(found))

@@ -229,7 +229,13 @@ class Emitter:
         reads), then every row-level op: the statistics the x-level outputs need."""
         spec = self.spec
         k = gathered_statistics(spec)
-        stop = "rnumel" if k is None else f"tl.minimum(rnumel, gsz{k})"     # (past its width: zeros)
+        if k is None:
+            stop = "rnumel"
+        else:       # (past the widest one's width: zeros)
+            widest = f"gsz{k[0]}"
+            for j in k[1:]:
+                widest = f"tl.maximum({widest}, gsz{j})"
+            stop = f"tl.minimum(rnumel, {widest})"
         for j in [i for i, op in enumerate(spec.ops) if op[0] in REDUCTIONS]:
             self._emit_r_before(j, r_done)
             self._accumulate(j, "0", stop)

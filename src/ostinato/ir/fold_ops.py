@@ -81,14 +81,20 @@ def fold_bias(weight: torch.Tensor, norm_bias: torch.Tensor | None, bias: torch.
 register_op(OpDef("ost.fold_bias", fold_bias, category="fused"))
 
 
-def linear_out(x: torch.Tensor, weight: torch.Tensor, splits: list[int], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """``x @ weight^T`` kept in ``dtype`` (fp32: the product of half operands before any rounding), split along
-    the last dim into ``splits``. On CUDA one cuBLAS call with an fp32 output (``torch.mm``'s ``out_dtype``);
-    here the operands are cast up (the same exact products, summed in another order)."""
+def linear_out(x: torch.Tensor, weight: torch.Tensor, splits: list[int], dtype: torch.dtype,
+               bias: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """``x @ weight^T`` (``+ bias``, a ``dtype`` vector) kept in ``dtype`` (fp32: the product of half operands
+    before any rounding), split along the last dim into ``splits``. On CUDA one cuBLAS call with an fp32
+    output (``torch.mm``'s / ``torch.addmm``'s ``out_dtype``); here the operands are cast up (the same exact
+    products, summed in another order). The bias is a lagging residual's shift through the weights
+    (passes/fold_norms.py: ``(t + o) @ W^T = t @ W^T + W @ o``)."""
     if x.device.type == "cuda" and dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16):
-        y = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=dtype).view(*x.shape[:-1], weight.shape[0])
+        rows = x.reshape(-1, x.shape[-1])
+        y = torch.mm(rows, weight.t(), out_dtype=dtype) if bias is None else \
+            torch.addmm(bias.to(dtype), rows, weight.t(), out_dtype=dtype)
+        y = y.view(*x.shape[:-1], weight.shape[0])
     else:
-        y = torch.nn.functional.linear(x.to(dtype), weight.to(dtype))
+        y = torch.nn.functional.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
     return y.split(list(splits), dim=-1)
 
 
@@ -97,15 +103,17 @@ register_op(OpDef("ost.linear_out", linear_out, category="fused"))
 
 
 def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, bias: torch.Tensor | None = None,
-              center: bool = False, *, out: torch.Tensor | None = None) -> torch.Tensor:
+              center: bool = False, shift: torch.Tensor | None = None, *,
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """``p * rsqrt(mean(x ** 2, -1) + eps)`` in fp32, rounded to ``dtype``: RMSNorm's statistic applied to a
     product of its (unnormalized) input. ``center``: LayerNorm's instead, ``rsqrt(mean((x - mean(x)) ** 2) +
     eps)`` (the product's weights centered: fold_weights). ``x``'s rows are along its dim 0 (its other dims
     before the last are 1: a decode step's tokens); ``p``'s dim 0 indexes the same rows, its other dims
     broadcast. ``bias`` (the projection's, 1-d, one element per element of a row of ``p`` in its order; any
     float dtype) is added in fp32 after the scale, before the rounding: a biased projection's result (Qwen 2's
-    q, k and v), a folded LayerNorm's shift (fold_bias)."""
-    h = x.float()
+    q, k and v), a folded LayerNorm's shift (fold_bias). ``shift`` (1-d, as wide as ``x``'s rows): the
+    statistic is ``x + shift``'s, in fp32 (a residual stream that lags its biases, passes/fold_norms.py)."""
+    h = x.float() if shift is None else x.float() + shift.float()
     if center:
         h = h - h.mean(-1, keepdim=True)
     rstd = torch.rsqrt(h.pow(2).mean(-1) + eps).reshape(x.shape[0], *(1,) * (p.dim() - 1))
@@ -116,6 +124,18 @@ def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, 
 
 
 register_op(OpDef("ost.row_scale", row_scale, category="fused"))
+
+
+def fold_offset(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The fp32 sum of 1-d constants: the biases a residual stream lags by (passes/fold_norms.py: each biased
+    projection accumulated into it without its bias adds its bias here). Made once at compile."""
+    out = parts[0].float()
+    for t in parts[1:]:
+        out = out + t.float()
+    return out
+
+
+register_op(OpDef("ost.fold_offset", fold_offset, category="fused"))
 
 
 def linear_acc_(acc: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

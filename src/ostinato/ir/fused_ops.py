@@ -312,7 +312,8 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
                       norm_first: bool = False,
                       rotary: int | None = None,
                       wide: bool = False, row_x: torch.Tensor | None = None,
-                      row_eps: float = 0.0, row_bias: list | None = None, row_center: bool = False
+                      row_eps: float = 0.0, row_bias: list | None = None, row_center: bool = False,
+                      row_shift: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step's attention with the step's cache writes: ``rope`` on q and k when ``cos`` and
     ``sin`` are given, ``kv_update_`` of k and v into the caches (in place), then ``sdpa`` of q over the
@@ -342,9 +343,10 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     ``row_x`` (passes/fold_norms.py): q, k and v come as fp32 products of a norm's input ``row_x`` with the
     norm's weight folded in, and are first ``row_scale``d by ``row_x``'s rows (``row_eps``) to the caches'
     dtype, before anything else; ``row_bias`` (q's, k's and v's projection biases, as row_scale takes them),
-    added after the scale; ``row_center``: the statistic is LayerNorm's (row_scale's ``center``)."""
+    added after the scale; ``row_center``: the statistic is LayerNorm's (row_scale's ``center``);
+    ``row_shift``: that of ``row_x + row_shift`` (row_scale's ``shift``)."""
     if row_x is not None:
-        q, k, v = (row_scale(t, row_x, row_eps, k_cache.dtype, b, row_center)
+        q, k, v = (row_scale(t, row_x, row_eps, k_cache.dtype, b, row_center, row_shift)
                    for t, b in zip((q, k, v), row_bias or (None, None, None)))
     if q_norm is not None:
         q = rms_norm(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)

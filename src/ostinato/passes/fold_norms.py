@@ -76,6 +76,7 @@ _CODES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # views a row scale moves past: they keep the rows along dim 0 and the elements in order (a transpose of
 # heads and tokens stays after the scale, where the attention looks for the token's rows)
 _ROW_VIEWS = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.unsqueeze", "aten.slice.Tensor"}
+_RESHAPES = ("aten.view", "aten._unsafe_view", "aten.reshape")
 
 
 def fold_enabled() -> bool:
@@ -130,15 +131,24 @@ def _projection(node: Node, y: Value, hidden: int) -> tuple[list[Value], list[Va
     return weights, biases, activation
 
 
-def _lone_linear(v, users: dict, pinned: set[int], reader: Node) -> Node | None:
-    """The bias-free ``aten.linear`` of a constant weight making ``v``, which ``reader`` alone reads."""
-    node = v.producer if isinstance(v, Value) else None
+def _lone_linear(v, users: dict, pinned: set[int], reader: Node) -> tuple[Node, Value | None, list[Node]] | None:
+    """(the ``aten.linear`` of a constant weight making ``v``, its constant bias or None, the reshapes between
+    them) when ``reader`` alone reads ``v`` and each reshape's input is read by the next alone."""
+    if not isinstance(v, Value) or v.id in pinned or [id(u) for u in users.get(v.id, ())] != [id(reader)]:
+        return None
+    views = []
+    node = v.producer
+    while node is not None and node.op in _RESHAPES and not node.kwargs and isinstance(node.args[0], Value) \
+            and node.args[0].id not in pinned and [id(u) for u in users.get(node.args[0].id, ())] == [id(node)]:
+        views.append(node)
+        node = node.args[0].producer
     if node is None or node.op != "aten.linear" or node.kwargs or len(node.args) not in (2, 3) \
-            or (len(node.args) == 3 and node.args[2] is not None) or not _constant(node.args[1], 2):
+            or not _constant(node.args[1], 2):
         return None
-    if v.id in pinned or [id(u) for u in users.get(v.id, ())] != [id(reader)]:
+    bias = node.args[2] if len(node.args) == 3 else None
+    if bias is not None and (not _constant(bias, 1) or tuple(bias.meta.shape) != (node.args[1].meta.shape[0],)):
         return None
-    return node
+    return node, bias, views
 
 
 def _row_view(node: Node, rows: int) -> bool:
@@ -160,38 +170,88 @@ def fold_norms(g: Graph) -> Graph:
     if not fold_enabled():
         return g
     refused: set[int] = set()
+    lags: dict[int, tuple] = {}     # a lagging stream's value id -> (its t, the offset, the nodes adding it)
     while True:     # one norm at a time, each seeing the graph the ones before it left (readers, ancestors)
         node = next((n for n in g.nodes if n.op in _NORMS and id(n) not in refused), None)
         if node is None:
             return g
-        if not _fold(g, node):
+        if not _fold(g, node, lags):
             refused.add(id(node))
 
 
-def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[int]):
-    """(the projection, the other operand) of an ost.add_rms_norm whose sum can be the projection's in-place
-    accumulation into the other operand, else None. The operand's buffer is written: it must be a
-    temporary of its own (not a view, nor a result that may be its input itself), neither it nor any view
-    of it may be the projection's input, a graph output or state, and everything that reads it or a view
-    of it must run before the add (an ancestor of it)."""
+def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[int], lags: dict):
+    """(the projection, its bias or None, the buffer to accumulate into, the offset it lags by or None, the
+    nodes the accumulation replaces) of a sum (an ost.add_rms_norm's or an aten.add) that can be the
+    projection's in-place accumulation into its other operand, else None. A biased projection accumulates
+    without its bias: the result lags the sum by it (the caller carries the offset). The operand's
+    buffer is written: it must be a temporary of its own (not a view, nor a result that may be its input
+    itself), neither it nor any view of it may be the projection's input, a graph output or state, and
+    everything that reads it or a view of it must run before the add (an ancestor of it). The operand may
+    be a reshape of such a buffer, or a lagging stream (``lags``: an earlier fold's ``t + offset``) read
+    by the add alone: the accumulation then goes into the buffer, or ``t``, carrying the offset on."""
     mine = None
     for o, r in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
-        lin = _lone_linear(o, users, pinned, node)
-        if lin is None or _static(o) != shape or not isinstance(r, Value) or r.role != "temp" or r.producer is None \
-                or _static(r) != shape or r.meta.dtype != dtype:
+        found = _lone_linear(o, users, pinned, node)
+        if found is None or _static(o) != shape or not isinstance(r, Value) or _static(r) != shape \
+                or r.meta.dtype != dtype:
             continue
-        op = get_op(r.producer.op)
-        # (the residual stream may already be an accumulation's result: it is its own buffer, not a view)
-        if op is None or may_alias(r.producer.op) or (not op.pure and r.producer.op != "ost.linear_acc_"):
+        lin, bias = found[0], found[1]
+        if bias is not None and bias.meta.dtype != dtype:
             continue
-        aliases = _aliases(r, users)
-        if any(a.id in pinned for a in aliases) or any(a is lin.args[0] for a in aliases):
-            continue
-        if mine is None:
-            mine = _ancestors(node)
-        if all(id(u) in mine for a in aliases for u in users.get(a.id, []) if u is not node):
-            return lin, r
+        for base, offset, dropped in _streams(r, users, pinned, node, lags):
+            if base.role != "temp" or base.producer is None or base.meta.dtype != dtype \
+                    or math.prod(_static(base) or (-1,)) != math.prod(shape):
+                continue
+            op = get_op(base.producer.op)
+            # (the residual stream may already be an accumulation's result: it is its own buffer, not a view)
+            if op is None or may_alias(base.producer.op) or (not op.pure and base.producer.op != "ost.linear_acc_"):
+                continue
+            aliases = _aliases(base, users)
+            if any(a.id in pinned for a in aliases) or any(a is lin.args[0] for a in aliases):
+                continue
+            if mine is None:
+                mine = _ancestors(node)
+            if all(id(u) in mine for a in aliases for u in users.get(a.id, []) if u is not node):
+                return lin, bias, base, offset, dropped + found[2]
     return None
+
+
+def _streams(r: Value, users: dict, pinned: set[int], reader: Node, lags: dict):
+    """The buffers a sum's operand ``r`` may be accumulated into, the furthest first: (the buffer, the
+    offset it lags ``r`` by or None, the nodes that then go: a lagging stream's, reshapes nothing else
+    reads), through reshapes (their other readers are the buffer's aliases, which the caller checks) and
+    one lagging stream read by the next alone; ``r`` itself last."""
+    chain, offset, dropped, v = [], None, [], r
+    while isinstance(v, Value) and v.id not in pinned:
+        node = v.producer
+        alone = [id(u) for u in users.get(v.id, ())] == [id(reader)]
+        if v.id in lags and offset is None and alone:
+            base, offset, nodes = lags[v.id]
+            dropped = dropped + nodes
+            reader, v = nodes[0], base
+        elif node is not None and node.op in _RESHAPES and not node.kwargs and isinstance(node.args[0], Value):
+            if alone and (not dropped or reader in dropped):
+                dropped = dropped + [node]
+            reader, v = node, node.args[0]
+        else:
+            break
+        chain.append((v, offset, dropped))
+    return chain[::-1] + [(r, None, [])]
+
+
+def _reshape_chain(x: Value, s: Value, users: dict, pinned: set[int]) -> list[Node] | None:
+    """The reshapes making ``x`` of ``s``, each value before ``x`` read by the next alone (not returned), else
+    None."""
+    chain = []
+    while x is not s:
+        node = x.producer
+        if node is None or node.op not in _RESHAPES or node.kwargs or not isinstance(node.args[0], Value):
+            return None
+        x = node.args[0]
+        if x.id in pinned or [id(u) for u in users.get(x.id, ())] != [id(node)]:
+            return None
+        chain.append(node)
+    return chain
 
 
 def _aliases(v: Value, users: dict) -> list[Value]:
@@ -265,7 +325,7 @@ def _weight_like(v, shape) -> bool:
     return _constant(v, 1) and tuple(v.meta.shape) == (shape[-1],)
 
 
-def _fold(g: Graph, node: Node) -> bool:
+def _fold(g: Graph, node: Node, lags: dict) -> bool:
     """Fold one norm (the module's conditions); whether it did."""
     if node.kwargs:
         return False
@@ -304,19 +364,55 @@ def _fold(g: Graph, node: Node) -> bool:
     if x_in is not None and (_static(x_in) != shape or x_in.meta.dtype != y.meta.dtype):
         return False
     s = x_in        # the norm's input (an aten.add's sum or a reshape of it: it then reads the accumulation)
+    lag = None      # the offset the accumulated stream lags the sum by (biased projections' biases)
     if add is not None:
-        found = _accumulator(g, add, summed, y.meta.dtype, users, pinned)
+        found = _accumulator(g, add, summed, y.meta.dtype, users, pinned, lags)
         if found is None:
             return False        # the add would stay a launch: nothing saved
-        lin, r = found
+        lin, lin_bias, r, lag, dropped = found
         s_old = add.outputs[0]
+        lagging = lag is not None or lin_bias is not None
+        if lagging and add is not node and s_old is not x_in:
+            # a sum reshaped before its norm (OPT's): the reshapes' results read by the next alone, the sum's
+            # readers are then x_in's (the norm, the next residual add), which read the lagging stream
+            chain = _reshape_chain(x_in, s_old, users, pinned)
+            if chain is None:
+                return False
+            dead.update(id(n) for n in chain)
+            s_old = x_in
         acc = Node("ost.linear_acc_", (r, lin.args[0], lin.args[1]), {}, f"{add.name}_acc", add.source)
-        total = g.new_value(acc.name, s_old.meta, "temp", acc)
+        total = g.new_value(acc.name, TensorMeta(s_old.meta.dtype, tuple(r.meta.shape)), "temp", acc)
         acc.outputs = [total]
-        mapping[s_old.id] = total
-        before[id(add)] = [acc]
-        dead.update((id(add), id(lin)))
+        placed = [acc]
+        if tuple(r.meta.shape) != tuple(s_old.meta.shape):
+            view = Node("aten.reshape", (total, list(s_old.meta.shape)), {}, f"{add.name}_rows", add.source)
+            total = g.new_value(view.name, s_old.meta, "temp", view)
+            view.outputs = [total]
+            placed.append(view)
+        if lin_bias is not None:    # the sum lags by the projection's bias too (fp32, made once at compile)
+            parts = [lin_bias] if lag is None else [lag, lin_bias]
+            off = Node("ost.fold_offset", (parts,), {}, f"{add.name}_offset", add.source)
+            off.outputs = [g.new_value(off.name, TensorMeta(torch.float32, (shape[-1],)), "temp", off)]
+            placed.insert(0, off)
+            lag = off.outputs[0]
+        if lag is None:
+            mapping[s_old.id] = total
+        elif any(u is not node for u in users.get(s_old.id, ())):
+            # the sum's other readers (the next residual add) read ``total + lag``, rounded: a lagging stream,
+            # which the next fold takes as its accumulation's buffer and offset
+            up = Node("aten.add.Tensor", (total, lag), {}, f"{add.name}_lag", add.source)
+            up.outputs = [g.new_value(up.name, TensorMeta(torch.float32, tuple(s_old.meta.shape)), "temp", up)]
+            down = Node("aten._to_copy", (up.outputs[0],), {"dtype": s_old.meta.dtype}, f"{add.name}_lagged",
+                        add.source)
+            down.outputs = [g.new_value(down.name, s_old.meta, "temp", down)]
+            placed += [up, down]
+            mapping[s_old.id] = down.outputs[0]
+            lags[down.outputs[0].id] = (total, lag, [up, down])
+        before[id(add)] = placed
+        dead.update((id(add), id(lin), *(id(n) for n in dropped)))
         s = total if add is node or s_old is x_in else x_in   # (the row scales' arguments are not remapped)
+        if lagging and s_old is x_in and add is not node and s_old is not add.outputs[0]:
+            mapping.setdefault(add.outputs[0].id, total)    # (dead readers only: the reshapes taken)
     for p, (weights, biases, activation) in projections:
         splits = [int(wt.meta.shape[0]) for wt in weights]
         if biased:      # (fp32: the shift through the weights plus the projection's own bias; zeros for one
@@ -333,14 +429,22 @@ def _fold(g: Graph, node: Node) -> bool:
         fw = Node("ost.fold_weights", (list(weights), w, offset, *((True,) if layer else ())), {},
                   f"{p.name}_folded", p.source)
         fw.outputs = [g.new_value(fw.name, TensorMeta(y.meta.dtype, (sum(splits), shape[-1])), "temp", fw)]
-        lo = Node("ost.linear_out", (s, fw.outputs[0], splits, torch.float32), {}, f"{p.name}_f32", p.source)
+        before.setdefault(id(p), []).append(fw)
+        lagged = ()
+        if lag is not None:     # (t + lag) @ F^T = t @ F^T + F @ lag: the product adds the constant F @ lag
+            sb = Node("ost.fold_bias", (fw.outputs[0], lag, None), {}, f"{p.name}_lag", p.source)
+            sb.outputs = [g.new_value(sb.name, TensorMeta(torch.float32, (sum(splits),)), "temp", sb)]
+            before[id(p)].append(sb)
+            lagged = (sb.outputs[0],)
+        lo = Node("ost.linear_out", (s, fw.outputs[0], splits, torch.float32, *lagged), {}, f"{p.name}_f32",
+                  p.source)
         lo.outputs = [g.new_value(f"{lo.name}.{k}", TensorMeta(torch.float32, (*shape[:-1], n)), "temp", lo)
                       for k, n in enumerate(splits)]
-        before.setdefault(id(p), []).extend([fw, lo])
+        before[id(p)].append(lo)
         dead.add(id(p))
         for old, new, bias in zip(p.outputs, lo.outputs, biases):
             _scale_after_views(g, p, old, new, s, eps, bias, layer, activation, shape[0], users, pinned, mapping,
-                               after, fixups)
+                               after, fixups, lag)
     nodes: list[Node] = []
     for n in g.nodes:
         nodes.extend(before.get(id(n), ()))
@@ -376,17 +480,19 @@ def _bias_carried(v: Value, users: dict, pinned: set[int], rows: int) -> bool:
 
 def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value, eps: float, bias: Value | None,
                        center: bool, activation: str | None, rows: int, users: dict, pinned: set[int], mapping: dict,
-                       after: dict, fixups: list) -> None:
+                       after: dict, fixups: list, shift: Value | None = None) -> None:
     """Read ``new`` (the fp32 product) where ``old`` (the projection ``anchor``'s result) was read: through the
     row-keeping views that read it (each branch of a packed projection's slices), now over fp32 values, then
-    ``ost.row_scale`` back to old's dtype at the end of each branch, adding the projection's ``bias`` (its
+    ``ost.row_scale`` back to old's dtype at the end of each branch (the statistic of ``x + shift`` with a
+    ``shift``: a lagging stream's), adding the projection's ``bias`` (its
     views keep a row's elements in order: ``_bias_carried``). A packed gating (``swiglu_packed``) reading a
     branch's end becomes the gating of its two halves' row scales, which a generated group takes whole."""
     dtype = old.meta.dtype
     mapping[old.id] = new
 
     def scale(end: Value, at: Node, name: str) -> Value:
-        tail = (bias, True) if center else () if bias is None else (bias,)
+        tail = (bias, center, shift) if shift is not None else (bias, True) if center else () if bias is None \
+            else (bias,)
         node = Node("ost.row_scale", (end, x, eps, dtype, *tail), {}, f"{name}_scaled", "")
         node.outputs = [g.new_value(node.name, TensorMeta(dtype, tuple(end.meta.shape)), "temp", node)]
         fixups.append((node, node.args))

@@ -46,7 +46,7 @@ _FUSED = ("ost.fused",)             # generated groups: pure by construction (gr
 _REPLACING = ("ost.fold_weights",)
 # A folded norm's ops, folded whatever their size, outside the caps (left to run, each would read every weight
 # it folds at every step, a LayerNorm's rounding search too): the folded weights and the shift through them.
-_NORM_FOLDS = ("ost.fold_weights", "ost.fold_bias")
+_NORM_FOLDS = ("ost.fold_weights", "ost.fold_bias", "ost.fold_offset")
 _GROWTH_SLACK = 1 << 20
 _CREATION_LIMIT = 16 << 20
 _TOTAL_LIMIT = 1 << 30

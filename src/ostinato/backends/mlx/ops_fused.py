@@ -207,9 +207,9 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
 def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
                      q_pos=None, scale=None, n_rep=1, mask=None, softcap=None, q_norm=None, k_norm=None, norm_eps=0.0,
                      norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None, wide=False, row_x=None,
-                     row_eps=0.0, row_bias=None, row_center=False):
+                     row_eps=0.0, row_bias=None, row_center=False, row_shift=None):
     if row_x is not None:      # q, k and v as fp32 products of a folded norm's input (passes/fold_norms.py)
-        q, k, v = (row_scale_of(t, row_x, row_eps, k_cache.dtype, b, row_center)
+        q, k, v = (row_scale_of(t, row_x, row_eps, k_cache.dtype, b, row_center, row_shift)
                    for t, b in zip((q, k, v), row_bias or (None, None, None)))
     if q_norm is not None:     # ir/fused_ops.decode_attention_: the heads' norms, then [B, H, 1, D] rows
         q = rms_norm_of(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
@@ -234,9 +234,11 @@ def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None,
 
 
 # -- a norm folded into the projections it feeds (passes/fold_norms.py; ir/fold_ops.py's references) ------
-def row_scale_of(p, x, eps, dtype, bias=None, center=False):
+def row_scale_of(p, x, eps, dtype, bias=None, center=False, shift=None):
     """``dtype``: torch's (the op's argument) or MLX's (the caches' in the merged attention)."""
     h = x.astype(mx.float32)
+    if shift is not None:       # (a residual stream lagging its biases)
+        h = h + shift.astype(mx.float32)
     if center:      # LayerNorm's statistic
         h = h - mx.mean(h, axis=-1, keepdims=True)
     rstd = mx.rsqrt(mx.mean(h * h, axis=-1) + eps)
@@ -247,8 +249,8 @@ def row_scale_of(p, x, eps, dtype, bias=None, center=False):
 
 
 @handles("ost.row_scale")
-def row_scale(p, x, eps, dtype, bias=None, center=False):
-    return row_scale_of(p, x, eps, dtype, bias, center)
+def row_scale(p, x, eps, dtype, bias=None, center=False, shift=None):
+    return row_scale_of(p, x, eps, dtype, bias, center, shift)
 
 
 @handles("ost.fold_weights")
@@ -273,9 +275,19 @@ def fold_bias(weight, norm_bias, bias):
     return out
 
 
+@handles("ost.fold_offset")
+def fold_offset(parts):
+    out = parts[0].astype(mx.float32)
+    for t in parts[1:]:
+        out = out + t.astype(mx.float32)
+    return out
+
+
 @handles("ost.linear_out", multi=True)
-def linear_out(x, weight, splits, dtype):
+def linear_out(x, weight, splits, dtype, bias=None):
     y = mx.matmul(x.astype(mxd(dtype)), mx.transpose(weight.astype(mxd(dtype))))
+    if bias is not None:
+        y = y + bias.astype(mxd(dtype))
     ends = [sum(splits[:i + 1]) for i in range(len(splits) - 1)]
     return tuple(mx.split(y, ends, axis=-1))
 
@@ -283,4 +295,4 @@ def linear_out(x, weight, splits, dtype):
 @handles("ost.linear_acc_")
 def linear_acc(acc, h, weight):
     # MLX arrays are values: the accumulation is a new one (the in-place write is the CUDA plan's)
-    return acc + linear_of(h, weight, None)
+    return acc + mx.reshape(linear_of(h, weight, None), acc.shape)     # (h's rows may be a reshape of acc's)

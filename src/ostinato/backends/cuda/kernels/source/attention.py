@@ -206,7 +206,7 @@ def _rope_row(ptr, d, dmask, rot, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim
 
 @triton.jit
 def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr,
-                               qw_ptr, kw_ptr, rx_ptr, qb_ptr, kb_ptr, vb_ptr, out_ptr, head_dim, n_rep, hq, scale,
+                               qw_ptr, kw_ptr, rx_ptr, rs_ptr, qb_ptr, kb_ptr, vb_ptr, out_ptr, head_dim, n_rep, hq, scale,
                                cap, ring, eps, w_offset,
                                rot, rx_sb, rx_n, row_eps,
                                q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, cq_b, cq_h, sq_b, sq_h, ck_b, ck_h, sk_b, sk_h,
@@ -215,10 +215,11 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
                                SOFTCAP: tl.constexpr, ROPE: tl.constexpr,
                                INTERLEAVED: tl.constexpr, RING: tl.constexpr, NORM: tl.constexpr,
                                WHOLE: tl.constexpr, WIDE: tl.constexpr, ROWSCALE: tl.constexpr, RBIAS: tl.constexpr,
-                               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                               RSHIFT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
     """One (batch, query head) of ost.decode_attention_ (ROWSCALE: q, k and v fp32 products scaled first by
     the RMSNorm statistic (ROWSCALE 1; 2: LayerNorm's) of batch row b of ``rx_ptr``, ``rx_n`` wide, ``row_eps``; every program reads its
-    row, a few kilobytes, rather than launch a norm; RBIAS: then plus their biases qb_ptr, kb_ptr and vb_ptr,
+    row, a few kilobytes, rather than launch a norm; RSHIFT: the statistic of that row plus ``rs_ptr``
+    (``rx_n`` wide: a residual stream lagging its biases); RBIAS: then plus their biases qb_ptr, kb_ptr and vb_ptr,
     [heads * head_dim] each): q and the step's key normalized (NORM: each head's
     RMSNorm, weights qw_ptr and kw_ptr; WHOLE: one RMSNorm over all heads of q's row, one over k's, weights
     that wide) and rotated in registers, the
@@ -243,11 +244,15 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
         pivot = 0.0
         if ROWSCALE == 2:
             pivot = tl.load(rx_ptr + b * rx_sb).to(tl.float32)
+            if RSHIFT:
+                pivot += tl.load(rs_ptr).to(tl.float32)
         racc = tl.zeros([BLOCK_R], tl.float32)
         rtot = tl.zeros([BLOCK_R], tl.float32)
         for r0 in range(0, rx_n, BLOCK_R):
             rr = r0 + tl.arange(0, BLOCK_R)
             xv = tl.load(rx_ptr + b * rx_sb + rr, mask=rr < rx_n, other=0.0).to(tl.float32)
+            if RSHIFT:
+                xv += tl.load(rs_ptr + rr, mask=rr < rx_n, other=0.0).to(tl.float32)
             if ROWSCALE == 2:
                 xv = tl.where(rr < rx_n, xv - pivot, 0.0)
                 rtot += xv

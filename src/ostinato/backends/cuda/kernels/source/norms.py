@@ -73,11 +73,12 @@ def layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_cols, eps, HAS_WEIGHT: tl.
 
 
 @triton.jit
-def row_scale_kernel(p_ptr, x_ptr, b_ptr, out_ptr, n_per_row, n_x, x_stride, eps, HAS_BIAS: tl.constexpr,
-                     CENTER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_X: tl.constexpr):
+def row_scale_kernel(p_ptr, x_ptr, b_ptr, s_ptr, out_ptr, n_per_row, n_x, x_stride, eps, HAS_BIAS: tl.constexpr,
+                     CENTER: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_X: tl.constexpr):
     """ost.row_scale: out[row, j] = p[row, j] * rsqrt(mean(x[row] ** 2) + eps) (+ b[j] when HAS_BIAS) in
     fp32, rounded to out's dtype, for rows of ``n_per_row`` dense elements (CENTER: LayerNorm's statistic,
-    the mean of ``(x[row] - mean(x[row])) ** 2``). One program per row and block of BLOCK of its elements,
+    the mean of ``(x[row] - mean(x[row])) ** 2``; HAS_SHIFT: the statistic of ``x[row] + s``, ``n_x`` wide).
+    One program per row and block of BLOCK of its elements,
     each reading its row of x (``n_x`` wide, rows ``x_stride`` apart)."""
     row = tl.program_id(0).to(tl.int64)
     # (the attention kernel's ROWSCALE computes the same statistic: kernel sources import no other, as a
@@ -86,11 +87,15 @@ def row_scale_kernel(p_ptr, x_ptr, b_ptr, out_ptr, n_per_row, n_x, x_stride, eps
     pivot = 0.0
     if CENTER:
         pivot = tl.load(x_ptr + row * x_stride).to(tl.float32)
+        if HAS_SHIFT:
+            pivot += tl.load(s_ptr).to(tl.float32)
     acc = tl.zeros([BLOCK_X], tl.float32)
     tot = tl.zeros([BLOCK_X], tl.float32)
     for r0 in range(0, n_x, BLOCK_X):
         r = r0 + tl.arange(0, BLOCK_X)
         v = tl.load(x_ptr + row * x_stride + r, mask=r < n_x, other=0.0).to(tl.float32)
+        if HAS_SHIFT:
+            v += tl.load(s_ptr + r, mask=r < n_x, other=0.0).to(tl.float32)
         if CENTER:
             v = tl.where(r < n_x, v - pivot, 0.0)
             tot += v
