@@ -207,9 +207,9 @@ def main(what: str, dtype_name: str) -> None:
             fallbacks.append(1)
             return real(*args, **kwargs)
         reference_ops.decode_attention_ = counted
-        # OPT and StarCoder 2: biased output projections, accumulated without their biases; the attention
+        # OPT, StarCoder 2 and GPT-2 (Conv1D): biased output projections, accumulated without their biases; the attention
         # and the row-scale group take the statistic of the lagging stream plus its offset (row_shift)
-        for family in ("llama", "qwen3", "phi3", "gemma", "qwen2", "stablelm", "olmo", "opt", "starcoder2"):
+        for family in ("llama", "qwen3", "phi3", "gemma", "qwen2", "stablelm", "olmo", "opt", "starcoder2", "gpt2"):
             fallbacks.clear()
             try:
                 wrapper, steps = launch_census.build(family, 2, "sdpa", 20, dtype)

@@ -174,8 +174,9 @@ def test_interpreted_decoders_with_other_ropes_in_fp16():
 def test_interpreted_folded_norms():
     """Batched decode steps (20 sequences, fp16) whose norms fold into their projections (passes/fold_norms.py):
     Llama, Qwen 3, Phi-3 (packed projections), Gemma, Qwen 2 (biased q, k and v), StableLM (LayerNorm with a
-    shift, partial rotary), OLMo (LayerNorm without weights, in fp32), OPT and StarCoder 2 (biased output
-    projections: a residual stream lagging its biases, the statistic of it plus the offset) from transformers,
+    shift, partial rotary), OLMo (LayerNorm without weights, in fp32), OPT, StarCoder 2 and GPT-2 (biased
+    output projections, GPT-2's [in, out] Conv1D weights and its q/k/v split from one biased product: a
+    residual stream lagging its biases, the statistic of it plus the offset) from transformers,
     three steps each
     against eager,
     through the row-scaling attention kernel and the generated row-scale groups in Triton's interpreter, each
@@ -185,7 +186,7 @@ def test_interpreted_folded_norms():
     (the statistic about the row's mean)."""
     results = _interpret("fold", "float16")
     assert results == dict.fromkeys(("llama", "qwen3", "phi3", "gemma", "qwen2", "stablelm", "olmo", "opt",
-                                     "starcoder2", "long_rows",
+                                     "starcoder2", "gpt2", "long_rows",
                                      "biased_mlp", "layer_norm_mlp", "layer_norm_long_rows"), "ok"), results
 
 

@@ -306,16 +306,32 @@ def test_biased_projections_fold_with_their_bias_after_the_scale():
     assert (got.float() - want.float()).abs().max().item() <= 3e-2 * want.float().abs().max().item()
 
 
-def test_a_bias_the_slices_would_cut_is_not_folded():
-    """One biased projection sliced into q, k and v (row-keeping views the row scales would move past): each
-    would need a slice of the bias, so the norm stays. Split instead (not a view the scale moves past), the
-    one row scale adds the whole bias before the split."""
-    model, ids, prog = _export(_BiasedQKV(packed="slice"), 32)
-    assert "ost.fold_weights" not in prog.op_counts(), prog.op_counts()
-    _matches_eager(model, ids, prog)
-    model, ids, prog = _export(_BiasedQKV(packed="split"), 32)
+@pytest.mark.parametrize("packed", ["slice", "split"])
+def test_a_packed_biased_projection_cut_into_parts_folds_with_each_parts_bias(packed):
+    """One biased projection cut into q, k and v, by slices or by a split (GPT-2's): each part's row scale
+    adds its range of the bias (a slice of it), after the views that keep each row's elements in order."""
+    model, ids, prog = _export(_BiasedQKV(packed=packed), 32)
     scales = [n for n in prog.graph.nodes if n.op == "ost.row_scale"]
-    assert len(scales) == 1 and tuple(scales[0].args[4].meta.shape) == (3 * H,), prog.op_counts()
+    assert len(scales) == 3 and all(tuple(n.args[4].meta.shape) == (H,) for n in scales), prog.op_counts()
+    cuts = sorted(tuple(n.args[4].producer.args[2:4]) for n in scales)
+    assert cuts == [(0, H), (H, 2 * H), (2 * H, 3 * H)], cuts
+    _matches_eager(model, ids, prog)
+
+
+def test_a_bias_a_slice_would_cut_out_of_order_is_not_folded():
+    """A slice of the heads' dim of [B, 1, 3, H] rows whose middle dim is not the first past the rows'
+    (here [B, 1, 3, H] sliced along dim 3: each part is H / 2 elements of every third of the row, not one
+    range): the bias cannot follow, so the norm stays."""
+    class Strided(_BiasedQKV):
+        def forward(self, ids):
+            b = ids.shape[0]
+            x = self.embed(ids)
+            t = self.qkv(_rms(x, self.norm)).view(b, 1, 3, H)
+            z = torch.cat([t[..., : H // 2].reshape(b, 1, -1), t[..., H // 2:].reshape(b, 1, -1)], -1)
+            return self.head(x + self.o(z[..., :H]))
+
+    model, ids, prog = _export(Strided(packed="slice"), 32)
+    assert "ost.fold_weights" not in prog.op_counts(), prog.op_counts()
     _matches_eager(model, ids, prog)
 
 

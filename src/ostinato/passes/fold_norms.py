@@ -77,6 +77,7 @@ _CODES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # heads and tokens stays after the scale, where the attention looks for the token's rows)
 _ROW_VIEWS = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.unsqueeze", "aten.slice.Tensor"}
 _RESHAPES = ("aten.view", "aten._unsafe_view", "aten.reshape")
+_SPLITS = ("aten.split_with_sizes", "aten.split.Tensor")
 
 
 def fold_enabled() -> bool:
@@ -101,18 +102,19 @@ def _constant(v, rank: int) -> bool:
     return isinstance(v, Value) and v.role == "constant" and isinstance(v.meta, TensorMeta) and v.meta.rank == rank
 
 
-def _projection(node: Node, y: Value, hidden: int) -> tuple[list[Value], list[Value | None], str | None] | None:
-    """(the weights, the biases or Nones, the activation after them or None) of a projection of ``y`` this pass
-    folds into (constant [N, hidden] weights of y's dtype, constant [N] biases of that dtype or none; an
+def _projection(node: Node, y: Value, hidden: int) -> tuple[list[Value], list[Value | None], str | None, bool] | None:
+    """(the weights, the biases or Nones, the activation after them or None, whether the weights are [hidden, N])
+    of a projection of ``y`` this pass folds into (constant [N, hidden] weights of y's dtype, or an
+    ``ost.linear``'s [hidden, N] (GPT-2's Conv1D); constant [N] biases of that dtype or none; an
     ``ost.linear``'s activation runs after the row scale), else None."""
     if node.kwargs:
         return None
-    activation = None
+    activation, transposed = None, False
     if node.op == "ost.linear" and 2 <= len(node.args) <= 5:
         args = list(node.args) + [None, None, False][len(node.args) - 2:]
-        if args[4] or args[3] is not None and args[3] not in _ACTIVATIONS:
-            return None     # (GPT-2's Conv1D weights, [in, out]: not folded)
-        weights, biases, activation = [args[1]], [args[2]], args[3]
+        if args[3] is not None and args[3] not in _ACTIVATIONS:
+            return None
+        weights, biases, activation, transposed = [args[1]], [args[2]], args[3], bool(args[4])
     elif node.op == "aten.linear" and len(node.args) in (2, 3):
         weights, biases = [node.args[1]], [node.args[2] if len(node.args) == 3 else None]
     elif node.op == "ost.multi_linear" and len(node.args) == 3:
@@ -123,17 +125,20 @@ def _projection(node: Node, y: Value, hidden: int) -> tuple[list[Value], list[Va
     if node.args[0] is not y or len(node.outputs) != len(weights) or len(biases) != len(weights):
         return None
     for w, b in zip(weights, biases):
-        if not _constant(w, 2) or w.meta.dtype != y.meta.dtype or _static(w) is None or w.meta.shape[1] != hidden:
+        if not _constant(w, 2) or w.meta.dtype != y.meta.dtype or _static(w) is None \
+                or w.meta.shape[0 if transposed else 1] != hidden:
             return None
         if b is not None and (not _constant(b, 1) or b.meta.dtype != y.meta.dtype
-                              or tuple(b.meta.shape) != (w.meta.shape[0],)):
+                              or tuple(b.meta.shape) != (w.meta.shape[1 if transposed else 0],)):
             return None
-    return weights, biases, activation
+    return weights, biases, activation, transposed
 
 
-def _lone_linear(v, users: dict, pinned: set[int], reader: Node) -> tuple[Node, Value | None, list[Node]] | None:
-    """(the ``aten.linear`` of a constant weight making ``v``, its constant bias or None, the reshapes between
-    them) when ``reader`` alone reads ``v`` and each reshape's input is read by the next alone."""
+def _lone_linear(v, users: dict, pinned: set[int], reader: Node) -> tuple | None:
+    """(the projection making ``v``, its input, its constant weight, whether that weight is [in, out], its
+    constant bias or None, the reshapes between it and ``v``) when ``reader`` alone reads ``v`` and each
+    reshape's input is read by the next alone. A projection: ``aten.linear``, an ``ost.linear`` without an
+    activation (GPT-2's Conv1D: [in, out] weights), ``aten.addmm(bias, x, weight)`` of [in, out] weights."""
     if not isinstance(v, Value) or v.id in pinned or [id(u) for u in users.get(v.id, ())] != [id(reader)]:
         return None
     views = []
@@ -142,28 +147,78 @@ def _lone_linear(v, users: dict, pinned: set[int], reader: Node) -> tuple[Node, 
             and node.args[0].id not in pinned and [id(u) for u in users.get(node.args[0].id, ())] == [id(node)]:
         views.append(node)
         node = node.args[0].producer
-    if node is None or node.op != "aten.linear" or node.kwargs or len(node.args) not in (2, 3) \
-            or not _constant(node.args[1], 2):
+    if node is None or node.kwargs:
         return None
-    bias = node.args[2] if len(node.args) == 3 else None
-    if bias is not None and (not _constant(bias, 1) or tuple(bias.meta.shape) != (node.args[1].meta.shape[0],)):
+    args = list(node.args)
+    if node.op == "aten.linear" and len(args) in (2, 3):
+        h, weight, bias, transposed = args[0], args[1], args[2] if len(args) == 3 else None, False
+    elif node.op == "ost.linear" and 2 <= len(args) <= 5:
+        args += [None, None, False][len(args) - 2:]
+        if args[3] is not None:
+            return None
+        h, weight, bias, transposed = args[0], args[1], args[2], bool(args[4])
+    elif node.op == "aten.addmm" and len(args) == 3:
+        bias, h, weight, transposed = args[0], args[1], args[2], True
+        if bias is None:
+            return None
+    else:
         return None
-    return node, bias, views
+    if not _constant(weight, 2) or not isinstance(h, Value):
+        return None
+    n_out = weight.meta.shape[1 if transposed else 0]
+    if bias is not None and (not _constant(bias, 1) or tuple(bias.meta.shape) != (n_out,)):
+        return None
+    return node, h, weight, transposed, bias, views
 
 
 def _row_view(node: Node, rows: int) -> bool:
-    """A view that keeps dim 0 as the rows (its output's dim 0 is the input's, and stays first)."""
-    if node.op not in _ROW_VIEWS or node.kwargs or len(node.outputs) != 1:
+    """A view that keeps dim 0 as the rows (each output's dim 0 is the input's, and stays first): a reshape,
+    an unsqueeze or a slice past dim 0, a split past dim 0 (several outputs: GPT-2's packed q/k/v)."""
+    split = node.op in _SPLITS
+    if node.kwargs or not node.outputs or (len(node.outputs) != 1 and not split) \
+            or (node.op not in _ROW_VIEWS and not split):
         return False
-    out = _static(node.outputs[0])
-    if out is None or not out or out[0] != rows:
+    outs = [_static(o) for o in node.outputs]
+    if any(o is None or not o or o[0] != rows for o in outs):
         return False
-    rank = len(out)
+    rank = len(outs[0])
     if node.op == "aten.unsqueeze":
         return node.args[1] % rank != 0
     if node.op == "aten.slice.Tensor":
         return len(node.args) > 1 and node.args[1] % rank != 0
+    if split:
+        return len(node.args) == 3 and node.args[2] % rank != 0
     return True
+
+
+def _part(node: Node, k: int, shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """The [lo, hi) of its input's row (the elements after dim 0, in order) that output ``k`` of the row view
+    ``node`` holds in order, or None where they are not one range (a slice of a dim with others before it)."""
+    n = math.prod(shape[1:])
+    if node.op not in _SPLITS and node.op != "aten.slice.Tensor":
+        return 0, n
+    rank = len(shape)
+    if node.op == "aten.slice.Tensor":
+        args = list(node.args) + [None, None, 1][len(node.args) - 2:]
+        d, start, stop, step = args[1] % rank, args[2], args[3], args[4]
+        if step != 1:
+            return None
+        size = shape[d]
+        start = 0 if start is None else start + size if start < 0 else start
+        stop = size if stop is None else stop + size if stop < 0 else stop
+        start, stop = max(0, min(start, size)), max(0, min(stop, size))
+    else:
+        d = node.args[2] % rank
+        if node.op == "aten.split_with_sizes":
+            sizes = list(node.args[1])
+        else:
+            sizes = [min(node.args[1], shape[d] - i) for i in range(0, shape[d], node.args[1])]
+        start = sum(sizes[:k])
+        stop = start + sizes[k]
+    if math.prod(shape[1:d]) != 1:
+        return None
+    inner = math.prod(shape[d + 1:])
+    return start * inner, max(start, stop) * inner
 
 
 def fold_norms(g: Graph) -> Graph:
@@ -180,8 +235,8 @@ def fold_norms(g: Graph) -> Graph:
 
 
 def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[int], lags: dict):
-    """(the projection, its bias or None, the buffer to accumulate into, the offset it lags by or None, the
-    nodes the accumulation replaces) of a sum (an ost.add_rms_norm's or an aten.add) that can be the
+    """(``_lone_linear``'s answer for the projection, the buffer to accumulate into, the offset it lags by or
+    None, the nodes the accumulation replaces) of a sum (an ost.add_rms_norm's or an aten.add) that can be the
     projection's in-place accumulation into its other operand, else None. A biased projection accumulates
     without its bias: the result lags the sum by it (the caller carries the offset). The operand's
     buffer is written: it must be a temporary of its own (not a view, nor a result that may be its input
@@ -195,8 +250,8 @@ def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[in
         if found is None or _static(o) != shape or not isinstance(r, Value) or _static(r) != shape \
                 or r.meta.dtype != dtype:
             continue
-        lin, bias = found[0], found[1]
-        if bias is not None and bias.meta.dtype != dtype:
+        lin, h, bias = found[0], found[1], found[4]
+        if bias is not None and bias.meta.dtype != dtype or found[2].meta.dtype != dtype:
             continue
         for base, offset, dropped in _streams(r, users, pinned, node, lags):
             if base.role != "temp" or base.producer is None or base.meta.dtype != dtype \
@@ -207,12 +262,12 @@ def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[in
             if op is None or may_alias(base.producer.op) or (not op.pure and base.producer.op != "ost.linear_acc_"):
                 continue
             aliases = _aliases(base, users)
-            if any(a.id in pinned for a in aliases) or any(a is lin.args[0] for a in aliases):
+            if any(a.id in pinned for a in aliases) or any(a is h for a in aliases):
                 continue
             if mine is None:
                 mine = _ancestors(node)
             if all(id(u) in mine for a in aliases for u in users.get(a.id, []) if u is not node):
-                return lin, bias, base, offset, dropped + found[2]
+                return found, base, offset, dropped + found[5]
     return None
 
 
@@ -347,7 +402,7 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
         return False
     if any(e.id in pinned for p, _ in projections for o in p.outputs for e in _ends(o, users, pinned, shape[0])):
         return False        # a result the graph returns (an LM head's logits): its row scale would launch alone
-    biased = shift is not None or any(b is not None for _, (_, biases, _) in projections for b in biases)
+    biased = shift is not None or any(b is not None for _, (_, biases, _, _) in projections for b in biases)
     if biased and not all(_bias_carried(o, users, pinned, shape[0]) for p, _ in projections for o in p.outputs):
         return False        # a bias a slice or a packed gating would cut
     before: dict[int, list[Node]] = {}      # node id -> new nodes placed before it
@@ -369,7 +424,7 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
         found = _accumulator(g, add, summed, y.meta.dtype, users, pinned, lags)
         if found is None:
             return False        # the add would stay a launch: nothing saved
-        lin, lin_bias, r, lag, dropped = found
+        (lin, h, weight, transposed, lin_bias, _), r, lag, dropped = found
         s_old = add.outputs[0]
         lagging = lag is not None or lin_bias is not None
         if lagging and add is not node and s_old is not x_in:
@@ -380,10 +435,14 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
                 return False
             dead.update(id(n) for n in chain)
             s_old = x_in
-        acc = Node("ost.linear_acc_", (r, lin.args[0], lin.args[1]), {}, f"{add.name}_acc", add.source)
+        placed = []
+        if transposed:
+            weight = _transpose(g, weight, add, before)
+            placed = before.pop(id(add))
+        acc = Node("ost.linear_acc_", (r, h, weight), {}, f"{add.name}_acc", add.source)
         total = g.new_value(acc.name, TensorMeta(s_old.meta.dtype, tuple(r.meta.shape)), "temp", acc)
         acc.outputs = [total]
-        placed = [acc]
+        placed.append(acc)
         if tuple(r.meta.shape) != tuple(s_old.meta.shape):
             view = Node("aten.reshape", (total, list(s_old.meta.shape)), {}, f"{add.name}_rows", add.source)
             total = g.new_value(view.name, s_old.meta, "temp", view)
@@ -413,7 +472,9 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
         s = total if add is node or s_old is x_in else x_in   # (the row scales' arguments are not remapped)
         if lagging and s_old is x_in and add is not node and s_old is not add.outputs[0]:
             mapping.setdefault(add.outputs[0].id, total)    # (dead readers only: the reshapes taken)
-    for p, (weights, biases, activation) in projections:
+    for p, (weights, biases, activation, transposed) in projections:
+        if transposed:      # ([hidden, N] weights: their [N, hidden] views, which the folds read)
+            weights = [_transpose(g, wt, p, before) for wt in weights]
         splits = [int(wt.meta.shape[0]) for wt in weights]
         if biased:      # (fp32: the shift through the weights plus the projection's own bias; zeros for one
             folded = []     # with neither, as its biased siblings' kernel reads three)
@@ -458,6 +519,14 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
     return True
 
 
+def _transpose(g: Graph, w: Value, at: Node, before: dict) -> Value:
+    """A view of the 2-d ``w`` with its dims swapped, placed before ``at``."""
+    t = Node("aten.t", (w,), {}, f"{w.name}_t", at.source)
+    t.outputs = [g.new_value(t.name, TensorMeta(w.meta.dtype, tuple(w.meta.shape)[::-1]), "temp", t)]
+    before.setdefault(id(at), []).append(t)
+    return t.outputs[0]
+
+
 _PACKED = {"ost.swiglu_packed": "ost.swiglu", "ost.geglu_packed": "ost.geglu"}
 
 
@@ -466,16 +535,19 @@ def _ends(v: Value, users: dict, pinned: set[int], rows: int) -> list[Value]:
     readers = users.get(v.id, [])
     if v.id in pinned or not readers or not all(_row_view(r, rows) for r in readers):
         return [v]
-    return [e for r in readers for e in _ends(r.outputs[0], users, pinned, rows)]
+    return [e for r in readers for o in r.outputs for e in _ends(o, users, pinned, rows)]
 
 
 def _bias_carried(v: Value, users: dict, pinned: set[int], rows: int) -> bool:
-    """Whether a bias of ``v`` (a projection's result) can be the row scale's at each end of its views: the
-    views keep every element of a row in order (no slice), and no packed gating reads an end."""
+    """Whether a bias of ``v`` (a projection's result) can be the row scale's at each end of its views: each
+    end holds one range of a row's elements in order (a slice or split of the last dims: the bias's same
+    range), and no packed gating reads an end."""
     readers = users.get(v.id, [])
     if v.id in pinned or not readers or not all(_row_view(r, rows) for r in readers):
         return not (len(readers) == 1 and readers[0].op in _PACKED)
-    return all(r.op != "aten.slice.Tensor" and _bias_carried(r.outputs[0], users, pinned, rows) for r in readers)
+    shape = _static(v)
+    return all(_part(r, k, shape) is not None and _bias_carried(o, users, pinned, rows)
+               for r in readers for k, o in enumerate(r.outputs))
 
 
 def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value, eps: float, bias: Value | None,
@@ -490,9 +562,15 @@ def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value,
     dtype = old.meta.dtype
     mapping[old.id] = new
 
-    def scale(end: Value, at: Node, name: str) -> Value:
-        tail = (bias, center, shift) if shift is not None else (bias, True) if center else () if bias is None \
-            else (bias,)
+    def scale(end: Value, at: Node, name: str, part: tuple[int, int]) -> Value:
+        b = bias
+        if b is not None and part != (0, b.meta.shape[0]):     # (the bias of the range of the row ``end`` holds)
+            cut = Node("aten.slice.Tensor", (b, 0, part[0], part[1]), {}, f"{name}_bias", anchor.source)
+            cut.outputs = [g.new_value(cut.name, TensorMeta(b.meta.dtype, (part[1] - part[0],)), "temp", cut)]
+            after.setdefault(id(at), []).append(cut)
+            b = cut.outputs[0]
+        tail = (b, center, shift) if shift is not None else (b, True) if center else () if b is None \
+            else (b,)
         node = Node("ost.row_scale", (end, x, eps, dtype, *tail), {}, f"{name}_scaled", "")
         node.outputs = [g.new_value(node.name, TensorMeta(dtype, tuple(end.meta.shape)), "temp", node)]
         fixups.append((node, node.args))
@@ -506,14 +584,17 @@ def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value,
         after[id(at)].append(act)
         return act.outputs[0]
 
-    def place(v: Value, end: Value, at: Node) -> None:
-        """``v``: the value as the graph has it (read by its old readers); ``end``: what now holds it in fp32."""
+    def place(v: Value, end: Value, at: Node, part: tuple[int, int]) -> None:
+        """``v``: the value as the graph has it (read by its old readers); ``end``: what now holds it in fp32;
+        ``part``: the range of the product's row it holds (``_part``)."""
         readers = users.get(v.id, [])
         if v.id not in pinned and readers and all(_row_view(r, rows) for r in readers):
+            shape = _static(v)
             for r in readers:
-                out = r.outputs[0]
-                out.meta = TensorMeta(torch.float32, tuple(out.meta.shape))
-                place(out, out, r)
+                for k, out in enumerate(r.outputs):
+                    lo, hi = _part(r, k, shape) or (0, 0)     # (None only without a bias: _bias_carried)
+                    out.meta = TensorMeta(torch.float32, tuple(out.meta.shape))
+                    place(out, out, r, (part[0] + lo, part[0] + hi))
             return
         width = end.meta.shape[-1]
         if v.id not in pinned and len(readers) == 1 and readers[0].op in _PACKED and width % 2 == 0 \
@@ -525,13 +606,13 @@ def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value,
                 cut.outputs = [g.new_value(cut.name, TensorMeta(torch.float32, (*end.meta.shape[:-1], width // 2)),
                                            "temp", cut)]
                 after.setdefault(id(at), []).append(cut)
-                halves.append(scale(cut.outputs[0], at, cut.name))
+                halves.append(scale(cut.outputs[0], at, cut.name, (part[0] + lo, part[0] + hi)))
             gate.op = _PACKED[gate.op]
             gate.args = (*halves, *gate.args[1:])
             fixups.append((gate, gate.args))
             return
-        mapping[v.id] = scale(end, at, end.name)
+        mapping[v.id] = scale(end, at, end.name, part)
 
-    place(old, new, anchor)
+    place(old, new, anchor, (0, math.prod(old.meta.shape[1:])))
 
 
