@@ -27,7 +27,8 @@ from bench.suite import configs, report, run as suite_run, workloads  # noqa: E4
 
 # shape (bench/suite/workloads.HF_SHAPES) -> layers timed by default
 FAMILIES = {"falcon-7b": 4, "gpt-j-6b": 4, "bloom-560m": 12, "olmo2-1b": 8, "mixtral-8x7b": 2,
-            "qwen1.5-moe-a2.7b": 4, "stablelm-2-1.6b": 8, "olmo-1b": 8, "qwen3-30b-a3b": 4, "olmoe-1b-7b": 4}
+            "qwen1.5-moe-a2.7b": 4, "stablelm-2-1.6b": 8, "olmo-1b": 8, "qwen3-30b-a3b": 4, "olmoe-1b-7b": 4,
+            "gpt2-medium": 8, "opt-1.3b": 8, "starcoder2-3b": 8}
 MOE = {"mixtral-8x7b", "qwen1.5-moe-a2.7b", "qwen3-30b-a3b", "olmoe-1b-7b"}
 # a batched MoE step may route up to a quarter of its sequences apart from eager (bench/suite/measure.Reference;
 # the report gives each runner's count). Mixtral-8x7B at batch 32 with random weights (an H200, 3 check steps):

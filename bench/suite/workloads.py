@@ -127,6 +127,13 @@ HF_SHAPES = {
                                                partial_rotary_factor=0.25, use_qkv_bias=True)),
     "olmo-1b": ("OlmoConfig", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                                    num_attention_heads=16, num_key_value_heads=16, vocab_size=50304)),
+    # biased output projections (a batched step's folds then lag the residual stream by their biases): OPT-1.3B
+    # (positions from the cache), StarCoder2-3B (grouped KV heads, GELU(tanh) MLP); GPT-2 medium is above
+    "opt-1.3b": ("OPTConfig", dict(hidden_size=2048, ffn_dim=8192, num_hidden_layers=24, num_attention_heads=32,
+                                   vocab_size=50272, word_embed_proj_dim=2048)),
+    "starcoder2-3b": ("Starcoder2Config", dict(hidden_size=3072, intermediate_size=12288, num_hidden_layers=30,
+                                               num_attention_heads=24, num_key_value_heads=2, vocab_size=49152,
+                                               sliding_window=4096)),
     # mixture of experts: Mixtral-8x7B's layer (8 experts, 2 per token; transformers' default experts
     # implementation, grouped_mm; head_dim given: transformers 5.17's static cache needs it)
     "mixtral-8x7b": ("MixtralConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,

@@ -98,7 +98,11 @@ BATCHED_FAMILIES = {"llama": ("LlamaConfig", {"num_key_value_heads": 2}),
                     "stablelm": ("StableLmConfig", {"num_key_value_heads": 4, "use_qkv_bias": True,
                                                     "partial_rotary_factor": 0.25}),
                     # LayerNorm without weights, in fp32
-                    "olmo": ("OlmoConfig", {"num_key_value_heads": 4})}
+                    "olmo": ("OlmoConfig", {"num_key_value_heads": 4}),
+                    # biased output projections (a lagging residual stream), LayerNorms with shifts
+                    "starcoder2": ("Starcoder2Config", {"num_key_value_heads": 2}),
+                    # the same with [in, out] Conv1D weights and q/k/v split from one biased product
+                    "gpt2": ("GPT2Config", {})}
 
 
 def batched_llama(batch: int, dtype: torch.dtype, layers: int = 3, device: str = "cpu", steps: int = 1,

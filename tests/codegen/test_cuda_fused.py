@@ -206,14 +206,24 @@ def test_batched_llama_decode_on_cuda(pick, monkeypatch):
     assert dot <= 2 * cublas + scale * 2 ** -8, errors
 
 
-@pytest.mark.parametrize("family", ["llama", "stablelm", "olmo"])
+# family -> (launches a layer unfolded, a folded projection's weight, an output projection's weight)
+_FOLDED_FAMILIES = {"llama": (8, ("q_proj.weight", "gate_proj.weight"), "o_proj.weight"),
+                    "stablelm": (8, ("q_proj.weight", "gate_proj.weight"), "o_proj.weight"),
+                    "olmo": (8, ("q_proj.weight", "gate_proj.weight"), "o_proj.weight"),
+                    "starcoder2": (7, ("q_proj.weight", "c_fc.weight"), "o_proj.weight"),
+                    # (GPT-2's first norm reads the sum of two embeddings: not folded, its c_attn weight stays)
+                    "gpt2": (7, ("h.1.attn.c_attn.weight", "c_fc.weight"), "mlp.c_proj.weight")}
+
+
+@pytest.mark.parametrize("family", list(_FOLDED_FAMILIES))
 def test_batched_llama_folded_norms_on_cuda(family, monkeypatch):
     """A batch-32 bf16 decode of a tiny transformers Llama (RMSNorm), StableLM or OLMo (LayerNorms: centered
-    folded weights, StableLM's shift as fp32 biases beside its q/k/v biases, a partial rope) with its norms
-    folded into its cuBLAS products (passes/fold_norms.py: 6 launches a layer), replayed over three steps:
-    its logits as close to eager's as the unfolded program's (8 launches a layer), within twice that
-    distance plus one bf16 ulp of the logits' scale; the folded weights replace the originals among the
-    executable's constants."""
+    folded weights, StableLM's shift as fp32 biases beside its q/k/v biases, a partial rope), StarCoder 2 or
+    GPT-2 (biased output projections: a residual stream lagging its biases, the statistic of it plus their
+    fp32 sum; GPT-2's [in, out] Conv1D weights) with its norms folded into its cuBLAS products
+    (passes/fold_norms.py: 6 launches a layer), replayed over three steps: its logits as close to eager's as
+    the unfolded program's (7 or 8 launches a layer), within twice that distance plus one bf16 ulp of the
+    logits' scale; the folded weights replace the originals among the executable's constants."""
     import copy
     from fusion_backend import batched_llama
     wrapper, steps = batched_llama(32, torch.bfloat16, device="cuda", steps=3, family=family)
@@ -230,12 +240,13 @@ def test_batched_llama_folded_norms_on_cuda(family, monkeypatch):
         launches[fold] = at[1] - at[0]
         if fold == "1":     # no weight of a folded projection left besides its folded copy
             live = [v.name for v in prog.graph.constants if exe._template[v.slot] is not None]
-            assert not [n for n in live if n.endswith(("q_proj.weight", "gate_proj.weight"))], live
-            assert any(n.endswith("o_proj.weight") for n in live), live
+            _, folded_names, kept = _FOLDED_FAMILIES[family]
+            assert not [n for n in live if n.endswith(folded_names)], live
+            assert any(n.endswith(kept) for n in live), live
         errors[fold] = _logit_error(exe, wrapper, steps)
     (folded, scale), (plain, _) = errors["1"], errors["0"]
     print("max |logits - eager's| (folded, unfolded), max |logits|:", folded, plain, scale)
-    assert launches == {"1": 6, "0": 8}, launches
+    assert launches == {"1": 6, "0": _FOLDED_FAMILIES[family][0]}, launches
     assert folded <= 2 * plain + scale * 2 ** -8, errors
 
 
