@@ -36,17 +36,30 @@ A norm is folded when
   do) with a constant weight and shift or none, over fp16/bf16 rows of static shape [B, 1, ..., H], B more
   than the matmul groups take (a decode step's tokens along dim 0);
 - its normalized output is read only by projections (``aten.linear``, ``ost.multi_linear``, ``ost.linear``,
-  whose activation then runs after the row scale; not GPT-2's [in, out] Conv1D weights) of constant [N, H]
-  weights. A constant bias is added by the row scale after its scale (``rstd * p + b``: Qwen 2's q, k
-  and v, which the attention kernel then takes with their biases), where the views between the product and
-  the row scale keep each row's elements in order (no slice, no packed gating); a projection without one
-  beside biased ones adds zeros (the attention kernel adds q's, k's and v's or none);
+  whose activation then runs after the row scale, and whose [in, out] weights (GPT-2's Conv1D) the folds
+  read through a transposed view) of constant weights. A constant bias is added by the row scale after its
+  scale (``rstd * p + b``: Qwen 2's q, k and v, which the attention kernel then takes with their biases),
+  where each end of the views between the product and the row scale holds one range of a row's elements in
+  order (reshapes; slices or splits of the last dims: GPT-2's q/k/v split, each part's range of the bias),
+  and no packed gating reads it; a projection without one beside biased ones adds zeros (the attention
+  kernel adds q's, k's and v's or none);
 - the sum before it -- ``ost.add_rms_norm``'s, or an ``aten.add`` making the norm's input or what reshapes
-  make it of (OPT's) -- has one operand made by a projection (``aten.linear`` without a bias, a constant
-  weight) read by this add alone, and the other is a temporary made by a node that is not a view,
-  returned by nothing, whose every other reader runs before the add (an ancestor of it): the sum is then
-  accumulated into it in place. Otherwise the norm stays (folding it would leave the add a launch): GPT-2's,
-  OPT's and StarCoder2's biased output projections keep their norms.
+  make it of (OPT's) -- has one operand made by a projection (``aten.linear``, an ``ost.linear`` without an
+  activation, ``aten.addmm``; a constant weight and bias or none), through reshapes each read by the next
+  alone, read by this add alone, and the other is a temporary made by a node that is not a view, returned
+  by nothing, whose every other reader runs before the add (an ancestor of it), or a reshape of one: the
+  sum is then accumulated into it in place. Otherwise the norm stays (folding it would leave the add a
+  launch).
+
+**Biased output projections (OPT, StarCoder 2, GPT-2).** cuBLAS's beta=1 accumulation adds no bias, so a
+biased projection accumulates without it and the stream then lags the true sum by the bias: ``t = s - o``,
+``o`` the fp32 sum of the biases so far (``ost.fold_offset``, made at compile). The folded norm takes the
+statistic of ``t + o`` (row_scale's ``shift``: the attention kernel's, the generated group's and the library
+kernel's read ``o`` beside ``x``), and its product adds ``o`` through its weights, ``(t + o) @ F^T = t @ F^T +
+F @ o`` (``ost.fold_bias`` of the folded weights, linear_out's fp32 bias: addmm's epilogue). Any other reader
+of the sum (the next residual add) reads ``t + o`` rounded to the stream's dtype; the next fold takes that as a
+lagging stream (the accumulation goes into ``t``, the offset grows by the next bias), so a layer stays six
+launches and only a reader that is no fold (the final norm) adds the offset, in its own generated kernel.
 
 The row scale is placed after the chain of views (reshape, slices of a packed projection) that keep dim
 0 as the rows and read each product, so the attention finds it on q's, k's and v's rows (before their
