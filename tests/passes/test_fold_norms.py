@@ -636,3 +636,43 @@ def test_lagging_streams_match_eager_on_random_rows(rows):
     model, ids, prog = _export(model, rows)
     assert prog.op_counts().get("ost.linear_acc_") == 2
     _matches_eager(model, ids, prog)
+
+
+class _Conv1DStack(nn.Module):
+    """GPT-2's form: [in, out] weights used as ``addmm(bias, x, w)`` (transformers' Conv1D), two LayerNorm
+    blocks, the second reading the sum of the first's biased output."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(V, H)
+        self.norms = nn.ModuleList([nn.LayerNorm(H) for _ in range(3)])
+        self.up_w = nn.ParameterList([nn.Parameter(torch.randn(H, I) * 0.1) for _ in range(2)])
+        self.up_b = nn.ParameterList([nn.Parameter(torch.randn(I) * 0.1) for _ in range(2)])
+        self.down_w = nn.ParameterList([nn.Parameter(torch.randn(I, H) * 0.1) for _ in range(2)])
+        self.down_b = nn.ParameterList([nn.Parameter(torch.randn(H)) for _ in range(2)])
+        self.head = nn.Linear(H, V, bias=False)
+
+    @staticmethod
+    def conv1d(x, w, b):
+        return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[1])
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for k in range(2):
+            h = F.gelu(self.conv1d(self.norms[k](x), self.up_w[k], self.up_b[k]), approximate="tanh")
+            x = x + self.conv1d(h, self.down_w[k], self.down_b[k])
+        return self.head(self.norms[2](x))
+
+
+def test_conv1d_weights_fold_through_a_transposed_view_and_leave_the_constants():
+    """[in, out] weights fold (read through a transposed view) and accumulate (the second block's sum into
+    the first's stream, lagging by the first's output bias); after compile the up weights live only in
+    their folded copies, even though the folds read them through views. The result equals eager's."""
+    model, ids, prog = _export(_Conv1DStack(), 32)
+    ops = prog.op_counts()
+    assert ops.get("ost.fold_weights") == 2 and ops.get("ost.linear_acc_") == 1, ops
+    _matches_eager(model, ids, prog)
+    exe = ostinato.compile(prog)
+    live = {v.name for v in prog.graph.constants if exe._template[v.slot] is not None}
+    assert not {n for n in live if n.startswith("up_w")}, live
+    assert {"down_w.0", "down_w.1", "head.weight"} <= live, live

@@ -121,6 +121,7 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
     # left to run reads it: the copies are not all made before any original goes (peak memory).
     last_read = {i: k for k, launch in enumerate(launches) for i in slot_reads(launch)}
     unfolded_reads: set[int] = set()  # slots read by the launches before this one left to run
+    alias_of: dict[int, int] = {}     # a folded view's slot -> the weight's slot it views (GPT-2's W^T)
     for k, launch in enumerate(launches):
         if k and k - 1 not in folded:
             unfolded_reads.update(slot_reads(launches[k - 1]))
@@ -155,6 +156,8 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
                 known.add(o)
                 made.add(o)
         folded.add(k)
+        if may_alias(launch.op) and len(reads) == 1 and alias_of.get(reads[0], reads[0]) in constant_slots:
+            alias_of.update((o, alias_of.get(reads[0], reads[0])) for o in outs)
         if replacing:
             for i in reads:
                 if i in constant_slots and last_read[i] == k and i not in unfolded_reads and i not in keep:
@@ -169,8 +172,9 @@ def fold_constants(launches: list[Launch], template: list, constant_slots: set[i
             kept += _nbytes(template[o])
         else:
             template[o] = None      # read only by other folded launches
-    if drop_weights:
-        replaced = {i for k in folded if launches[k].op in _REPLACING for i in slot_reads(launches[k])}
+    if drop_weights:    # (through folded views: a weight goes with the last view of it nothing reads later)
+        replaced = {alias_of.get(i, i) for k in folded if launches[k].op in _REPLACING for i in slot_reads(launches[k])}
+        read_later |= {alias_of[i] for i in read_later if i in alias_of}
         for i in replaced & constant_slots:
             if i not in read_later and i not in keep:
                 template[i] = None
