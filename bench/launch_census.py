@@ -145,19 +145,8 @@ PASS_POSITIONS = {"opt"}
 
 
 def _positions_wrapper():
-    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
-
-    class StaticCacheWithPositions(TorchExportableModuleWithStaticCache):
-        """transformers' wrapper, passing ``position_ids`` (the cache positions) to the model."""
-
-        def forward(self, input_ids=None, inputs_embeds=None, cache_position=None):
-            for layer in self.static_cache.layers:
-                layer.cumulative_length.copy_(cache_position[0])
-            positions = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
-            return self.model(input_ids=input_ids, attention_mask=None, position_ids=positions,
-                              cache=self.static_cache, use_cache=True).logits
-
-    return StaticCacheWithPositions
+    from bench.suite.workloads import positions_wrapper
+    return positions_wrapper()
 
 
 def cache_kind(family: str) -> str:

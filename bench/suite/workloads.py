@@ -180,6 +180,28 @@ def narrow_decoder(cls: str, kw: dict) -> dict:
     return out
 
 
+# families whose decode step exports only with the positions passed: OPT derives them from the cache's seen
+# length (a data-dependent read) unless ``position_ids`` is given
+PASS_POSITIONS = ("OPTConfig",)
+
+
+def positions_wrapper():
+    """transformers' static-cache export wrapper, passing ``position_ids`` (the cache positions) to the model
+    (OPT's decode step: bench/launch_census.py's too)."""
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    class StaticCacheWithPositions(TorchExportableModuleWithStaticCache):
+        def forward(self, input_ids=None, inputs_embeds=None, cache_position=None):
+            for layer in self.static_cache.layers:
+                if hasattr(layer, "cumulative_length"):
+                    layer.cumulative_length.copy_(cache_position[0])
+            positions = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
+            return self.model(input_ids=input_ids, attention_mask=None, position_ids=positions,
+                              cache=self.static_cache, use_cache=True).logits
+
+    return StaticCacheWithPositions
+
+
 def hf_decoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
     """transformers' static-cache export wrapper around a from_config model with random weights, built
     on ``device`` in ``dtype`` (the cache's tensors are not all buffers: ``.to()`` would not move them).
@@ -203,8 +225,8 @@ def hf_decoder(p: dict, device: torch.device, dtype: torch.dtype) -> Workload:
                 elif w.dim() == 1:
                     w.uniform_(-0.5, 0.5) if "gemma" in p["shape"] else w.uniform_(0.5, 1.5)
         model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static")
-        wrapper = TorchExportableModuleWithStaticCache(model, batch_size=p["batch"], max_cache_len=p["cache"],
-                                                       device=device).eval()
+        wrapper_cls = positions_wrapper() if cls in PASS_POSITIONS else TorchExportableModuleWithStaticCache
+        wrapper = wrapper_cls(model, batch_size=p["batch"], max_cache_len=p["cache"], device=device).eval()
     g, t, vocab = _gen(), p["tokens"], shape["vocab_size"]
     steps = []
     start = p.get("start", 0)   # first position: a decode past a sliding window reads a slid mask
