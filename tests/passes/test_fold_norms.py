@@ -66,6 +66,14 @@ def _matches_eager(model, ids, prog, tol: float = 3e-2):
         assert err <= tol * w.float().abs().max().item(), (err, w.float().abs().max().item())
 
 
+def _matches_eager_on_mlx(model, ids, prog, tol: float = 3e-2):
+    pytest.importorskip("mlx.core")
+    got = ostinato.compile(prog, device="mlx")(ids)
+    with torch.no_grad():
+        want = model(ids)
+    assert (got.float() - want.float()).abs().max().item() <= tol * want.float().abs().max().item()
+
+
 def test_folds_norms_and_accumulates_the_residual_in_place():
     """32 rows: both blocks' norms fold (the first over the embedding, the second's residual add into the
     embedding's buffer, which nothing reads after it); the final norm stays (the head's logits are the
@@ -445,11 +453,7 @@ def test_layer_norms_fold_with_centered_weights(style):
     else:
         assert all(n.args[4] is None for n in scales) and "ost.fold_bias" not in ops
     _matches_eager(model, ids, prog)
-    pytest.importorskip("mlx.core")
-    got = ostinato.compile(prog, device="mlx")(ids)
-    with torch.no_grad():
-        want = model(ids)
-    assert (got.float() - want.float()).abs().max().item() <= 3e-2 * want.float().abs().max().item()
+    _matches_eager_on_mlx(model, ids, prog)
 
 
 def test_a_layer_norm_in_fp16_compute_is_not_folded():
@@ -596,11 +600,7 @@ def test_biased_output_projections_accumulate_into_a_lagging_stream(style):
     # offset in a kernel of its own before the final sum's view
     assert len(kinds) == 1 + 3 + 3 + 3 + 1 + 1 + (style == "reshaped"), kinds
     _matches_eager(model, ids, prog)
-    pytest.importorskip("mlx.core")
-    got = ostinato.compile(prog, device="mlx")(ids)
-    with torch.no_grad():
-        want = model(ids)
-    assert (got.float() - want.float()).abs().max().item() <= 3e-2 * want.float().abs().max().item()
+    _matches_eager_on_mlx(model, ids, prog)
 
 
 def test_a_lagging_stream_read_elsewhere_is_made_whole_for_that_reader():
