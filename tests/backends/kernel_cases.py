@@ -89,13 +89,15 @@ CASES = [
     KernelCase("ost.row_scale", "center-long-x", lambda g, dt, dev: (
         (_r(g, (3, 1, 1300), torch.float32, dev), _r(g, (3, 5000), dt, dev) - 2, 1e-6, dt, None, True), {})),
     # a lagging residual stream (passes/fold_norms.py: biased output projections accumulated without their
-    # biases): the statistic of x plus an fp32 shift of large entries, LayerNorm's and RMSNorm's
+    # biases): the statistic of x plus an fp32 shift of large entries, LayerNorm's and RMSNorm's, and the
+    # shift through the weights added to the product before the scale
     KernelCase("ost.row_scale", "shift-center-bias-heads", lambda g, dt, dev: (
         (_r(g, (4, 1, 3, 40), torch.float32, dev, 3.0), _r(g, (4, 1, 100), dt, dev, 2.0), 1e-5, dt,
-         _r(g, (120,), torch.float32, dev), True, _r(g, (100,), torch.float32, dev, 6.0) + 2), {})),
+         _r(g, (120,), torch.float32, dev), True, _r(g, (100,), torch.float32, dev, 6.0) + 2,
+         _r(g, (120,), torch.float32, dev, 5.0)), {})),
     KernelCase("ost.row_scale", "shift-long-x", lambda g, dt, dev: (
         (_r(g, (3, 1, 1300), torch.float32, dev), _r(g, (3, 5000), dt, dev), 1e-6, dt, None, False,
-         _r(g, (5000,), torch.float32, dev, 4.0)), {})),
+         _r(g, (5000,), torch.float32, dev, 4.0), _r(g, (1300,), torch.float32, dev, 3.0)), {})),
     KernelCase("ost.rms_norm", "w", lambda g, dt, dev: ((_r(g, (3, 5, 64), dt, dev), _r(g, (64,), dt, dev), 1e-6), {}),
                cpu_tol={torch.float16: 2e-3}),
     KernelCase("ost.rms_norm", "noweight-odd", lambda g, dt, dev: ((_r(g, (7, 100), dt, dev), None, 1e-5), {})),
@@ -410,13 +412,17 @@ CASES = [
          torch.tensor([20, 35], device=dev).view(2, 1, 1, 1), None, 2, None, None, None, None, 0.0, None, 0.0, False,
          8, False, _r(g, (2, 1, 40), dt, dev, 2.0), 1e-5,
          [_r(g, (96,), torch.float32, dev), _r(g, (48,), torch.float32, dev), _r(g, (48,), torch.float32, dev)],
-         True, _r(g, (40,), torch.float32, dev, 5.0) + 3), {}), tol=_ROPE_TOL),
+         True, _r(g, (40,), torch.float32, dev, 5.0) + 3,
+         [_r(g, (96,), torch.float32, dev, 4.0), _r(g, (48,), torch.float32, dev, 4.0),
+          _r(g, (48,), torch.float32, dev, 4.0)]), {}), tol=_ROPE_TOL),
     KernelCase("ost.decode_attention_", "row-scaled-shift-seq-major", lambda g, dt, dev: (
         (_r(g, (2, 16, 2, 16), dt, dev), _r(g, (2, 16, 2, 16), dt, dev), _r(g, (2, 1, 4, 16), torch.float32, dev),
          _r(g, (2, 1, 2, 16), torch.float32, dev), _r(g, (2, 1, 2, 16), torch.float32, dev),
          torch.tensor([5], device=dev), 1, None, None, None, False, None, None, 2, None, None, None, None, 0.0, None,
          0.0, False, None, False, _r(g, (2, 5000), dt, dev), 1e-5, None, False,
-         _r(g, (5000,), torch.float32, dev, 3.0)), {})),
+         _r(g, (5000,), torch.float32, dev, 3.0),
+         [_r(g, (64,), torch.float32, dev, 3.0), _r(g, (32,), torch.float32, dev, 3.0),
+          _r(g, (32,), torch.float32, dev, 3.0)]), {})),
     KernelCase("ost.decode_attention_", "row-scaled-layer-seq-major", lambda g, dt, dev: (
         (_r(g, (2, 16, 2, 16), dt, dev), _r(g, (2, 16, 2, 16), dt, dev), _r(g, (2, 1, 4, 16), torch.float32, dev),
          _r(g, (2, 1, 2, 16), torch.float32, dev), _r(g, (2, 1, 2, 16), torch.float32, dev),

@@ -35,7 +35,8 @@ def _compile_specs():
               "W_FIRST": "constexpr", "BLOCK": "constexpr"},
              {"HAS_WEIGHT": True, "UPCAST": True, "W_FIRST": dt != "fp32", "BLOCK": 256}),
             ("row_scale", norms.row_scale_kernel,
-             {"p_ptr": "*fp32", "x_ptr": ptr(dt), "b_ptr": ptr(dt), "s_ptr": "*fp32", "out_ptr": ptr(dt),
+             {"p_ptr": "*fp32", "x_ptr": ptr(dt), "b_ptr": ptr(dt), "s_ptr": "*fp32", "c_ptr": "*fp32",
+              "out_ptr": ptr(dt),
               "n_per_row": "i32", "n_x": "i32", "x_stride": "i32", "eps": "fp32", "HAS_BIAS": "constexpr",
               "CENTER": "constexpr", "HAS_SHIFT": "constexpr", "BLOCK": "constexpr", "BLOCK_X": "constexpr"},
              {"HAS_BIAS": dt != "fp32", "CENTER": dt != "fp16", "HAS_SHIFT": dt != "bf16", "BLOCK": 1024,
@@ -73,8 +74,8 @@ def _compile_specs():
             ("decode_attention_kv", attention.decode_attention_kv_kernel,
              {**{k: ptr(dt) for k in ("q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr")}, "index_ptr": "*i64",
               "pos_ptr": "*i64", "cos_ptr": ptr(dt), "sin_ptr": ptr(dt), "mask_ptr": ptr(dt), "qw_ptr": ptr(dt),
-              "kw_ptr": ptr(dt), "rx_ptr": ptr(dt), "rs_ptr": "*fp32", "qb_ptr": ptr(dt), "kb_ptr": ptr(dt), "vb_ptr": ptr(dt),
-              "out_ptr": ptr(dt), "head_dim": "i32", "n_rep": "i32", "hq": "i32",
+              "kw_ptr": ptr(dt), "rx_ptr": ptr(dt), "rs_ptr": "*fp32", "qb_ptr": ptr(dt), "kb_ptr": ptr(dt),
+              "vb_ptr": ptr(dt), "qp_ptr": "*fp32", "kp_ptr": "*fp32", "vp_ptr": "*fp32", "out_ptr": ptr(dt), "head_dim": "i32", "n_rep": "i32", "hq": "i32",
               "scale": "fp32", "cap": "fp32", "ring": "i32", "eps": "fp32", "w_offset": "fp32", "rot": "i32",
               "rx_sb": "i32", "rx_n": "i32", "row_eps": "fp32",
               **{k: "i32" for k in ("q_sb", "q_sh", "k_sb", "k_sh", "v_sb", "v_sh", "cq_b", "cq_h", "sq_b", "sq_h",
@@ -221,6 +222,8 @@ def test_row_scaled_decode_attention_takes_the_kernel(dtype):
         if len(args) > 26 and args[26] is not None:     # q's, k's and v's biases: one per element of each's row
             assert _biases_fit(args[26], (q, k, v)), case.name
             assert not _biases_fit(args[26][::-1], (q, k, v)), case.name
+        if len(args) > 29:      # a lagging stream's shift, and q's, k's and v's pre-scale biases: the kernel's too
+            assert args[28].shape == row_x.shape[-1:] and _biases_fit(args[29], (q, k, v)), case.name
 
 
 _FEW_FINITE = r"""

@@ -246,7 +246,8 @@ def _norms(q_in: Value, k_in: Value, v: Value, ropes: list[Node], k_write: Node,
 
 def _row_scaled(rows, members: list[Node], cache: Value, users, graph_reads, lone: set[int]):
     """((q, k, v) as the fp32 products, x, eps, their biases or None, whether the statistic is LayerNorm's
-    (row_scale's ``center``), the shift of x or None, the ost.row_scale nodes and the
+    (row_scale's ``center``), (the shift of x, q's, k's and v's pre-scale biases) or None, the ost.row_scale
+    nodes and the
     transposes taken) when q, k and v (as the attention's members read them) are each a lone
     ``ost.row_scale`` to the caches' dtype of one ``x`` and ``eps``, read by a member alone, all three with a
     bias or none; else None."""
@@ -265,7 +266,7 @@ def _row_scaled(rows, members: list[Node], cache: Value, users, graph_reads, lon
                 return None
             taken.append(turn)
         if node is None or node.op != "ost.row_scale" or id(node) not in lone or node.kwargs \
-                or len(node.args) not in (4, 5, 6, 7):
+                or len(node.args) not in (4, 5, 6, 8):
             return None
         nodes.append(node)
         products.append(node.args[0])
@@ -279,8 +280,9 @@ def _row_scaled(rows, members: list[Node], cache: Value, users, graph_reads, lon
     shifts = [n.args[6] if len(n.args) > 6 else None for n in nodes]
     if len(centers) != 1 or any(t is not shifts[0] for t in shifts):
         return None         # (one statistic for the three)
-    return (tuple(products), x, float(eps), None if biases[0] is None else biases, centers.pop(), shifts[0],
-            nodes + taken)
+    pres = [n.args[7] for n in nodes] if shifts[0] is not None else None
+    return (tuple(products), x, float(eps), None if biases[0] is None else biases, centers.pop(),
+            None if shifts[0] is None else (shifts[0], pres), nodes + taken)
 
 
 def _transposed(v: Value, sdpa: Node, users, graph_reads, lone: set[int]) -> Node | None:
@@ -364,7 +366,7 @@ def _match(sdpa: Node, users, graph_reads, lone: set[int]) -> tuple[Node, list[N
     if scaled is not None:      # q, k and v as fp32 products of a folded norm's input (passes/fold_norms.py)
         (q_in, k_in, v_in), row_x, row_eps, row_bias, center, shift, taken = scaled
         members = taken + members
-        extra = (*norms, rotary, bool(wide), row_x, row_eps, *((row_bias, center, shift) if shift is not None
+        extra = (*norms, rotary, bool(wide), row_x, row_eps, *((row_bias, center, *shift) if shift is not None
                                                                  else (row_bias, True) if center
                                                                  else () if row_bias is None else (row_bias,)))
     else:

@@ -147,6 +147,10 @@ def _row_scale_kind(node: Node) -> Kind | None:
     if shift is not None and not (isinstance(shift, Value) and code_of(shift) in FLOATS
                                   and tuple(shift.meta.shape) == xs[-1:]):
         return None
+    pre = node.args[7] if len(node.args) > 7 else None
+    if pre is not None and not (isinstance(pre, Value) and code_of(pre) in FLOATS
+                                and tuple(pre.meta.shape) == ps[-1:] and all(d == 1 for d in ps[1:-1])):
+        return None
     return Kind((len(ps) - 1,), p, True)
 
 
@@ -154,7 +158,7 @@ def _row_scale_kind(node: Node) -> Kind | None:
 def _row_scale(b: Builder, node: Node):
     """ost.row_scale (ir/fold_ops.py): p * rsqrt(mean(x ** 2) + eps) (+ bias) in fp32, rounded to its dtype;
     ``center``: LayerNorm's statistic, x less its mean (the coordinates past x's width masked to 0);
-    ``shift``: the statistic of x + shift (both gathered, 0 past their width)."""
+    ``shift``: the statistic of x + shift (both gathered, 0 past their width), ``pre`` added to p first."""
     p, x, eps = node.args[:3]
     bias = node.args[4] if len(node.args) > 4 else None
     center = bool(node.args[5]) if len(node.args) > 5 else False
@@ -172,7 +176,11 @@ def _row_scale(b: Builder, node: Node):
         xf = b.emit("where", "f32", inside, b.emit("sub", "f32", xf, mean), b.const(0.0, "f32"))
     var = b.emit("div", "f32", b.emit("sum", "f32", b.emit("mul", "f32", xf, xf)), width)
     scale = b.emit("rsqrt", "f32", b.emit("add", "f32", var, b.const(float(eps), "f32")))
-    h = b.emit("mul", "f32", _f(b, b.value(p), "f32"), scale)
+    pv = _f(b, b.value(p), "f32")
+    pre = node.args[7] if len(node.args) > 7 else None
+    if pre is not None:         # (the shift through the weights, before the scale)
+        pv = b.emit("add", "f32", pv, _f(b, b.value(pre), "f32"))
+    h = b.emit("mul", "f32", pv, scale)
     if bias is not None:
         h = b.emit("add", "f32", h, _f(b, b.value(bias), "f32"))
     return [b.cast(h, _out(node))]

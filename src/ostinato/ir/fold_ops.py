@@ -81,20 +81,15 @@ def fold_bias(weight: torch.Tensor, norm_bias: torch.Tensor | None, bias: torch.
 register_op(OpDef("ost.fold_bias", fold_bias, category="fused"))
 
 
-def linear_out(x: torch.Tensor, weight: torch.Tensor, splits: list[int], dtype: torch.dtype,
-               bias: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """``x @ weight^T`` (``+ bias``, a ``dtype`` vector) kept in ``dtype`` (fp32: the product of half operands
-    before any rounding), split along the last dim into ``splits``. On CUDA one cuBLAS call with an fp32
-    output (``torch.mm``'s / ``torch.addmm``'s ``out_dtype``); here the operands are cast up (the same exact
-    products, summed in another order). The bias is a lagging residual's shift through the weights
-    (passes/fold_norms.py: ``(t + o) @ W^T = t @ W^T + W @ o``)."""
+def linear_out(x: torch.Tensor, weight: torch.Tensor, splits: list[int], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """``x @ weight^T`` kept in ``dtype`` (fp32: the product of half operands before any rounding), split along
+    the last dim into ``splits``. On CUDA one cuBLAS call with an fp32 output (``torch.mm``'s ``out_dtype``;
+    not addmm's, which copies its bias into the result in a kernel of its own first); here the operands are
+    cast up (the same exact products, summed in another order)."""
     if x.device.type == "cuda" and dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16):
-        rows = x.reshape(-1, x.shape[-1])
-        y = torch.mm(rows, weight.t(), out_dtype=dtype) if bias is None else \
-            torch.addmm(bias.to(dtype), rows, weight.t(), out_dtype=dtype)
-        y = y.view(*x.shape[:-1], weight.shape[0])
+        y = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=dtype).view(*x.shape[:-1], weight.shape[0])
     else:
-        y = torch.nn.functional.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+        y = torch.nn.functional.linear(x.to(dtype), weight.to(dtype))
     return y.split(list(splits), dim=-1)
 
 
@@ -103,7 +98,7 @@ register_op(OpDef("ost.linear_out", linear_out, category="fused"))
 
 
 def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, bias: torch.Tensor | None = None,
-              center: bool = False, shift: torch.Tensor | None = None, *,
+              center: bool = False, shift: torch.Tensor | None = None, pre: torch.Tensor | None = None, *,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """``p * rsqrt(mean(x ** 2, -1) + eps)`` in fp32, rounded to ``dtype``: RMSNorm's statistic applied to a
     product of its (unnormalized) input. ``center``: LayerNorm's instead, ``rsqrt(mean((x - mean(x)) ** 2) +
@@ -112,12 +107,15 @@ def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, 
     broadcast. ``bias`` (the projection's, 1-d, one element per element of a row of ``p`` in its order; any
     float dtype) is added in fp32 after the scale, before the rounding: a biased projection's result (Qwen 2's
     q, k and v), a folded LayerNorm's shift (fold_bias). ``shift`` (1-d, as wide as ``x``'s rows): the
-    statistic is ``x + shift``'s, in fp32 (a residual stream that lags its biases, passes/fold_norms.py)."""
+    statistic is ``x + shift``'s, in fp32 (a residual stream that lags its biases, passes/fold_norms.py), and
+    ``pre`` (laid out as ``bias``: the shift through the projection's weights) is added to ``p`` before the
+    scale: ``(p + pre) * rstd(x + shift) + bias``."""
     h = x.float() if shift is None else x.float() + shift.float()
     if center:
         h = h - h.mean(-1, keepdim=True)
     rstd = torch.rsqrt(h.pow(2).mean(-1) + eps).reshape(x.shape[0], *(1,) * (p.dim() - 1))
-    scaled = p.float() * rstd
+    pf = p.float() if pre is None else (p.float().reshape(p.shape[0], -1) + pre.float()).reshape(p.shape)
+    scaled = pf * rstd
     if bias is not None:
         scaled = (scaled.reshape(p.shape[0], -1) + bias.float()).reshape(p.shape)
     return _into(out, scaled.to(dtype))

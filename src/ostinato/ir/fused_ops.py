@@ -313,7 +313,7 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
                       rotary: int | None = None,
                       wide: bool = False, row_x: torch.Tensor | None = None,
                       row_eps: float = 0.0, row_bias: list | None = None, row_center: bool = False,
-                      row_shift: torch.Tensor | None = None
+                      row_shift: torch.Tensor | None = None, row_pre: list | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step's attention with the step's cache writes: ``rope`` on q and k when ``cos`` and
     ``sin`` are given, ``kv_update_`` of k and v into the caches (in place), then ``sdpa`` of q over the
@@ -344,10 +344,11 @@ def decode_attention_(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     norm's weight folded in, and are first ``row_scale``d by ``row_x``'s rows (``row_eps``) to the caches'
     dtype, before anything else; ``row_bias`` (q's, k's and v's projection biases, as row_scale takes them),
     added after the scale; ``row_center``: the statistic is LayerNorm's (row_scale's ``center``);
-    ``row_shift``: that of ``row_x + row_shift`` (row_scale's ``shift``)."""
+    ``row_shift``: that of ``row_x + row_shift`` (row_scale's ``shift``), with q's, k's and v's ``row_pre``
+    added before the scale (row_scale's ``pre``)."""
     if row_x is not None:
-        q, k, v = (row_scale(t, row_x, row_eps, k_cache.dtype, b, row_center, row_shift)
-                   for t, b in zip((q, k, v), row_bias or (None, None, None)))
+        q, k, v = (row_scale(t, row_x, row_eps, k_cache.dtype, b, row_center, row_shift, c)
+                   for t, b, c in zip((q, k, v), row_bias or (None, None, None), row_pre or (None, None, None)))
     if q_norm is not None:
         q = rms_norm(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         k = rms_norm(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)

@@ -266,9 +266,11 @@ def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[in
         lin, h, bias = found[0], found[1], found[4]
         if bias is not None and bias.meta.dtype != dtype or found[2].meta.dtype != dtype:
             continue
+        if found[2].meta.shape[1 if found[3] else 0] != shape[-1]:
+            continue
         for base, offset, dropped in _streams(r, users, pinned, node, lags):
             if base.role != "temp" or base.producer is None or base.meta.dtype != dtype \
-                    or math.prod(_static(base) or (-1,)) != math.prod(shape):
+                    or math.prod(_static(base) or (-1,)) != math.prod(shape) or _static(base)[-1] != shape[-1]:
                 continue
             op = get_op(base.producer.op)
             # (the residual stream may already be an accumulation's result: it is its own buffer, not a view)
@@ -290,15 +292,16 @@ def _streams(r: Value, users: dict, pinned: set[int], reader: Node, lags: dict):
     reads), through reshapes (their other readers are the buffer's aliases, which the caller checks) and
     one lagging stream read by the next alone; ``r`` itself last."""
     chain, offset, dropped, v = [], None, [], r
+    lone = True         # every value so far read by the next alone: what they are made of can go with them
     while isinstance(v, Value) and v.id not in pinned:
         node = v.producer
-        alone = [id(u) for u in users.get(v.id, ())] == [id(reader)]
-        if v.id in lags and offset is None and alone:
+        lone = lone and [id(u) for u in users.get(v.id, ())] == [id(reader)]
+        if v.id in lags and offset is None and lone:
             base, offset, nodes = lags[v.id]
             dropped = dropped + nodes
             reader, v = nodes[0], base
         elif node is not None and node.op in _RESHAPES and not node.kwargs and isinstance(node.args[0], Value):
-            if alone and (not dropped or reader in dropped):
+            if lone:
                 dropped = dropped + [node]
             reader, v = node, node.args[0]
         else:
@@ -469,7 +472,7 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
             lag = off.outputs[0]
         if lag is None:
             mapping[s_old.id] = total
-        elif any(u is not node for u in users.get(s_old.id, ())):
+        elif s_old.id in pinned or any(u is not node for u in users.get(s_old.id, ())):
             # the sum's other readers (the next residual add) read ``total + lag``, rounded: a lagging stream,
             # which the next fold takes as its accumulation's buffer and offset
             up = Node("aten.add.Tensor", (total, lag), {}, f"{add.name}_lag", add.source)
@@ -504,21 +507,21 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
                   f"{p.name}_folded", p.source)
         fw.outputs = [g.new_value(fw.name, TensorMeta(y.meta.dtype, (sum(splits), shape[-1])), "temp", fw)]
         before.setdefault(id(p), []).append(fw)
-        lagged = ()
-        if lag is not None:     # (t + lag) @ F^T = t @ F^T + F @ lag: the product adds the constant F @ lag
+        pres: list = [None] * len(splits)
+        if lag is not None:     # (t + lag) @ F^T = t @ F^T + F @ lag: the row scales add the constant F @ lag
             sb = Node("ost.fold_bias", (fw.outputs[0], lag, None), {}, f"{p.name}_lag", p.source)
             sb.outputs = [g.new_value(sb.name, TensorMeta(torch.float32, (sum(splits),)), "temp", sb)]
             before[id(p)].append(sb)
-            lagged = (sb.outputs[0],)
-        lo = Node("ost.linear_out", (s, fw.outputs[0], splits, torch.float32, *lagged), {}, f"{p.name}_f32",
-                  p.source)
+            pres = [sb.outputs[0]] if len(splits) == 1 else \
+                [_cut(g, sb.outputs[0], sum(splits[:k]), sum(splits[:k + 1]), p, before) for k in range(len(splits))]
+        lo = Node("ost.linear_out", (s, fw.outputs[0], splits, torch.float32), {}, f"{p.name}_f32", p.source)
         lo.outputs = [g.new_value(f"{lo.name}.{k}", TensorMeta(torch.float32, (*shape[:-1], n)), "temp", lo)
                       for k, n in enumerate(splits)]
         before[id(p)].append(lo)
         dead.add(id(p))
-        for old, new, bias in zip(p.outputs, lo.outputs, biases):
+        for old, new, bias, pre in zip(p.outputs, lo.outputs, biases, pres):
             _scale_after_views(g, p, old, new, s, eps, bias, layer, activation, shape[0], users, pinned, mapping,
-                               after, fixups, lag)
+                               after, fixups, lag, pre)
     nodes: list[Node] = []
     for n in g.nodes:
         nodes.extend(before.get(id(n), ()))
@@ -530,6 +533,14 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
     for n, a in fixups:
         n.args = a
     return True
+
+
+def _cut(g: Graph, v: Value, lo: int, hi: int, at: Node, place: dict) -> Value:
+    """The 1-d ``v``'s elements [lo, hi), a view placed with ``at``'s new nodes in ``place``."""
+    cut = Node("aten.slice.Tensor", (v, 0, lo, hi), {}, f"{v.name}_{lo}_{hi}", at.source)
+    cut.outputs = [g.new_value(cut.name, TensorMeta(v.meta.dtype, (hi - lo,)), "temp", cut)]
+    place.setdefault(id(at), []).append(cut)
+    return cut.outputs[0]
 
 
 def _transpose(g: Graph, w: Value, at: Node, before: dict) -> Value:
@@ -565,24 +576,21 @@ def _bias_carried(v: Value, users: dict, pinned: set[int], rows: int) -> bool:
 
 def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value, eps: float, bias: Value | None,
                        center: bool, activation: str | None, rows: int, users: dict, pinned: set[int], mapping: dict,
-                       after: dict, fixups: list, shift: Value | None = None) -> None:
+                       after: dict, fixups: list, shift: Value | None = None, pre: Value | None = None) -> None:
     """Read ``new`` (the fp32 product) where ``old`` (the projection ``anchor``'s result) was read: through the
     row-keeping views that read it (each branch of a packed projection's slices), now over fp32 values, then
     ``ost.row_scale`` back to old's dtype at the end of each branch (the statistic of ``x + shift`` with a
-    ``shift``: a lagging stream's), adding the projection's ``bias`` (its
+    ``shift``: a lagging stream's, ``pre`` added before the scale), adding the projection's ``bias`` (its
     views keep a row's elements in order: ``_bias_carried``). A packed gating (``swiglu_packed``) reading a
     branch's end becomes the gating of its two halves' row scales, which a generated group takes whole."""
     dtype = old.meta.dtype
     mapping[old.id] = new
 
     def scale(end: Value, at: Node, name: str, part: tuple[int, int]) -> Value:
-        b = bias
-        if b is not None and part != (0, b.meta.shape[0]):     # (the bias of the range of the row ``end`` holds)
-            cut = Node("aten.slice.Tensor", (b, 0, part[0], part[1]), {}, f"{name}_bias", anchor.source)
-            cut.outputs = [g.new_value(cut.name, TensorMeta(b.meta.dtype, (part[1] - part[0],)), "temp", cut)]
-            after.setdefault(id(at), []).append(cut)
-            b = cut.outputs[0]
-        tail = (b, center, shift) if shift is not None else (b, True) if center else () if b is None \
+        # (the bias and the pre-scale bias of the range of the row ``end`` holds)
+        b, c = ((t if t is None or part == (0, t.meta.shape[0]) else _cut(g, t, part[0], part[1], at, after))
+                for t in (bias, pre))
+        tail = (b, center, shift, c) if shift is not None else (b, True) if center else () if b is None \
             else (b,)
         node = Node("ost.row_scale", (end, x, eps, dtype, *tail), {}, f"{name}_scaled", "")
         node.outputs = [g.new_value(node.name, TensorMeta(dtype, tuple(end.meta.shape)), "temp", node)]

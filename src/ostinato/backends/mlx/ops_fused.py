@@ -207,10 +207,10 @@ def sdpa(q, k, v, mask=None, q_pos=None, scale=None, n_rep=1, is_causal=False, s
 def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
                      q_pos=None, scale=None, n_rep=1, mask=None, softcap=None, q_norm=None, k_norm=None, norm_eps=0.0,
                      norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None, wide=False, row_x=None,
-                     row_eps=0.0, row_bias=None, row_center=False, row_shift=None):
+                     row_eps=0.0, row_bias=None, row_center=False, row_shift=None, row_pre=None):
     if row_x is not None:      # q, k and v as fp32 products of a folded norm's input (passes/fold_norms.py)
-        q, k, v = (row_scale_of(t, row_x, row_eps, k_cache.dtype, b, row_center, row_shift)
-                   for t, b in zip((q, k, v), row_bias or (None, None, None)))
+        q, k, v = (row_scale_of(t, row_x, row_eps, k_cache.dtype, b, row_center, row_shift, c)
+                   for t, b, c in zip((q, k, v), row_bias or (None, None, None), row_pre or (None, None, None)))
     if q_norm is not None:     # ir/fused_ops.decode_attention_: the heads' norms, then [B, H, 1, D] rows
         q = rms_norm_of(q, q_norm, norm_eps, norm_dtype, norm_offset, norm_first)
         k = rms_norm_of(k, k_norm, norm_eps, norm_dtype, norm_offset, norm_first)
@@ -234,7 +234,7 @@ def decode_attention(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None,
 
 
 # -- a norm folded into the projections it feeds (passes/fold_norms.py; ir/fold_ops.py's references) ------
-def row_scale_of(p, x, eps, dtype, bias=None, center=False, shift=None):
+def row_scale_of(p, x, eps, dtype, bias=None, center=False, shift=None, pre=None):
     """``dtype``: torch's (the op's argument) or MLX's (the caches' in the merged attention)."""
     h = x.astype(mx.float32)
     if shift is not None:       # (a residual stream lagging its biases)
@@ -242,15 +242,18 @@ def row_scale_of(p, x, eps, dtype, bias=None, center=False, shift=None):
     if center:      # LayerNorm's statistic
         h = h - mx.mean(h, axis=-1, keepdims=True)
     rstd = mx.rsqrt(mx.mean(h * h, axis=-1) + eps)
-    scaled = p.astype(mx.float32) * mx.reshape(rstd, (x.shape[0],) + (1,) * (p.ndim - 1))
+    pf = p.astype(mx.float32)
+    if pre is not None:        # (laid out as the bias: before the scale)
+        pf = mx.reshape(mx.reshape(pf, (p.shape[0], -1)) + pre.astype(mx.float32), p.shape)
+    scaled = pf * mx.reshape(rstd, (x.shape[0],) + (1,) * (p.ndim - 1))
     if bias is not None:       # one element per element of a row, in its order
         scaled = mx.reshape(mx.reshape(scaled, (p.shape[0], -1)) + bias.astype(mx.float32), p.shape)
     return scaled.astype(dtype if isinstance(dtype, mx.Dtype) else mxd(dtype))
 
 
 @handles("ost.row_scale")
-def row_scale(p, x, eps, dtype, bias=None, center=False, shift=None):
-    return row_scale_of(p, x, eps, dtype, bias, center, shift)
+def row_scale(p, x, eps, dtype, bias=None, center=False, shift=None, pre=None):
+    return row_scale_of(p, x, eps, dtype, bias, center, shift, pre)
 
 
 @handles("ost.fold_weights")
@@ -284,10 +287,8 @@ def fold_offset(parts):
 
 
 @handles("ost.linear_out", multi=True)
-def linear_out(x, weight, splits, dtype, bias=None):
+def linear_out(x, weight, splits, dtype):
     y = mx.matmul(x.astype(mxd(dtype)), mx.transpose(weight.astype(mxd(dtype))))
-    if bias is not None:
-        y = y + bias.astype(mxd(dtype))
     ends = [sum(splits[:i + 1]) for i in range(len(splits) - 1)]
     return tuple(mx.split(y, ends, axis=-1))
 

@@ -291,18 +291,18 @@ def _rope_strides(t, shape) -> tuple[int, int]:
 def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None, sin=None, interleaved=False,
                       q_pos=None, scale=None, n_rep=1, mask=None, softcap=None, q_norm=None, k_norm=None,
                       norm_eps=0.0, norm_dtype=None, norm_offset=0.0, norm_first=False, rotary=None, wide=False,
-                      row_x=None, row_eps=0.0, row_bias=None, row_center=False, row_shift=None):
+                      row_x=None, row_eps=0.0, row_bias=None, row_center=False, row_shift=None, row_pre=None):
     """ost.decode_attention_ on CUDA: the heads' norms, rope, the cache writes and the attention in one
     kernel (source/attention.py) where its plan allows, else the reference."""
     normed = q_norm is not None
     scaled = row_x is not None
     biased = scaled and row_bias is not None
-    shifted = scaled and row_shift is not None
+    shifted = scaled and row_shift is not None and row_pre is not None
     key = op_key("ost.decode_attention_", k_cache, v_cache, q, k, v, index,
                  *(() if cos is None else (cos, sin)), *(() if q_pos is None else (q_pos,)),
                  *(() if mask is None else (mask,)), *((q_norm, k_norm) if normed else ()),
                  *((row_x,) if scaled else ()), *(b for b in row_bias or () if b is not None),
-                 *((row_shift,) if shifted else ()), dim=dim,
+                 *((row_shift, *row_pre) if shifted else ()), dim=dim,
                  n_rep=n_rep, scaled=scaled, biased=biased, centered=bool(row_center), shifted=shifted,
                  masked=mask is not None, normed=normed, norm_dtype=str(norm_dtype), norm_first=bool(norm_first),
                  rotary=rotary, wide=bool(wide))
@@ -313,7 +313,10 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
                                                             n_rep, mask, normed, rotary, wide, row_x)
         if plan is not None and biased and not _biases_fit(row_bias, (q, k, v)):
             plan = None     # (the kernel adds all three, one element per element of each row, or none)
-        if plan is not None and shifted and (row_shift.dim() != 1 or row_shift.shape[0] != row_x.shape[-1]):
+        if plan is not None and shifted and (row_shift.dim() != 1 or row_shift.shape[0] != row_x.shape[-1]
+                                             or not _biases_fit(row_pre, (q, k, v))):
+            plan = None
+        if plan is not None and scaled and (row_shift is None) != (row_pre is None):
             plan = None
         return None if plan is None else (*plan, norm)
     plan = op_graph_cache.get(key, plan_of)
@@ -321,7 +324,7 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         from ....ir.fused_ops import decode_attention_ as reference
         return reference(k_cache, v_cache, q, k, v, index, dim, ring, cos, sin, interleaved, q_pos, scale, n_rep,
                          mask, softcap, q_norm, k_norm, norm_eps, norm_dtype, norm_offset, norm_first, rotary, wide,
-                         row_x, row_eps, row_bias, row_center, row_shift)
+                         row_x, row_eps, row_bias, row_center, row_shift, row_pre)
     block_n, block_d, pos_sb, (mask_kind, m_sb, m_sh, _, m_sn), norm = plan
     caches, whole = (k_cache, v_cache), normed and q.dim() == 3     # (whole: norms over every head at once)
     k_cache, v_cache, q, k, v, cos, sin = _head_major(k_cache, v_cache, q, k, v, cos, sin, dim, normed)
@@ -344,7 +347,8 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
         q, k, v, k_cache, v_cache, index, index if q_pos is None else q_pos, cos, sin, q if mask is None else mask,
         q_norm if normed else q, k_norm if normed else q, row_x if scaled else q,
         row_shift.contiguous() if shifted else q,
-        *([t.contiguous() for t in row_bias] if biased else (q, q, q)), out, D, n_rep, Hq,
+        *([t.contiguous() for t in row_bias] if biased else (q, q, q)),
+        *([t.float().contiguous() for t in row_pre] if shifted else (q, q, q)), out, D, n_rep, Hq,
         float(scale if scale is not None else 1.0 / math.sqrt(D)), float(softcap or 1.0), int(ring or 1),
         float(norm_eps), float(norm_offset), int(rotary or D), row_x.stride(0) if scaled else 0,
         row_x.shape[-1] if scaled else 1, float(row_eps),

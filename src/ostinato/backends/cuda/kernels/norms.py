@@ -70,7 +70,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
 
 
 def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, bias: torch.Tensor | None = None,
-              center: bool = False, shift: torch.Tensor | None = None, *,
+              center: bool = False, shift: torch.Tensor | None = None, pre: torch.Tensor | None = None, *,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """ost.row_scale on CUDA where neither the decode attention nor a generated group takes it (passes/
     fold_norms.py): one kernel rather than the reference's chain of torch ops."""
@@ -78,8 +78,10 @@ def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, 
     if x.dim() < 1 or p.dim() < 1 or p.shape[0] != rows or any(d != 1 for d in x.shape[1:-1]) or not rows \
             or p.numel() == 0 or x.shape[-1] == 0 \
             or bias is not None and (bias.dim() != 1 or bias.numel() * rows != p.numel()) \
-            or shift is not None and (shift.dim() != 1 or shift.shape[0] != x.shape[-1]):
-        return fold_ops.row_scale(p, x, eps, dtype, bias, center, shift, out=out)
+            or shift is not None and (shift.dim() != 1 or shift.shape[0] != x.shape[-1]) \
+            or (shift is None) != (pre is None) or pre is not None and (pre.dim() != 1
+                                                                          or pre.numel() * rows != p.numel()):
+        return fold_ops.row_scale(p, x, eps, dtype, bias, center, shift, pre, out=out)
     p = p.contiguous()
     x = x if x.stride(-1) == 1 else x.contiguous()
     n_per_row, n_x = p.numel() // rows, x.shape[-1]
@@ -90,7 +92,8 @@ def row_scale(p: torch.Tensor, x: torch.Tensor, eps: float, dtype: torch.dtype, 
     block = min(pow2(n_per_row), 1024)
     LIBRARY.kernel("row_scale", HAS_BIAS=bias is not None, CENTER=bool(center), HAS_SHIFT=shift is not None,
                    BLOCK=block, BLOCK_X=min(pow2(n_x), 4096))(
-        p, x, x if bias is None else bias.contiguous(), p if shift is None else shift.float().contiguous(), res, n_per_row, n_x, x.stride(0), float(eps),
+        p, x, x if bias is None else bias.contiguous(), p if shift is None else shift.float().contiguous(),
+        p if pre is None else pre.float().contiguous(), res, n_per_row, n_x, x.stride(0), float(eps),
         grid=(rows, cdiv(n_per_row, block)))
     return res if out is None or out is res else out.copy_(res)
 

@@ -152,8 +152,11 @@ def _whole_rstd(ptr, h_stride, n_heads, d, dmask, eps, head_dim):
 
 
 @triton.jit
-def _scaled(x, srow, b_ptr, d, dmask, dt, RBIAS: tl.constexpr):
-    """A row-scaled fp32 product's elements ``d``: times the row's statistic, plus the bias, rounded to dt."""
+def _scaled(x, srow, b_ptr, p_ptr, d, dmask, dt, RBIAS: tl.constexpr, RSHIFT: tl.constexpr):
+    """A row-scaled fp32 product's elements ``d``: plus the pre-scale bias (RSHIFT), times the row's statistic,
+    plus the bias, rounded to dt."""
+    if RSHIFT:
+        x += tl.load(p_ptr + d, mask=dmask, other=0.0).to(tl.float32)
     x = x * srow
     if RBIAS:
         x += tl.load(b_ptr + d, mask=dmask, other=0.0).to(tl.float32)
@@ -161,19 +164,20 @@ def _scaled(x, srow, b_ptr, d, dmask, dt, RBIAS: tl.constexpr):
 
 
 @triton.jit
-def _rope_row(ptr, d, dmask, rot, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim, rstd, srow, b_ptr,
+def _rope_row(ptr, d, dmask, rot, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim, rstd, srow, b_ptr, p_ptr,
               ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, NORM: tl.constexpr, WHOLE: tl.constexpr,
-              WIDE: tl.constexpr, ROWSCALE: tl.constexpr, RBIAS: tl.constexpr):
+              WIDE: tl.constexpr, ROWSCALE: tl.constexpr, RBIAS: tl.constexpr, RSHIFT: tl.constexpr):
     """A head's row [BLOCK_D] (or [BLOCK_N, BLOCK_D], its rows reduced one by one) in fp32, through the
     head's RMSNorm (weight ``w_ptr``) when NORM (WHOLE: with the statistics ``rstd`` of the row of every
     head, the weight's slice for this head at ``w_ptr``), then its first ``rot`` dims (cos and sin that
     wide; the rest pass through) rotated as ost.rope's kernel does (each product rounded to ``dt``, then
     their sum) when ROPE; WIDE: the rope in fp32 (an fp32 cos over half rows, OLMo's and Cohere's) and
     its result rounded to ``dt`` once. ROWSCALE: the row is an fp32 product, first scaled by ``srow`` and
-    rounded to ``dt`` (ost.row_scale; RBIAS: the head's bias at ``b_ptr`` added after the scale)."""
+    rounded to ``dt`` (ost.row_scale; RBIAS: the head's bias at ``b_ptr`` added after the scale; RSHIFT: the
+    head's pre-scale bias at ``p_ptr`` added before it)."""
     xn = tl.load(ptr + d, mask=dmask, other=0.0).to(tl.float32)
     if ROWSCALE:
-        xn = _scaled(xn, srow, b_ptr, d, dmask, dt, RBIAS)
+        xn = _scaled(xn, srow, b_ptr, p_ptr, d, dmask, dt, RBIAS, RSHIFT)
     if NORM != 0:
         if not WHOLE:
             rstd = 1.0 / tl.sqrt(tl.sum(xn * xn, axis=-1, keep_dims=True) / head_dim + eps)
@@ -189,7 +193,7 @@ def _rope_row(ptr, d, dmask, rot, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim
             sign = tl.where(d < half, -1.0, 1.0)
         xr = tl.load(ptr + partner, mask=dmask, other=0.0).to(tl.float32)
         if ROWSCALE:
-            xr = _scaled(xr, srow, b_ptr, partner, dmask, dt, RBIAS)
+            xr = _scaled(xr, srow, b_ptr, p_ptr, partner, dmask, dt, RBIAS, RSHIFT)
         if NORM != 0:
             xr = _normed(xr, w_ptr, partner, dmask, rstd, offset, dt, NORM)
         # past ``rot``: cos 1 and sin 0, so the row passes through unchanged
@@ -206,7 +210,7 @@ def _rope_row(ptr, d, dmask, rot, c_ptr, s_ptr, dt, w_ptr, eps, offset, head_dim
 
 @triton.jit
 def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr,
-                               qw_ptr, kw_ptr, rx_ptr, rs_ptr, qb_ptr, kb_ptr, vb_ptr, out_ptr, head_dim, n_rep, hq, scale,
+                               qw_ptr, kw_ptr, rx_ptr, rs_ptr, qb_ptr, kb_ptr, vb_ptr, qp_ptr, kp_ptr, vp_ptr, out_ptr, head_dim, n_rep, hq, scale,
                                cap, ring, eps, w_offset,
                                rot, rx_sb, rx_n, row_eps,
                                q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, cq_b, cq_h, sq_b, sq_h, ck_b, ck_h, sk_b, sk_h,
@@ -219,7 +223,8 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     """One (batch, query head) of ost.decode_attention_ (ROWSCALE: q, k and v fp32 products scaled first by
     the RMSNorm statistic (ROWSCALE 1; 2: LayerNorm's) of batch row b of ``rx_ptr``, ``rx_n`` wide, ``row_eps``; every program reads its
     row, a few kilobytes, rather than launch a norm; RSHIFT: the statistic of that row plus ``rs_ptr``
-    (``rx_n`` wide: a residual stream lagging its biases); RBIAS: then plus their biases qb_ptr, kb_ptr and vb_ptr,
+    (``rx_n`` wide: a residual stream lagging its biases), and q's, k's and v's pre-scale biases qp_ptr, kp_ptr
+    and vp_ptr (laid out as their biases) added to them before the scale; RBIAS: then plus their biases qb_ptr, kb_ptr and vb_ptr,
     [heads * head_dim] each): q and the step's key normalized (NORM: each head's
     RMSNorm, weights qw_ptr and kw_ptr; WHOLE: one RMSNorm over all heads of q's row, one over k's, weights
     that wide) and rotated in registers, the
@@ -267,7 +272,8 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
         k_rstd = _whole_rstd(k_ptr + b * k_sb, k_sh, hq // n_rep, d, dmask, eps, head_dim)
     q = _rope_row(q_ptr + b * q_sb + h * q_sh, d, dmask, rot, cos_ptr + b * cq_b + h * cq_h,
                   sin_ptr + b * sq_b + h * sq_h, dt, qw_ptr + h * head_dim * WHOLE, eps, w_offset, head_dim,
-                  q_rstd, srow, qb_ptr + h * head_dim, ROPE, INTERLEAVED, NORM, WHOLE, WIDE, ROWSCALE, RBIAS)
+                  q_rstd, srow, qb_ptr + h * head_dim, qp_ptr + h * head_dim, ROPE, INTERLEAVED, NORM, WHOLE, WIDE,
+                  ROWSCALE, RBIAS, RSHIFT)
     # The step's key and value as row 0 of a [BLOCK_N, BLOCK_D] block (the other rows masked off), in
     # the cache blocks' layout from the load on: reduced as those blocks are. (Kept as 1-D rows, they
     # are replicated across warps, and converting them to the blocks' layout makes identical writes to
@@ -277,11 +283,12 @@ def decode_attention_kv_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, index_ptr, p
     m2 = first[:, None] & dmask[None, :]
     kn = _rope_row(k_ptr + b * k_sb + kvh * k_sh, d2, m2, rot, cos_ptr + b * ck_b + kvh * ck_h,
                    sin_ptr + b * sk_b + kvh * sk_h, dt, kw_ptr + kvh * head_dim * WHOLE, eps, w_offset, head_dim,
-                   k_rstd, srow, kb_ptr + kvh * head_dim, ROPE, INTERLEAVED, NORM, WHOLE, WIDE, ROWSCALE,
-                   RBIAS).to(dt)
+                   k_rstd, srow, kb_ptr + kvh * head_dim, kp_ptr + kvh * head_dim, ROPE, INTERLEAVED, NORM, WHOLE,
+                   WIDE, ROWSCALE, RBIAS, RSHIFT).to(dt)
     vn = tl.load(v_ptr + b * v_sb + kvh * v_sh + d2, mask=m2, other=0.0)
     if ROWSCALE:
-        vn = _scaled(vn.to(tl.float32), srow, vb_ptr + kvh * head_dim, d2, m2, dt, RBIAS)
+        vn = _scaled(vn.to(tl.float32), srow, vb_ptr + kvh * head_dim, vp_ptr + kvh * head_dim, d2, m2, dt, RBIAS,
+                     RSHIFT)
     vn = vn.to(dt)
     slot = _slot(index_ptr, ring, n_keys, RING)
     if h % n_rep == 0:     # a slot outside the cache (eager's index_put raises) writes nothing

@@ -73,11 +73,12 @@ def layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_cols, eps, HAS_WEIGHT: tl.
 
 
 @triton.jit
-def row_scale_kernel(p_ptr, x_ptr, b_ptr, s_ptr, out_ptr, n_per_row, n_x, x_stride, eps, HAS_BIAS: tl.constexpr,
+def row_scale_kernel(p_ptr, x_ptr, b_ptr, s_ptr, c_ptr, out_ptr, n_per_row, n_x, x_stride, eps, HAS_BIAS: tl.constexpr,
                      CENTER: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_X: tl.constexpr):
     """ost.row_scale: out[row, j] = p[row, j] * rsqrt(mean(x[row] ** 2) + eps) (+ b[j] when HAS_BIAS) in
     fp32, rounded to out's dtype, for rows of ``n_per_row`` dense elements (CENTER: LayerNorm's statistic,
-    the mean of ``(x[row] - mean(x[row])) ** 2``; HAS_SHIFT: the statistic of ``x[row] + s``, ``n_x`` wide).
+    the mean of ``(x[row] - mean(x[row])) ** 2``; HAS_SHIFT: the statistic of ``x[row] + s``, ``n_x`` wide,
+    and ``c[j]`` added to ``p`` before the scale).
     One program per row and block of BLOCK of its elements,
     each reading its row of x (``n_x`` wide, rows ``x_stride`` apart)."""
     row = tl.program_id(0).to(tl.int64)
@@ -107,7 +108,10 @@ def row_scale_kernel(p_ptr, x_ptr, b_ptr, s_ptr, out_ptr, n_per_row, n_x, x_stri
     rstd = 1.0 / tl.sqrt(var + eps)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n_per_row
-    p = tl.load(p_ptr + row * n_per_row + offs, mask=m, other=0.0).to(tl.float32) * rstd
+    p = tl.load(p_ptr + row * n_per_row + offs, mask=m, other=0.0).to(tl.float32)
+    if HAS_SHIFT:
+        p += tl.load(c_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    p = p * rstd
     if HAS_BIAS:
         p += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n_per_row + offs, p.to(out_ptr.dtype.element_ty), mask=m)
