@@ -56,7 +56,8 @@ biased projection accumulates without it and the stream then lags the true sum b
 ``o`` the fp32 sum of the biases so far (``ost.fold_offset``, made at compile). The folded norm takes the
 statistic of ``t + o`` (row_scale's ``shift``: the attention kernel's, the generated group's and the library
 kernel's read ``o`` beside ``x``), and its product adds ``o`` through its weights, ``(t + o) @ F^T = t @ F^T +
-F @ o`` (``ost.fold_bias`` of the folded weights, linear_out's fp32 bias: addmm's epilogue). Any other reader
+F @ o`` (``ost.fold_bias`` of the folded weights, the row scale's ``pre``, added before its scale; not the
+product's bias, which torch.addmm with an out_dtype copies into its result in a kernel of its own). Any other reader
 of the sum (the next residual add) reads ``t + o`` rounded to the stream's dtype; the next fold takes that as a
 lagging stream (the accumulation goes into ``t``, the offset grows by the next bias), so a layer stays six
 launches and only a reader that is no fold (the final norm) adds the offset, in its own generated kernel.
