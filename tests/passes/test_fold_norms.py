@@ -745,3 +745,39 @@ def test_lagging_streams_never_leave_a_reader_of_a_dropped_value(case, stop):
     prog = ostinato.export(copy.deepcopy(model), (ids,), passes=passes, cache=False)
     assert prog.op_counts().get("ost.fold_weights", 0) >= 2, prog.op_counts()
     _matches_eager(model, ids, prog)
+
+
+class _CatCache(nn.Module):
+    """A pre-norm block whose keys and values join a past cache by concatenation (no ost.kv_update_, so no
+    decode attention takes q's, k's and v's row scales), then a plain MLP block."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(V, H)
+        self.norms = nn.ParameterList([nn.Parameter(torch.rand(H) + 0.5) for _ in range(3)])
+        self.q, self.k, self.v = (nn.Linear(H, H, bias=False) for _ in range(3))
+        self.o = nn.Linear(H, H, bias=False)
+        self.up, self.down = nn.Linear(H, I, bias=False), nn.Linear(I, H, bias=False)
+        self.head = nn.Linear(H, V, bias=False)
+        self.register_buffer("past", torch.randn(32, 4, 3, H // 4))
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        h = _rms(x, self.norms[0])
+        b = ids.shape[0]
+        q, k, v = (p(h).view(b, 1, 4, H // 4).transpose(1, 2) for p in (self.q, self.k, self.v))
+        k = torch.cat([self.past.to(k.dtype), k], 2)
+        v = torch.cat([self.past.to(v.dtype), v], 2)
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, 1, H)
+        x = x + self.o(a)
+        x = x + self.down(F.silu(self.up(_rms(x, self.norms[1]))))
+        return self.head(_rms(x, self.norms[2]))
+
+
+def test_no_fold_where_the_keys_join_a_cache_by_concatenation():
+    """q, k and v whose keys and values are concatenated to a past cache: their norm stays (each row scale
+    would launch alone, three kernels for one), the MLP's folds. The result equals eager's."""
+    model, ids, prog = _export(_CatCache(), 32)
+    ops = prog.op_counts()
+    assert ops.get("ost.fold_weights") == 1 and ops.get("ost.row_scale") == 1, ops
+    _matches_eager(model, ids, prog)

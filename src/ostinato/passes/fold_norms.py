@@ -422,6 +422,9 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
     biased = shift is not None or any(b is not None for _, (_, biases, _, _) in projections for b in biases)
     if biased and not all(_bias_carried(o, users, pinned, shape[0]) for p, _ in projections for o in p.outputs):
         return False        # a bias a slice or a packed gating would cut
+    if any(_concatenated(e, users) for p, _ in projections for o in p.outputs for e in _ends(o, users, pinned, shape[0])):
+        return False        # a cache grown by concatenation: no decode attention takes the row scales, which
+        #                     would each launch alone (transformers 5.17's OPT: 122 kernels a step against 94)
     before: dict[int, list[Node]] = {}      # node id -> new nodes placed before it
     after: dict[int, list[Node]] = {}       # node id -> new nodes placed after it
     dead = {id(node)}
@@ -542,6 +545,22 @@ def _cut(g: Graph, v: Value, lo: int, hi: int, at: Node, place: dict) -> Value:
     cut.outputs = [g.new_value(cut.name, TensorMeta(v.meta.dtype, (hi - lo,)), "temp", cut)]
     place.setdefault(id(at), []).append(cut)
     return cut.outputs[0]
+
+
+def _concatenated(v: Value, users: dict) -> bool:
+    """Whether ``v`` or a view of it (a transpose to heads first) is an operand of an ``aten.cat`` along a dim
+    other than the last (a cache grown by its new rows; a partial rope's cat of the head dims is the
+    attention's)."""
+    for u in users.get(v.id, ()):
+        if u.op == "aten.cat":
+            rank = u.outputs[0].meta.rank if u.outputs and isinstance(u.outputs[0].meta, TensorMeta) else 0
+            dim = (u.args[1] if len(u.args) > 1 else u.kwargs.get("dim", 0)) if rank else 0
+            if not rank or dim % rank != rank - 1:
+                return True
+            continue
+        if may_alias(u.op) and any(o is not None and _concatenated(o, users) for o in u.outputs):
+            return True
+    return False
 
 
 def _transpose(g: Graph, w: Value, at: Node, before: dict) -> Value:
