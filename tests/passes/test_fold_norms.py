@@ -578,8 +578,8 @@ def test_biased_output_projections_accumulate_into_a_lagging_stream(style):
     """32 rows: every block's norm folds although the sums before them add biased products. Each product
     accumulates into the stream without its bias, and the stream then lags the true sum by the biases so far
     (``ost.fold_offset``, fp32, made at compile). The folded norms take the statistic of the stream plus that
-    offset (row_scale's ``shift``), and their products add the offset through their weights (linear_out's
-    bias). The final norm (the head's) reads the stream plus the offset, one generated kernel with the add.
+    offset (row_scale's ``shift``), and their products add the offset through their weights (row_scale's
+    ``pre``, before the scale). The final norm (the head's) reads the stream plus the offset, one generated kernel with the add.
     Each block is then three launches: the product, the row-scaled activation, the accumulation. The result
     equals eager's on the CPU and on MLX."""
     from ostinato.codegen.report import launch_table
@@ -780,4 +780,38 @@ def test_no_fold_where_the_keys_join_a_cache_by_concatenation():
     model, ids, prog = _export(_CatCache(), 32)
     ops = prog.op_counts()
     assert ops.get("ost.fold_weights") == 1 and ops.get("ost.row_scale") == 1, ops
+    _matches_eager(model, ids, prog)
+
+
+class _StridedAfterLag(nn.Module):
+    """A biased output projection (a lagging stream), then an RMSNorm whose packed q/k/v (no biases) are
+    cut along the head dim of [B, 1, 4, 48] rows (each part is no one range of the row)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(V, H)
+        self.norms = nn.ParameterList([nn.Parameter(torch.rand(H) + 0.5) for _ in range(3)])
+        self.up, self.down = nn.Linear(H, I, bias=False), nn.Linear(I, H)
+        with torch.no_grad():
+            self.down.bias.normal_(0.0, 2.0)
+        self.qkv, self.o = nn.Linear(H, 3 * H, bias=False), nn.Linear(H, H, bias=False)
+        self.head = nn.Linear(H, V, bias=False)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        x = x + self.down(F.relu(self.up(_rms(x, self.norms[0]))))
+        b = ids.shape[0]
+        t = self.qkv(_rms(x, self.norms[1])).view(b, 1, 4, 48)
+        q, k, v = t[..., :16], t[..., 16:32], t[..., 32:]
+        x = x + self.o((q * k + v).reshape(b, 1, H))
+        return self.head(_rms(x, self.norms[2]))
+
+
+def test_a_lag_over_parts_that_are_no_one_range_keeps_the_norm():
+    """The second norm's sum lags by the first block's bias, and its products' parts are no one range of the
+    row: the pre-scale bias could not be cut to them, so that norm stays (the first still folds). The
+    result equals eager's."""
+    model, ids, prog = _export(_StridedAfterLag(), 32)
+    ops = prog.op_counts()
+    assert ops.get("ost.fold_weights") == 1 and "ost.fold_offset" not in ops, ops
     _matches_eager(model, ids, prog)

@@ -447,6 +447,8 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
         (lin, h, weight, transposed, lin_bias, _), r, lag, dropped = found
         s_old = add.outputs[0]
         lagging = lag is not None or lin_bias is not None
+        if lagging and not all(_part_carried(o, users, pinned, shape[0]) for p, _ in projections for o in p.outputs):
+            return False        # (the pre-scale bias would be cut where a view's elements are no one range)
         if lagging and add is not node and s_old is not x_in:
             # a sum reshaped before its norm (OPT's): the reshapes' results read by the next alone, the sum's
             # readers are then x_in's (the norm, the next residual add), which read the lagging stream
@@ -582,6 +584,17 @@ def _ends(v: Value, users: dict, pinned: set[int], rows: int) -> list[Value]:
     return [e for r in readers for o in r.outputs for e in _ends(o, users, pinned, rows)]
 
 
+def _part_carried(v: Value, users: dict, pinned: set[int], rows: int) -> bool:
+    """Whether each end of the row-keeping views reading ``v`` holds one range of its row's elements, in
+    order (``_part`` of every view on the way): a vector laid out along the row can be cut to it."""
+    readers = users.get(v.id, [])
+    if v.id in pinned or not readers or not all(_row_view(r, rows) for r in readers):
+        return True
+    shape = _static(v)
+    return all(_part(r, k, shape) is not None and _part_carried(o, users, pinned, rows)
+               for r in readers for k, o in enumerate(r.outputs))
+
+
 def _bias_carried(v: Value, users: dict, pinned: set[int], rows: int) -> bool:
     """Whether a bias of ``v`` (a projection's result) can be the row scale's at each end of its views: each
     end holds one range of a row's elements in order (a slice or split of the last dims: the bias's same
@@ -606,8 +619,10 @@ def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value,
     dtype = old.meta.dtype
     mapping[old.id] = new
 
-    def scale(end: Value, at: Node, name: str, part: tuple[int, int]) -> Value:
+    def scale(end: Value, at: Node, name: str, part: tuple[int, int] | None) -> Value:
         # (the bias and the pre-scale bias of the range of the row ``end`` holds)
+        if part is None and (bias is not None or pre is not None):
+            raise AssertionError(f"fold_norms: {name}'s bias would be cut where its row is no one range")
         b, c = ((t if t is None or part == (0, t.meta.shape[0]) else _cut(g, t, part[0], part[1], at, after))
                 for t in (bias, pre))
         tail = (b, center, shift, c) if shift is not None else (b, True) if center else () if b is None \
@@ -625,7 +640,7 @@ def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value,
         after[id(at)].append(act)
         return act.outputs[0]
 
-    def place(v: Value, end: Value, at: Node, part: tuple[int, int]) -> None:
+    def place(v: Value, end: Value, at: Node, part: tuple[int, int] | None) -> None:
         """``v``: the value as the graph has it (read by its old readers); ``end``: what now holds it in fp32;
         ``part``: the range of the product's row it holds (``_part``)."""
         readers = users.get(v.id, [])
@@ -633,9 +648,9 @@ def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value,
             shape = _static(v)
             for r in readers:
                 for k, out in enumerate(r.outputs):
-                    lo, hi = _part(r, k, shape) or (0, 0)     # (None only without a bias: _bias_carried)
+                    rng = _part(r, k, shape)    # (None only with no bias nor pre: _bias_carried, _part_carried)
                     out.meta = TensorMeta(torch.float32, tuple(out.meta.shape))
-                    place(out, out, r, (part[0] + lo, part[0] + hi))
+                    place(out, out, r, None if rng is None or part is None else (part[0] + rng[0], part[0] + rng[1]))
             return
         width = end.meta.shape[-1]
         if v.id not in pinned and len(readers) == 1 and readers[0].op in _PACKED and width % 2 == 0 \
@@ -647,7 +662,8 @@ def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value,
                 cut.outputs = [g.new_value(cut.name, TensorMeta(torch.float32, (*end.meta.shape[:-1], width // 2)),
                                            "temp", cut)]
                 after.setdefault(id(at), []).append(cut)
-                halves.append(scale(cut.outputs[0], at, cut.name, (part[0] + lo, part[0] + hi)))
+                sub = None if part is None else (part[0] + lo, part[0] + hi)
+                halves.append(scale(cut.outputs[0], at, cut.name, sub))
             gate.op = _PACKED[gate.op]
             gate.args = (*halves, *gate.args[1:])
             fixups.append((gate, gate.args))

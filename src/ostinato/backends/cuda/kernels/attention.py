@@ -303,7 +303,8 @@ def decode_attention_(k_cache, v_cache, q, k, v, index, dim, ring=None, cos=None
                  *(() if mask is None else (mask,)), *((q_norm, k_norm) if normed else ()),
                  *((row_x,) if scaled else ()), *(b for b in row_bias or () if b is not None),
                  *((row_shift, *row_pre) if shifted else ()), dim=dim,
-                 n_rep=n_rep, scaled=scaled, biased=biased, centered=bool(row_center), shifted=shifted,
+                 n_rep=n_rep, scaled=scaled, biased=biased, centered=bool(row_center),
+                 has_shift=row_shift is not None, has_pre=row_pre is not None,
                  masked=mask is not None, normed=normed, norm_dtype=str(norm_dtype), norm_first=bool(norm_first),
                  rotary=rotary, wide=bool(wide))
 
