@@ -584,27 +584,23 @@ def _ends(v: Value, users: dict, pinned: set[int], rows: int) -> list[Value]:
     return [e for r in readers for o in r.outputs for e in _ends(o, users, pinned, rows)]
 
 
-def _part_carried(v: Value, users: dict, pinned: set[int], rows: int) -> bool:
+def _part_carried(v: Value, users: dict, pinned: set[int], rows: int, gating: bool = True) -> bool:
     """Whether each end of the row-keeping views reading ``v`` holds one range of its row's elements, in
-    order (``_part`` of every view on the way): a vector laid out along the row can be cut to it."""
+    order (``_part`` of every view on the way): a vector laid out along the row (a pre-scale bias) can be
+    cut to it. ``gating`` False: also no packed gating reads an end (``_bias_carried``)."""
     readers = users.get(v.id, [])
     if v.id in pinned or not readers or not all(_row_view(r, rows) for r in readers):
-        return True
+        return gating or not (len(readers) == 1 and readers[0].op in _PACKED)
     shape = _static(v)
-    return all(_part(r, k, shape) is not None and _part_carried(o, users, pinned, rows)
+    return all(_part(r, k, shape) is not None and _part_carried(o, users, pinned, rows, gating)
                for r in readers for k, o in enumerate(r.outputs))
 
 
 def _bias_carried(v: Value, users: dict, pinned: set[int], rows: int) -> bool:
     """Whether a bias of ``v`` (a projection's result) can be the row scale's at each end of its views: each
     end holds one range of a row's elements in order (a slice or split of the last dims: the bias's same
-    range), and no packed gating reads an end."""
-    readers = users.get(v.id, [])
-    if v.id in pinned or not readers or not all(_row_view(r, rows) for r in readers):
-        return not (len(readers) == 1 and readers[0].op in _PACKED)
-    shape = _static(v)
-    return all(_part(r, k, shape) is not None and _bias_carried(o, users, pinned, rows)
-               for r in readers for k, o in enumerate(r.outputs))
+    range), and no packed gating reads an end (the bias comes after the scale, the gating's halves' too)."""
+    return _part_carried(v, users, pinned, rows, gating=False)
 
 
 def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value, eps: float, bias: Value | None,
