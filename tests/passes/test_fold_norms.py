@@ -358,9 +358,11 @@ def test_some_biased_some_not_folds_with_a_zero_bias():
     _matches_eager(model, ids, prog)
 
 
-def test_the_mlx_attention_takes_row_scaled_biased_rows():
+@pytest.mark.parametrize("lag", [False, True], ids=["plain", "lagging"])
+def test_the_mlx_attention_takes_row_scaled_biased_rows(lag):
     """MLX's merged decode attention with q, k and v as row-scaled fp32 products and their biases (the caches'
-    dtype an MLX dtype there) equals the reference's."""
+    dtype an MLX dtype there) equals the reference's; ``lag``: LayerNorm's statistic of a lagging stream plus
+    its shift, and q's, k's and v's pre-scale biases (a result the shift changes)."""
     import mlx.core as mx
     import numpy as np
 
@@ -371,11 +373,21 @@ def test_the_mlx_attention_takes_row_scaled_biased_rows():
     q, k, v = (torch.randn(2, 1, n, 4, generator=g) * 3 for n in (4, 2, 2))
     x, index = torch.randn(2, 1, 12, generator=g).half(), torch.tensor([3])
     biases = [torch.randn(n, generator=g).half() for n in (16, 8, 8)]
+    extra = {}
+    if lag:
+        extra = dict(row_center=True, row_shift=torch.randn(12, generator=g) * 3,
+                     row_pre=[torch.randn(n, generator=g) * 2 for n in (16, 8, 8)])
     want = decode_attention_(kc.clone(), vc.clone(), q, k, v, index, 2, n_rep=2, row_x=x, row_eps=1e-5,
-                             row_bias=biases)
+                             row_bias=biases, **extra)
+    if lag:
+        plain = decode_attention_(kc.clone(), vc.clone(), q, k, v, index, 2, n_rep=2, row_x=x, row_eps=1e-5,
+                                  row_bias=biases, row_center=True)
+        assert (plain[0].float() - want[0].float()).abs().max() > 1e-2
     m = lambda t: mx.array(t.float().numpy()).astype(mx.float16 if t.dtype == torch.float16 else mx.float32)  # noqa: E731
+    mlx_extra = {name: ([m(t) for t in val] if isinstance(val, list) else m(val) if isinstance(val, torch.Tensor)
+                        else val) for name, val in extra.items()}
     got = decode_attention(m(kc), m(vc), m(q), m(k), m(v), mx.array(index.numpy()), 2, n_rep=2, row_x=m(x),
-                           row_eps=1e-5, row_bias=[m(b) for b in biases])
+                           row_eps=1e-5, row_bias=[m(b) for b in biases], **mlx_extra)
     for a, b in zip(got, want):
         assert np.allclose(np.array(a.astype(mx.float32)), b.float().numpy(), atol=2e-3), (a, b)
 
