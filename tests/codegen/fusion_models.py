@@ -214,10 +214,17 @@ class FoldedMLP(nn.Module):
     """HF's RMSNorm (upcast, weight after the cast back) before a gated MLP's gate and up projections: in a
     half dtype with more than 16 rows, the default pipeline folds the norm into them (passes/fold_norms.py);
     ``bias``: gate and up have biases (the row scales add them); ``layer``: nn.LayerNorm (weight and shift)
-    instead, its shift folded through the weights into the row scales' biases."""
+    instead, its shift folded through the weights into the row scales' biases; ``lag``: the norm reads a
+    residual sum whose product is biased (``2 x + pre(x)``): the product accumulates without its bias, and the
+    row scales take the statistic of the stream plus it and its pre-scale bias (a lagging stream)."""
 
-    def __init__(self, hidden: int = 64, inter: int = 160, bias: bool = False, layer: bool = False):
+    def __init__(self, hidden: int = 64, inter: int = 160, bias: bool = False, layer: bool = False,
+                 lag: bool = False):
         super().__init__()
+        self.pre = nn.Linear(hidden, hidden) if lag else None
+        if lag:
+            with torch.no_grad():
+                self.pre.bias.normal_(0.0, 2.0)
         self.w = nn.Parameter(torch.rand(hidden) + 0.5)
         self.gate = nn.Linear(hidden, inter, bias=bias)
         self.up = nn.Linear(hidden, inter, bias=bias)
@@ -229,6 +236,8 @@ class FoldedMLP(nn.Module):
                 self.norm.bias.uniform_(-0.5, 0.5)
 
     def forward(self, x):
+        if self.pre is not None:
+            x = x * 2.0 + self.pre(x)
         if self.norm is not None:
             h = self.norm(x)
             return self.down(F.silu(self.gate(h)) * self.up(h))

@@ -234,23 +234,35 @@ def main(what: str, dtype_name: str) -> None:
         # the gate/up rows (5000: a looped kernel) split over programs; biased gate and up projections: the
         # row-scale group adds each bias after the scale
         # (a LayerNorm's: its rows' mean 2 against their spread 3, over rows longer than a block too)
+        # a lagging stream's (a biased product accumulated without its bias): the statistic of x plus its
+        # shift, and the pre-scale bias, in the row-scale group, over one block and over longer rows
         for name, kwargs, width, biased in (("long_rows", {"hidden": 1100, "inter": 5000}, 1100, 0),
                                             ("biased_mlp", {"bias": True}, 64, 2),
                                             ("layer_norm_mlp", {"layer": True}, 64, 2),
                                             ("layer_norm_long_rows", {"layer": True, "hidden": 1100, "inter": 5000},
-                                             1100, 2)):
+                                             1100, 2),
+                                            ("lagged_mlp", {"layer": True, "lag": True}, 64, None),
+                                            ("lagged_long_rows", {"lag": True, "hidden": 1100, "inter": 5000},
+                                             1100, None)):
             try:
                 torch.manual_seed(0)
                 model = FoldedMLP(**kwargs).to(dtype).eval()
                 args = ((torch.randn(24, 1, width) * 3 + 2).to(dtype),)
                 prog = ostinato.export(model, args, passes=DEFAULT_PIPELINE)
                 layer = kwargs.get("layer", False)
-                if sum(n.args[4] is not None and (len(n.args) == 6) == layer for n in prog.graph.nodes
-                       if n.op == "ost.row_scale" and len(n.args) > 4) != biased:
+                scales = [n for n in prog.graph.nodes if n.op == "ost.row_scale"]
+                if biased is None:      # (the lagging stream's: shift and pre on both row scales)
+                    if len(scales) != 2 or any(len(n.args) != 8 or n.args[6] is None for n in scales):
+                        raise AssertionError(f"not two lagging row scales: {prog.op_counts()}")
+                elif sum(n.args[4] is not None and (len(n.args) == 6) == layer for n in scales
+                         if len(n.args) > 4) != biased:
                     raise AssertionError(f"not {biased} biased row scales: {prog.op_counts()}")
                 exe = fused_executable(prog, InterpretedFusionBackend())
                 ops = [l.op for l in exe.launches if does_device_work(l.op)]
-                if ops != ["ost.linear_out", "ost.fused", "aten.linear"]:
+                want = ["ost.linear_out", "ost.fused", "aten.linear"]
+                if biased is None:      # (x * 2, then the biased product accumulated into it)
+                    want = ["aten.mul.Tensor", "ost.linear_acc_"] + want
+                if ops != want:
                     raise AssertionError(f"launches {ops}")
                 with torch.no_grad():
                     assert_same(exe(*args), model(*args), tol=2e-2)

@@ -186,7 +186,7 @@ def test_interpreted_folded_norms():
     (the statistic about the row's mean)."""
     results = _interpret("fold", "float16")
     assert results == dict.fromkeys(("llama", "qwen3", "phi3", "gemma", "qwen2", "stablelm", "olmo", "opt",
-                                     "starcoder2", "gpt2", "long_rows",
+                                     "starcoder2", "gpt2", "long_rows", "lagged_mlp", "lagged_long_rows",
                                      "biased_mlp", "layer_norm_mlp", "layer_norm_long_rows"), "ok"), results
 
 
@@ -201,8 +201,12 @@ def _variants():
     biased = Case("folded_mlp_bias", lambda dt: (FoldedMLP(bias=True).to(dt), (torch.randn(24, 1, 64).to(dt),)), 1)
     layer = Case("folded_mlp_layer_norm", lambda dt: (FoldedMLP(layer=True).to(dt),
                                                       ((torch.randn(24, 1, 64) * 3 + 2).to(dt),)), 1)
+    # a lagging stream's statistic (x plus its shift, both gathered) and pre-scale bias in the row-scale group
+    lag = Case("folded_mlp_lag", lambda dt: (FoldedMLP(layer=True, lag=True).to(dt), (torch.randn(24, 1, 64).to(dt),)),
+               1)
     cases = [(c, GENERIC_PIPELINE) for c in CASES] + [(scan, DEFAULT_PIPELINE), (fold, DEFAULT_PIPELINE),
-                                                      (biased, DEFAULT_PIPELINE), (layer, DEFAULT_PIPELINE)]
+                                                      (biased, DEFAULT_PIPELINE), (layer, DEFAULT_PIPELINE),
+                                                      (lag, DEFAULT_PIPELINE)]
     return [(c, p, dt) for c, p in cases for dt in (torch.bfloat16, torch.float32)]
 
 
@@ -246,7 +250,8 @@ def test_every_variant_compiles_for_sm90():
                     compiled.add(key)
                     cases_compiled.add(case.name)
                     split_stages += bool(plan.stages)
-    assert len(compiled) >= len(CASES) and {"selective_scan", "folded_mlp", "folded_mlp_bias"} <= cases_compiled
+    assert len(compiled) >= len(CASES) and {"selective_scan", "folded_mlp", "folded_mlp_bias",
+                                            "folded_mlp_lag"} <= cases_compiled
     assert split_stages, "no split row was compiled"
 
 
