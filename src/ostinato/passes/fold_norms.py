@@ -65,7 +65,9 @@ launches and only a reader that is no fold (the final norm) adds the offset, in 
 The row scale is placed after the chain of views (reshape, slices of a packed projection) that keep dim
 0 as the rows and read each product, so the attention finds it on q's, k's and v's rows (before their
 transposes to heads first). Not folded: a norm whose projection's result the graph returns (an LM head's
-logits: its row scale would be a launch of its own). In a program with other entry points
+logits: its row scale would be a launch of its own); one whose q, k or v rows join a cache by concatenation
+along a dim other than the last (no decode attention takes their row scales: each would launch alone); a
+lagging one whose pre-scale bias a view would cut into more than one range of the row. In a program with other entry points
 (``ostinato.llm``'s prefill) the original weights stay among the constants beside their folded copies
 (the prefill reads them: more memory). Runs for accelerator exports only (manager.CPU_ONLY_SKIPS) and not
 in torch.compile's backend (its weights stay the model's own, and a folded weight would not follow their
