@@ -43,32 +43,23 @@ A norm is folded when
   order (reshapes; slices or splits of the last dims: GPT-2's q/k/v split, each part's range of the bias),
   and no packed gating reads it; a projection without one beside biased ones adds zeros (the attention
   kernel adds q's, k's and v's or none);
-- the sum before it -- ``ost.add_rms_norm``'s, or an ``aten.add`` making the norm's input or what reshapes
-  make it of (OPT's) -- has one operand made by a projection (``aten.linear``, an ``ost.linear`` without an
-  activation, ``aten.addmm``; a constant weight and bias or none), through reshapes each read by the next
-  alone, read by this add alone, and the other is a temporary made by a node that is not a view, returned
-  by nothing, whose every other reader runs before the add (an ancestor of it), or a reshape of one: the
-  sum is then accumulated into it in place. Otherwise the norm stays (folding it would leave the add a
-  launch).
+- the sum before it can be the in-place accumulation of the projection that made one of its operands
+  (fold_residual.py's conditions). Otherwise the norm stays (folding it would leave the add a launch).
 
-**Biased output projections (OPT, StarCoder 2, GPT-2).** cuBLAS's beta=1 accumulation adds no bias, so a
-biased projection accumulates without it and the stream then lags the true sum by the bias: ``t = s - o``,
-``o`` the fp32 sum of the biases so far (``ost.fold_offset``, made at compile). The folded norm takes the
+**Biased output projections (OPT, StarCoder 2, GPT-2)** accumulate without their biases, so the stream lags
+the true sum by ``o``, the fp32 sum of the biases so far (fold_residual.py). The folded norm takes the
 statistic of ``t + o`` (row_scale's ``shift``: the attention kernel's, the generated group's and the library
 kernel's read ``o`` beside ``x``), and its product adds ``o`` through its weights, ``(t + o) @ F^T = t @ F^T +
 F @ o`` (``ost.fold_bias`` of the folded weights, the row scale's ``pre``, added before its scale; not the
-product's bias, which torch.addmm with an out_dtype copies into its result in a kernel of its own). Any other reader
-of the sum (the next residual add) reads ``t + o`` rounded to the stream's dtype; the next fold takes that as a
-lagging stream (the accumulation goes into ``t``, the offset grows by the next bias), so a layer stays six
-launches and only a reader that is no fold (the final norm) adds the offset, in its own generated kernel.
+product's bias, which torch.addmm with an out_dtype copies into its result in a kernel of its own).
 
 The row scale is placed after the chain of views (reshape, slices of a packed projection) that keep dim
 0 as the rows and read each product, so the attention finds it on q's, k's and v's rows (before their
 transposes to heads first). Not folded: a norm whose projection's result the graph returns (an LM head's
 logits: its row scale would be a launch of its own); one whose q, k or v rows join a cache by concatenation
 along a dim other than the last (no decode attention takes their row scales: each would launch alone); a
-lagging one whose pre-scale bias a view would cut into more than one range of the row. In a program with other entry points
-(``ostinato.llm``'s prefill) the original weights stay among the constants beside their folded copies
+lagging one whose pre-scale bias a view would cut into more than one range of the row. In a program with
+other entry points (``ostinato.llm``'s prefill) the original weights stay among the constants beside their folded copies
 (the prefill reads them: more memory). Runs for accelerator exports only (manager.CPU_ONLY_SKIPS) and not
 in torch.compile's backend (its weights stay the model's own, and a folded weight would not follow their
 in-place updates). ``OSTINATO_FOLD_NORMS=0`` turns it off (the A/B switch: ``default_pipeline`` then
@@ -82,8 +73,9 @@ import os
 import torch
 
 from ..codegen.linear import ACTIVATION_OPS as _ACTIVATIONS     # ost.linear's activation as an ATen node
-from ..ir import Graph, Node, TensorMeta, Value, get_op
+from ..ir import Graph, Node, TensorMeta, Value
 from ..ir.ops import may_alias
+from .fold_residual import accumulate, accumulator, constant, static, sum_before, transpose
 from .rewrite import pinned_values, replace_values
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -92,7 +84,6 @@ _CODES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # views a row scale moves past: they keep the rows along dim 0 and the elements in order (a transpose of
 # heads and tokens stays after the scale, where the attention looks for the token's rows)
 _ROW_VIEWS = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.unsqueeze", "aten.slice.Tensor"}
-_RESHAPES = ("aten.view", "aten._unsafe_view", "aten.reshape")
 _SPLITS = ("aten.split_with_sizes", "aten.split.Tensor")
 
 
@@ -105,17 +96,6 @@ def fold_key() -> str:
     OSTINATO_DOT_ROWS): part of the export cache's key where the pipeline holds the pass."""
     from ..codegen.linear import max_rows
     return f"{int(fold_enabled())}-{max_rows('f16')}-{max_rows('bf16')}"
-
-
-def _static(v) -> tuple[int, ...] | None:
-    if not isinstance(v, Value) or not isinstance(v.meta, TensorMeta):
-        return None
-    shape = tuple(v.meta.shape)
-    return shape if all(isinstance(d, int) for d in shape) else None
-
-
-def _constant(v, rank: int) -> bool:
-    return isinstance(v, Value) and v.role == "constant" and isinstance(v.meta, TensorMeta) and v.meta.rank == rank
 
 
 def _projection(node: Node, y: Value, hidden: int) -> tuple[list[Value], list[Value | None], str | None, bool] | None:
@@ -141,50 +121,13 @@ def _projection(node: Node, y: Value, hidden: int) -> tuple[list[Value], list[Va
     if node.args[0] is not y or len(node.outputs) != len(weights) or len(biases) != len(weights):
         return None
     for w, b in zip(weights, biases):
-        if not _constant(w, 2) or w.meta.dtype != y.meta.dtype or _static(w) is None \
+        if not constant(w, 2) or w.meta.dtype != y.meta.dtype or static(w) is None \
                 or w.meta.shape[0 if transposed else 1] != hidden:
             return None
-        if b is not None and (not _constant(b, 1) or b.meta.dtype != y.meta.dtype
+        if b is not None and (not constant(b, 1) or b.meta.dtype != y.meta.dtype
                               or tuple(b.meta.shape) != (w.meta.shape[1 if transposed else 0],)):
             return None
     return weights, biases, activation, transposed
-
-
-def _lone_linear(v, users: dict, pinned: set[int], reader: Node) -> tuple | None:
-    """(the projection making ``v``, its input, its constant weight, whether that weight is [in, out], its
-    constant bias or None, the reshapes between it and ``v``) when ``reader`` alone reads ``v`` and each
-    reshape's input is read by the next alone. A projection: ``aten.linear``, an ``ost.linear`` without an
-    activation (GPT-2's Conv1D: [in, out] weights), ``aten.addmm(bias, x, weight)`` of [in, out] weights."""
-    if not isinstance(v, Value) or v.id in pinned or [id(u) for u in users.get(v.id, ())] != [id(reader)]:
-        return None
-    views = []
-    node = v.producer
-    while node is not None and node.op in _RESHAPES and not node.kwargs and isinstance(node.args[0], Value) \
-            and node.args[0].id not in pinned and [id(u) for u in users.get(node.args[0].id, ())] == [id(node)]:
-        views.append(node)
-        node = node.args[0].producer
-    if node is None or node.kwargs:
-        return None
-    args = list(node.args)
-    if node.op == "aten.linear" and len(args) in (2, 3):
-        h, weight, bias, transposed = args[0], args[1], args[2] if len(args) == 3 else None, False
-    elif node.op == "ost.linear" and 2 <= len(args) <= 5:
-        args += [None, None, False][len(args) - 2:]
-        if args[3] is not None:
-            return None
-        h, weight, bias, transposed = args[0], args[1], args[2], bool(args[4])
-    elif node.op == "aten.addmm" and len(args) == 3:
-        bias, h, weight, transposed = args[0], args[1], args[2], True
-        if bias is None:
-            return None
-    else:
-        return None
-    if not _constant(weight, 2) or not isinstance(h, Value):
-        return None
-    n_out = weight.meta.shape[1 if transposed else 0]
-    if bias is not None and (not _constant(bias, 1) or tuple(bias.meta.shape) != (n_out,)):
-        return None
-    return node, h, weight, transposed, bias, views
 
 
 def _row_view(node: Node, rows: int) -> bool:
@@ -194,7 +137,7 @@ def _row_view(node: Node, rows: int) -> bool:
     if node.kwargs or not node.outputs or (len(node.outputs) != 1 and not split) \
             or (node.op not in _ROW_VIEWS and not split):
         return False
-    outs = [_static(o) for o in node.outputs]
+    outs = [static(o) for o in node.outputs]
     if any(o is None or not o or o[0] != rows for o in outs):
         return False
     rank = len(outs[0])
@@ -250,114 +193,6 @@ def fold_norms(g: Graph) -> Graph:
             refused.add(id(node))
 
 
-def _accumulator(g: Graph, node: Node, shape, dtype, users: dict, pinned: set[int], lags: dict):
-    """(``_lone_linear``'s answer for the projection, the buffer to accumulate into, the offset it lags by or
-    None, the nodes the accumulation replaces) of a sum (an ost.add_rms_norm's or an aten.add) that can be the
-    projection's in-place accumulation into its other operand, else None. A biased projection accumulates
-    without its bias: the result lags the sum by it (the caller carries the offset). The operand's
-    buffer is written: it must be a temporary of its own (not a view, nor a result that may be its input
-    itself), neither it nor any view of it may be the projection's input, a graph output or state, and
-    everything that reads it or a view of it must run before the add (an ancestor of it). The operand may
-    be a reshape of such a buffer, or a lagging stream (``lags``: an earlier fold's ``t + offset``) read
-    by the add alone: the accumulation then goes into the buffer, or ``t``, carrying the offset on."""
-    mine = None
-    for o, r in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
-        found = _lone_linear(o, users, pinned, node)
-        if found is None or _static(o) != shape or not isinstance(r, Value) or _static(r) != shape \
-                or r.meta.dtype != dtype:
-            continue
-        lin, h, bias = found[0], found[1], found[4]
-        if bias is not None and bias.meta.dtype != dtype or found[2].meta.dtype != dtype:
-            continue
-        if found[2].meta.shape[1 if found[3] else 0] != shape[-1]:
-            continue
-        for base, offset, dropped in _streams(r, users, pinned, node, lags):
-            if base.role != "temp" or base.producer is None or base.meta.dtype != dtype \
-                    or math.prod(_static(base) or (-1,)) != math.prod(shape) or _static(base)[-1] != shape[-1]:
-                continue
-            op = get_op(base.producer.op)
-            # (the residual stream may already be an accumulation's result: it is its own buffer, not a view)
-            if op is None or may_alias(base.producer.op) or (not op.pure and base.producer.op != "ost.linear_acc_"):
-                continue
-            aliases = _aliases(base, users)
-            if any(a.id in pinned for a in aliases) or any(a is h for a in aliases):
-                continue
-            if mine is None:
-                mine = _ancestors(node)
-            if all(id(u) in mine for a in aliases for u in users.get(a.id, []) if u is not node):
-                return found, base, offset, dropped + found[5]
-    return None
-
-
-def _streams(r: Value, users: dict, pinned: set[int], reader: Node, lags: dict):
-    """The buffers a sum's operand ``r`` may be accumulated into, the furthest first: (the buffer, the
-    offset it lags ``r`` by or None, the nodes that then go: a lagging stream's, reshapes nothing else
-    reads), through reshapes (their other readers are the buffer's aliases, which the caller checks) and
-    one lagging stream read by the next alone; ``r`` itself last."""
-    chain, offset, dropped, v = [], None, [], r
-    lone = True         # every value so far read by the next alone: what they are made of can go with them
-    while isinstance(v, Value) and v.id not in pinned:
-        node = v.producer
-        lone = lone and [id(u) for u in users.get(v.id, ())] == [id(reader)]
-        if v.id in lags and offset is None and lone:
-            base, offset, nodes = lags[v.id]
-            dropped = dropped + nodes
-            reader, v = nodes[0], base
-        elif node is not None and node.op in _RESHAPES and not node.kwargs and isinstance(node.args[0], Value):
-            if lone:
-                dropped = dropped + [node]
-            reader, v = node, node.args[0]
-        else:
-            break
-        chain.append((v, offset, dropped))
-    return chain[::-1] + [(r, None, [])]
-
-
-def _reshape_chain(x: Value, s: Value, users: dict, pinned: set[int]) -> list[Node] | None:
-    """The reshapes making ``x`` of ``s``, each value before ``x`` read by the next alone (not returned), else
-    None."""
-    chain = []
-    while x is not s:
-        node = x.producer
-        if node is None or node.op not in _RESHAPES or node.kwargs or not isinstance(node.args[0], Value):
-            return None
-        x = node.args[0]
-        if x.id in pinned or [id(u) for u in users.get(x.id, ())] != [id(node)]:
-            return None
-        chain.append(node)
-    return chain
-
-
-def _aliases(v: Value, users: dict) -> list[Value]:
-    """``v`` and every value that may share its memory: views of it (and views of those), and results of ops
-    that may return their input itself."""
-    out, stack, seen = [], [v], set()
-    while stack:
-        a = stack.pop()
-        if a.id in seen:
-            continue
-        seen.add(a.id)
-        out.append(a)
-        for u in users.get(a.id, []):
-            op = get_op(u.op)
-            if may_alias(u.op) or (op is not None and op.category == "inplace"):
-                stack.extend(o for o in u.outputs if o is not None)
-    return out
-
-
-def _ancestors(node: Node) -> set[int]:
-    """ids of the nodes ``node`` depends on (transitively)."""
-    seen: set[int] = set()
-    stack = [node]
-    while stack:
-        for v in stack.pop().inputs:
-            p = v.producer
-            if p is not None and id(p) not in seen:
-                seen.add(id(p))
-                stack.append(p)
-    return seen
-
-
 def _norm_args(node: Node, shape) -> tuple | None:
     """(its input or None for add_rms_norm, weight or None, its shift or None, eps, offset, LayerNorm's?) of
     a norm this pass folds: constant 1-d weight and shift as wide as its rows (an RMSNorm has a weight), a
@@ -382,21 +217,8 @@ def _norm_args(node: Node, shape) -> tuple | None:
     return x, w, shift, float(eps), float(offset), layer
 
 
-def _sum_before(x: Value) -> Node | None:
-    """The aten.add making ``x``, or making what a chain of reshapes makes ``x`` of: the fold must take it (as
-    the accumulation of a projection) or leave the norm, with which it shares a kernel."""
-    while isinstance(x, Value) and x.producer is not None:
-        node = x.producer
-        if node.op == "aten.add.Tensor":
-            return node
-        if node.op not in ("aten.view", "aten._unsafe_view", "aten.reshape") or not isinstance(node.args[0], Value):
-            return None
-        x = node.args[0]
-    return None
-
-
 def _weight_like(v, shape) -> bool:
-    return _constant(v, 1) and tuple(v.meta.shape) == (shape[-1],)
+    return constant(v, 1) and tuple(v.meta.shape) == (shape[-1],)
 
 
 def _fold(g: Graph, node: Node, lags: dict) -> bool:
@@ -406,7 +228,7 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
     users = g.users()
     pinned = pinned_values(g)
     y = node.outputs[1] if node.op == "ost.add_rms_norm" else node.outputs[0]
-    shape = _static(y)
+    shape = static(y)
     from ..codegen.linear import max_rows       # (OSTINATO_DOT_ROWS: matmul groups then take more rows)
     if shape is None or y.meta.dtype not in _HALF or len(shape) < 2 or shape[0] <= max_rows(_CODES[y.meta.dtype]) \
             or math.prod(shape[1:-1]) != 1 or y.id in pinned:
@@ -419,12 +241,13 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
     projections = [(p, _projection(p, y, shape[-1])) for p in readers]
     if not readers or any(wb is None for _, wb in projections) or len({id(p) for p in readers}) != len(readers):
         return False
-    if any(e.id in pinned for p, _ in projections for o in p.outputs for e in _ends(o, users, pinned, shape[0])):
+    ends = [e for p, _ in projections for o in p.outputs for e in _ends(o, users, pinned, shape[0])]
+    if any(e.id in pinned for e in ends):
         return False        # a result the graph returns (an LM head's logits): its row scale would launch alone
     biased = shift is not None or any(b is not None for _, (_, biases, _, _) in projections for b in biases)
     if biased and not all(_bias_carried(o, users, pinned, shape[0]) for p, _ in projections for o in p.outputs):
         return False        # a bias a slice or a packed gating would cut
-    if any(_concatenated(e, users) for p, _ in projections for o in p.outputs for e in _ends(o, users, pinned, shape[0])):
+    if any(_concatenated(e, users) for e in ends):
         return False        # a cache grown by concatenation: no decode attention takes the row scales, which
         #                     would each launch alone (transformers 5.17's OPT: 122 kernels a step against 94)
     before: dict[int, list[Node]] = {}      # node id -> new nodes placed before it
@@ -433,72 +256,29 @@ def _fold(g: Graph, node: Node, lags: dict) -> bool:
     mapping: dict[int, Value] = {}
     fixups: list[tuple[Node, tuple]] = []   # nodes whose arguments replace_values must not rewrite
     # the sum before the norm: ost.add_rms_norm's own, or an aten.add making its input (through reshapes: OPT's)
-    add = node if x_in is None else _sum_before(x_in)
-    summed = shape if add is node or add is None else _static(add.outputs[0])
+    add = node if x_in is None else sum_before(x_in)
+    summed = shape if add is node or add is None else static(add.outputs[0])
     if add is not None and add is not node and (add.kwargs or len(add.args) != 2 or add.outputs[0].id in pinned
                                                 or summed is None or math.prod(summed) != math.prod(shape)):
         return False        # (a scaled or broadcast add, or a sum the graph returns: it would stay a launch)
-    if x_in is not None and (_static(x_in) != shape or x_in.meta.dtype != y.meta.dtype):
+    if x_in is not None and (static(x_in) != shape or x_in.meta.dtype != y.meta.dtype):
         return False
     s = x_in        # the norm's input (an aten.add's sum or a reshape of it: it then reads the accumulation)
     lag = None      # the offset the accumulated stream lags the sum by (biased projections' biases)
     if add is not None:
-        found = _accumulator(g, add, summed, y.meta.dtype, users, pinned, lags)
+        found = accumulator(g, add, summed, y.meta.dtype, users, pinned, lags)
         if found is None:
             return False        # the add would stay a launch: nothing saved
-        (lin, h, weight, transposed, lin_bias, _), r, lag, dropped = found
-        s_old = add.outputs[0]
-        lagging = lag is not None or lin_bias is not None
+        lagging = found[0][4] is not None or found[2] is not None
         if lagging and not all(_part_carried(o, users, pinned, shape[0]) for p, _ in projections for o in p.outputs):
             return False        # (the pre-scale bias would be cut where a view's elements are no one range)
-        if lagging and add is not node and s_old is not x_in:
-            # a sum reshaped before its norm (OPT's): the reshapes' results read by the next alone, the sum's
-            # readers are then x_in's (the norm, the next residual add), which read the lagging stream
-            chain = _reshape_chain(x_in, s_old, users, pinned)
-            if chain is None:
-                return False
-            dead.update(id(n) for n in chain)
-            s_old = x_in
-        placed = []
-        if transposed:
-            weight = _transpose(g, weight, add, before)
-            placed = before.pop(id(add))
-        acc = Node("ost.linear_acc_", (r, h, weight), {}, f"{add.name}_acc", add.source)
-        total = g.new_value(acc.name, TensorMeta(s_old.meta.dtype, tuple(r.meta.shape)), "temp", acc)
-        acc.outputs = [total]
-        placed.append(acc)
-        if tuple(r.meta.shape) != tuple(s_old.meta.shape):
-            view = Node("aten.reshape", (total, list(s_old.meta.shape)), {}, f"{add.name}_rows", add.source)
-            total = g.new_value(view.name, s_old.meta, "temp", view)
-            view.outputs = [total]
-            placed.append(view)
-        if lin_bias is not None:    # the sum lags by the projection's bias too (fp32, made once at compile)
-            parts = [lin_bias] if lag is None else [lag, lin_bias]
-            off = Node("ost.fold_offset", (parts,), {}, f"{add.name}_offset", add.source)
-            off.outputs = [g.new_value(off.name, TensorMeta(torch.float32, (shape[-1],)), "temp", off)]
-            placed.insert(0, off)
-            lag = off.outputs[0]
-        if lag is None:
-            mapping[s_old.id] = total
-        elif s_old.id in pinned or any(u is not node for u in users.get(s_old.id, ())):
-            # the sum's other readers (the next residual add) read ``total + lag``, rounded: a lagging stream,
-            # which the next fold takes as its accumulation's buffer and offset
-            up = Node("aten.add.Tensor", (total, lag), {}, f"{add.name}_lag", add.source)
-            up.outputs = [g.new_value(up.name, TensorMeta(torch.float32, tuple(s_old.meta.shape)), "temp", up)]
-            down = Node("aten._to_copy", (up.outputs[0],), {"dtype": s_old.meta.dtype}, f"{add.name}_lagged",
-                        add.source)
-            down.outputs = [g.new_value(down.name, s_old.meta, "temp", down)]
-            placed += [up, down]
-            mapping[s_old.id] = down.outputs[0]
-            lags[down.outputs[0].id] = (total, lag, [up, down])
-        before[id(add)] = placed
-        dead.update((id(add), id(lin), *(id(n) for n in dropped)))
-        s = total if add is node or s_old is x_in else x_in   # (the row scales' arguments are not remapped)
-        if lagging and s_old is x_in and add is not node and s_old is not add.outputs[0]:
-            mapping.setdefault(add.outputs[0].id, total)    # (dead readers only: the reshapes taken)
+        taken = accumulate(g, node, add, x_in, found, shape, users, pinned, lags, before, dead, mapping)
+        if taken is None:
+            return False
+        s, lag = taken
     for p, (weights, biases, activation, transposed) in projections:
         if transposed:      # ([hidden, N] weights: their [N, hidden] views, which the folds read)
-            weights = [_transpose(g, wt, p, before) for wt in weights]
+            weights = [transpose(g, wt, p, before) for wt in weights]
         splits = [int(wt.meta.shape[0]) for wt in weights]
         if biased:      # (fp32: the shift through the weights plus the projection's own bias; zeros for one
             folded = []     # with neither, as its biased siblings' kernel reads three)
@@ -567,14 +347,6 @@ def _concatenated(v: Value, users: dict) -> bool:
     return False
 
 
-def _transpose(g: Graph, w: Value, at: Node, before: dict) -> Value:
-    """A view of the 2-d ``w`` with its dims swapped, placed before ``at``."""
-    t = Node("aten.t", (w,), {}, f"{w.name}_t", at.source)
-    t.outputs = [g.new_value(t.name, TensorMeta(w.meta.dtype, tuple(w.meta.shape)[::-1]), "temp", t)]
-    before.setdefault(id(at), []).append(t)
-    return t.outputs[0]
-
-
 _PACKED = {"ost.swiglu_packed": "ost.swiglu", "ost.geglu_packed": "ost.geglu"}
 
 
@@ -593,7 +365,7 @@ def _part_carried(v: Value, users: dict, pinned: set[int], rows: int, gating: bo
     readers = users.get(v.id, [])
     if v.id in pinned or not readers or not all(_row_view(r, rows) for r in readers):
         return gating or not (len(readers) == 1 and readers[0].op in _PACKED)
-    shape = _static(v)
+    shape = static(v)
     return all(_part(r, k, shape) is not None and _part_carried(o, users, pinned, rows, gating)
                for r in readers for k, o in enumerate(r.outputs))
 
@@ -643,7 +415,7 @@ def _scale_after_views(g: Graph, anchor: Node, old: Value, new: Value, x: Value,
         ``part``: the range of the product's row it holds (``_part``)."""
         readers = users.get(v.id, [])
         if v.id not in pinned and readers and all(_row_view(r, rows) for r in readers):
-            shape = _static(v)
+            shape = static(v)
             for r in readers:
                 for k, out in enumerate(r.outputs):
                     rng = _part(r, k, shape)    # (None only with no bias nor pre: _bias_carried, _part_carried)
